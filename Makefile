@@ -1,0 +1,25 @@
+# The two commands in the README are `make example` and `make test`; each sets up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: setup example test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: 2.13.0 is the CPU wheel; an unpinned torch pulls a CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+example: setup
+	$(VENV)/bin/onnxsmith build examples/faceage/recipe.toml --out release/faceage
+
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+clean:
+	rm -rf $(VENV) release .cache

@@ -1,0 +1,5 @@
+import sys
+
+from onnxsmith.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Analysis: reading a model without changing it (structure, sizes, types, activation ranges)."""

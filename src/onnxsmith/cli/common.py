@@ -1,0 +1,50 @@
+"""Options and output shared by several commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import onnx_ir as ir
+from rich.console import Console
+
+from onnxsmith.verify.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
+
+#: Tables and results; progress and notes go to stderr so stdout stays pipeable.
+out = Console(highlight=False, soft_wrap=False, width=200)
+err = Console(stderr=True, highlight=False)
+
+
+def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> None:
+    group = parser.add_argument_group("inputs the models are run on")
+    group.add_argument(
+        "--shape", action="append", metavar="NAME:D0,D1|DIM=N",
+        help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
+    )
+    group.add_argument("--inputs", metavar="NPZ", help="run on these arrays (named like the model's inputs)")
+    group.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
+    group.add_argument(
+        "--samples", type=int, default=samples,
+        help="how many random input sets to run (default %(default)s)",
+    )
+
+
+def feeds_from_args(args: argparse.Namespace, model: ir.Model) -> list[dict[str, np.ndarray]]:
+    if args.inputs:
+        return [load_npz(args.inputs, model)]
+    shapes, dims = parse_shape_options(args.shape)
+    return [random_inputs(model, shapes=shapes, dims=dims, seed=args.seed + i) for i in range(max(1, args.samples))]
+
+
+def print_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

@@ -1,0 +1,50 @@
+"""Tables that several commands print."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from onnxsmith.cli.common import human_bytes
+from onnxsmith.verify.compare import Comparison
+
+
+def _num(x: float | None, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    modes = "; ".join(f"{name} run {mode}" for name, mode in comparison.modes.items())
+    table = Table(
+        title=f"{comparison.candidate} vs {comparison.reference} ({comparison.samples} input set(s); {modes})",
+        title_justify="left",
+    )
+    for column in ("output", "shape", "max |Δ|", "mean |Δ|", "max rel", "cosine", "NaN/inf", "argmax", "ok"):
+        table.add_column(column, justify="left" if column in ("output", "shape") else "right")
+    for o in comparison.outputs:
+        table.add_row(
+            o.name,
+            "x".join(str(d) for d in o.shape),
+            _num(o.max_abs),
+            _num(o.mean_abs),
+            _num(o.max_rel),
+            _num(o.cosine, ".6f"),
+            f"{o.nonfinite_test}" + (f" (ref {o.nonfinite_ref})" if o.nonfinite_ref else ""),
+            "-" if o.argmax_agreement is None else f"{o.argmax_agreement:.1%}",
+            "[green]yes[/]" if o.passed else "[red]NO[/]",
+        )
+    return table
+
+
+def bytes_table(title: str, by_dtype: dict[str, int], params: dict[str, int] | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("dtype")
+    if params is not None:
+        table.add_column("parameters", justify="right")
+    table.add_column("bytes", justify="right")
+    for dtype, nbytes in by_dtype.items():
+        row = [dtype]
+        if params is not None:
+            row.append(f"{params.get(dtype, 0):,}")
+        row.append(human_bytes(nbytes))
+        table.add_row(*row)
+    return table

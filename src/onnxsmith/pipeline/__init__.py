@@ -1,0 +1,1 @@
+"""The pipeline: transforms with their options, producing verified variants, and release builds."""

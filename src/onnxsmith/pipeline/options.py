@@ -1,0 +1,116 @@
+"""One definition of a transform's options, read from CLI flags or from a recipe.
+
+A transform's ``Options`` is a dataclass. Each field becomes ``--field-name``
+on the command line and ``field_name = ...`` in a recipe; ``help`` and
+``choices`` come from the field's metadata::
+
+    @dataclass
+    class Options:
+        block_size: int = field(default=32, metadata={"help": "weights per quantization block"})
+        scheme: str = field(default="q4", metadata={"choices": ["q4", "q8"]})
+
+Booleans become ``--flag / --no-flag``; ``X | None = None`` means "decide
+automatically" and is shown as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from onnxsmith.errors import UsageError
+
+
+def _base_type(annotation) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field annotation."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0])[0], True
+    if origin in (list, tuple):
+        return list, False
+    return annotation, False
+
+
+def _fields(options_cls) -> list[tuple[dataclasses.Field, type, bool]]:
+    hints = typing.get_type_hints(options_cls)
+    return [(f, *_base_type(hints[f.name])) for f in dataclasses.fields(options_cls)]
+
+
+def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
+    group = parser.add_argument_group("options")
+    for f, kind, optional in _fields(options_cls):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = "automatic" if default is None and optional else default
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"{help_text} (default: {shown})")
+        elif kind is list:
+            group.add_argument(flag, dest=f.name, default=None, metavar="A,B",
+                               type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                               help=f"{help_text} (comma-separated; default: {shown})")
+        else:
+            group.add_argument(flag, dest=f.name, type=kind, default=None, choices=f.metadata.get("choices"),
+                               help=f"{help_text} (default: {shown})")
+
+
+def from_args(args: argparse.Namespace, options_cls):
+    given = {f.name: getattr(args, f.name) for f, _, _ in _fields(options_cls) if getattr(args, f.name, None) is not None}
+    return build(options_cls, given, where="command line")
+
+
+def build(options_cls, mapping: dict[str, Any], *, where: str = ""):
+    """Options from a mapping (a recipe table), every key checked against the dataclass."""
+    known = {f.name: (f, kind, optional) for f, kind, optional in _fields(options_cls)}
+    values = {}
+    prefix = f"{where}: " if where else ""
+    for key, value in mapping.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise UsageError(f"{prefix}unknown option '{key}' (known: {', '.join(sorted(known))})")
+        f, kind, optional = known[name]
+        values[name] = _coerce(value, kind, optional, f, prefix)
+    try:
+        options = options_cls(**values)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{prefix}{err}") from None
+    validate = getattr(options, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as err:
+            raise UsageError(f"{prefix}{err}") from None
+    return options
+
+
+def _coerce(value, kind, optional, f, prefix):
+    if value is None and optional:
+        return None
+    if kind is list:
+        if isinstance(value, str):
+            return [x.strip() for x in value.split(",") if x.strip()]
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    elif kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif kind is str and isinstance(value, str):
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise UsageError(f"{prefix}option '{f.name}' must be one of {', '.join(choices)}, not '{value}'")
+        return value
+    raise UsageError(f"{prefix}option '{f.name}' expects {kind.__name__}, got {value!r}")
+
+
+def to_json(options) -> dict[str, Any]:
+    """The effective options, as stamped into provenance (deterministic, JSON-able)."""
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}

@@ -1,0 +1,1 @@
+"""Verification: inputs, running models in onnxruntime, storage-faithful fp16, comparing outputs."""

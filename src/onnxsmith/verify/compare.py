@@ -1,0 +1,186 @@
+"""Run two models on the same inputs and compare every output.
+
+This is the harness every pass is verified with: the CLI's ``compare``, each
+transform's gate, and the tests all call :func:`compare_models`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import InputError
+from onnxsmith.io.load import load_model
+from onnxsmith.verify import runner
+from onnxsmith.verify.fp16_storage import emulate_fp16_storage, has_fp16
+from onnxsmith.verify.inputs import adapt_feeds
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-3
+
+FAITHFUL = "storage-faithful fp16"
+NATIVE = "native"
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float
+    mean_abs: float
+    max_rel: float  # max |a-b| / (|ref| + atol)
+    cosine: float | None
+    nonfinite_ref: int
+    nonfinite_test: int
+    argmax_agreement: float | None  # fraction of rows whose argmax over the last axis agrees
+    passed: bool
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+
+@dataclass
+class Comparison:
+    reference: str
+    candidate: str
+    modes: dict[str, str]  # "reference"/"candidate" -> how it was run
+    atol: float
+    rtol: float
+    samples: int
+    outputs: list[OutputDiff] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def failures(self) -> list[str]:
+        lines = []
+        for o in self.outputs:
+            if o.passed:
+                continue
+            if o.nonfinite_test > o.nonfinite_ref:
+                lines.append(f"output '{o.name}' has {o.nonfinite_test} NaN/inf values (reference {o.nonfinite_ref})")
+            else:
+                lines.append(
+                    f"output '{o.name}' differs by up to {o.max_abs:.3g} (atol {self.atol:g}, rtol {self.rtol:g})"
+                )
+        return lines
+
+    def to_json(self) -> dict:
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "modes": self.modes,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "samples": self.samples,
+            "passed": self.passed,
+            "outputs": [o.to_json() for o in self.outputs],
+        }
+
+
+def diff_output(name: str, ref: np.ndarray, test: np.ndarray, atol: float, rtol: float) -> OutputDiff:
+    """Compare one output; arrays carry the input sets stacked on a leading axis."""
+    if ref.shape != test.shape:
+        raise InputError(f"output '{name}' has shape {test.shape[1:]}, the reference {ref.shape[1:]}")
+    shape = tuple(int(d) for d in ref.shape[1:])
+    if ref.dtype.kind not in "fc" and test.dtype.kind not in "fc":
+        mismatched = int(np.count_nonzero(ref != test))
+        return OutputDiff(name, shape, str(test.dtype), float(mismatched and np.max(np.abs(
+            ref.astype(np.float64) - test.astype(np.float64)))), float(mismatched / max(ref.size, 1)),
+            0.0, None, 0, 0, None, mismatched == 0)
+    a = ref.astype(np.float64)
+    b = test.astype(np.float64)
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    both = finite_a & finite_b
+    delta = np.abs(a - b)[both]
+    scale = np.abs(a)[both]
+    max_abs = float(delta.max()) if delta.size else 0.0
+    mean_abs = float(delta.mean()) if delta.size else 0.0
+    max_rel = float((delta / (scale + atol)).max()) if delta.size else 0.0
+    within = bool(np.all(delta <= atol + rtol * scale))
+    # Non-finite values must match exactly (same NaN/inf places): new ones fail the comparison.
+    same_nonfinite = bool(np.array_equal(~finite_a, ~finite_b) and np.array_equal(a[~finite_a], b[~finite_b], equal_nan=True))
+    cosine = None
+    if delta.size:
+        va, vb = a[both], b[both]
+        norm = float(np.linalg.norm(va) * np.linalg.norm(vb))
+        cosine = float(np.dot(va, vb) / norm) if norm > 0 else (1.0 if max_abs == 0 else 0.0)
+    argmax = None
+    if a.ndim >= 2 and a.shape[-1] >= 2 and both.all():  # axis 0 stacks the input sets
+        argmax = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+    return OutputDiff(
+        name, shape, str(test.dtype), max_abs, mean_abs, max_rel, cosine,
+        int((~finite_a).sum()), int((~finite_b).sum()), argmax, within and same_nonfinite,
+    )
+
+
+FP16_MODES = ("auto", "native")
+
+
+def run_mode(model: ir.Model, fp16_mode: str) -> str:
+    """``auto``: a model with fp16 tensors runs storage-faithfully; ``native``: as onnxruntime likes."""
+    if fp16_mode not in FP16_MODES:
+        raise InputError(f"unknown fp16 mode '{fp16_mode}' (choose from {', '.join(FP16_MODES)})")
+    return FAITHFUL if fp16_mode == "auto" and has_fp16(model) else NATIVE
+
+
+def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None):
+    """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode)."""
+    model = load_model(path)
+    mode = run_mode(model, fp16_mode)
+    if mode == FAITHFUL and not providers:
+        emulated = load_model(path)
+        emulate_fp16_storage(emulated)
+        session = runner.open_session(emulated, label=path)
+    else:
+        session = runner.open_session(path, providers=providers, label=path)
+    return session, model, mode
+
+
+def run_all(session, model: ir.Model, feeds_list: list[dict[str, np.ndarray]], label) -> dict[str, np.ndarray]:
+    """Every output for every feed, concatenated along a new leading axis."""
+    collected: dict[str, list[np.ndarray]] = {}
+    for feeds in feeds_list:
+        for name, value in runner.run(session, adapt_feeds(feeds, model), label=label).items():
+            collected.setdefault(name, []).append(value)
+    return {name: np.stack(values) for name, values in collected.items()}
+
+
+def compare_models(
+    reference: str | os.PathLike,
+    candidate: str | os.PathLike,
+    feeds_list: list[dict[str, np.ndarray]],
+    *,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    fp16_mode: str = "auto",
+) -> Comparison:
+    """Compare ``candidate`` against ``reference`` output by output on every feed."""
+    ref_session, ref_model, ref_mode = prepare_session(reference, fp16_mode)
+    ref_out = run_all(ref_session, ref_model, feeds_list, reference)
+    del ref_session
+    cand_session, cand_model, cand_mode = prepare_session(candidate, fp16_mode)
+    cand_out = run_all(cand_session, cand_model, feeds_list, candidate)
+    del cand_session
+    missing = [name for name in ref_out if name not in cand_out]
+    if missing:
+        raise InputError(f"has no output named '{missing[0]}' (the reference has it)", candidate)
+    comparison = Comparison(
+        reference=Path(reference).name,
+        candidate=Path(candidate).name,
+        modes={"reference": ref_mode, "candidate": cand_mode},
+        atol=atol,
+        rtol=rtol,
+        samples=len(feeds_list),
+    )
+    for name, ref_value in ref_out.items():
+        comparison.outputs.append(diff_output(name, ref_value, cand_out[name], atol, rtol))
+    return comparison

@@ -1,0 +1,175 @@
+"""The inputs a model is verified on: from its input spec (random, seeded) or from an .npz."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import InputError, UsageError
+
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One graph input: its name, element type and dims (ints or symbolic names, None unknown)."""
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[int | str | None, ...]
+
+    def describe(self) -> str:
+        dims = ",".join("?" if d is None else str(d) for d in self.dims)
+        return f"{self.name}: {self.dtype.name}[{dims}]"
+
+
+def input_specs(model: ir.Model) -> list[InputSpec]:
+    """The inputs a caller must feed (initializers listed as inputs are not among them)."""
+    specs = []
+    for value in model.graph.inputs:
+        if value.name in model.graph.initializers:
+            continue
+        if value.dtype is None:
+            raise InputError(f"graph input '{value.name}' has no element type")
+        dims: tuple[int | str | None, ...] = ()
+        if value.shape is not None:
+            dims = tuple(d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape)
+        specs.append(InputSpec(value.name, np.dtype(value.dtype.numpy()), dims))
+    return specs
+
+
+def parse_shape_options(items: list[str] | None) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """``--shape name:d0,d1`` (a whole input) and ``--shape dimname=N`` (a symbolic dim everywhere)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    dims: dict[str, int] = {}
+    for item in items or []:
+        if "=" in item and ":" not in item:
+            name, _, size = item.partition("=")
+            if not size.strip().isdigit():
+                raise UsageError(f"--shape {item}: expected DIM=N with a non-negative integer N")
+            dims[name.strip()] = int(size)
+            continue
+        name, sep, rest = item.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"--shape {item}: expected NAME:d0,d1,... or DIM=N")
+        try:
+            shapes[name] = tuple(int(d) for d in rest.split(",") if d.strip() != "")
+        except ValueError:
+            raise UsageError(f"--shape {item}: dims must be integers") from None
+    return shapes, dims
+
+
+def resolve_shape(spec: InputSpec, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> tuple[int, ...]:
+    if spec.name in shapes:
+        shape = shapes[spec.name]
+        if spec.dims and len(shape) != len(spec.dims):
+            raise UsageError(f"--shape {spec.name}: {len(shape)} dims given, the input has {len(spec.dims)}")
+        for given, declared in zip(shape, spec.dims):
+            if isinstance(declared, int) and declared != given:
+                raise UsageError(f"--shape {spec.name}: dim {given} conflicts with the model's fixed {declared}")
+        return shape
+    resolved = []
+    for d in spec.dims:
+        if isinstance(d, int):
+            resolved.append(d)
+        elif d is not None and d in dims:
+            resolved.append(dims[d])
+        else:
+            resolved.append(default_dim(d))
+    return tuple(resolved)
+
+
+def default_dim(name: str | None) -> int:
+    """A symbolic dim nobody sized: 0 for a past length (an empty cache), 8 for a sequence, else 1."""
+    lowered = (name or "").lower()
+    if "past" in lowered:
+        return 0
+    if re.search(r"seq|len|time|token", lowered):
+        return 8
+    return 1
+
+
+def random_inputs(
+    model: ir.Model,
+    *,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+    seed: int = DEFAULT_SEED,
+) -> dict[str, np.ndarray]:
+    """Seeded values fitting each input: normal floats, valid token ids, all-ones masks."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in input_specs(model):
+        shape = resolve_shape(spec, shapes or {}, dims or {})
+        feeds[spec.name] = _random_value(model, spec, shape, rng)
+    return feeds
+
+
+def _random_value(model: ir.Model, spec: InputSpec, shape: tuple[int, ...], rng) -> np.ndarray:
+    name = spec.name.lower()
+    kind = spec.dtype.kind
+    if kind == "f" or spec.dtype.name in ("bfloat16",):
+        return rng.standard_normal(shape).astype(spec.dtype)
+    if kind == "b":
+        return np.ones(shape, dtype=bool) if "mask" in name else rng.random(shape) < 0.5
+    if kind in "iu":
+        if "mask" in name:
+            return np.ones(shape, dtype=spec.dtype)
+        if "position" in name and shape:
+            return np.broadcast_to(np.arange(shape[-1], dtype=spec.dtype), shape).copy()
+        high = _index_bound(model, spec.name) or 10
+        return rng.integers(0, high, size=shape).astype(spec.dtype)
+    raise InputError(f"cannot make random values for input '{spec.name}' of type {spec.dtype}")
+
+
+def _index_bound(model: ir.Model, input_name: str) -> int | None:
+    """If the input indexes a constant table (a token embedding, say), the table's length."""
+    value = next((v for v in model.graph.inputs if v.name == input_name), None)
+    if value is None:
+        return None
+    for user, index in value.uses():
+        if user.op_type == "Gather" and index == 1:
+            table = user.inputs[0]
+            axis = user.attributes.get_int("axis", 0)
+            if table is not None and table.shape is not None and isinstance(table.shape[axis], int):
+                return int(table.shape[axis])
+    return None
+
+
+def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
+    """Inputs from an .npz whose array names are the model's input names."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as err:
+        raise InputError(f"not a readable .npz ({err})", path) from None
+    feeds = {}
+    for spec in input_specs(model):
+        if spec.name not in arrays:
+            raise InputError(f"has no array named '{spec.name}' (it has: {', '.join(sorted(arrays)) or 'none'})", path)
+        array = arrays[spec.name]
+        if array.dtype != spec.dtype:
+            if array.dtype.kind != spec.dtype.kind:
+                raise InputError(f"array '{spec.name}' is {array.dtype}, the model wants {spec.dtype}", path)
+            array = array.astype(spec.dtype)
+        feeds[spec.name] = array
+    return feeds
+
+
+def adapt_feeds(feeds: dict[str, np.ndarray], model: ir.Model) -> dict[str, np.ndarray]:
+    """The same values in the other model's input types (an fp16-io variant takes fp16)."""
+    adapted = {}
+    for spec in input_specs(model):
+        if spec.name not in feeds:
+            raise InputError(f"the other model has no input '{spec.name}'; inputs must match")
+        array = feeds[spec.name]
+        adapted[spec.name] = array if array.dtype == spec.dtype else array.astype(spec.dtype)
+    return adapted

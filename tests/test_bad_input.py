@@ -1,0 +1,70 @@
+"""Bad input: one line naming the file and the problem, exit status 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsmith.io.save import save_model
+from onnxsmith.io.load import load_model
+from tests.conftest import assert_one_line_error
+from tests.support.models import mlp
+
+COMMANDS = [("inspect",), ("compare", "{good}")]
+
+
+def _bad_files(tmp_path, save_proto):
+    good = save_proto(mlp(), "good.onnx")
+    files = {"missing": (tmp_path / "nope.onnx", "no such file")}
+
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    files["truncated"] = (truncated, "not a valid ONNX file")
+
+    random = tmp_path / "random.onnx"
+    random.write_bytes(bytes(range(256)) * 7)
+    files["random"] = (random, "not a valid ONNX")
+
+    save_model(load_model(good), tmp_path / "ext.onnx", external_data=True)
+    (tmp_path / "ext.onnx.data").unlink()
+    files["missing external data"] = (tmp_path / "ext.onnx", "external data file 'ext.onnx.data'")
+
+    future = mlp()
+    future.ir_version = onnx.IR_VERSION + 5
+    files["future IR"] = (save_proto(future, "future.onnx"), f"IR version {onnx.IR_VERSION + 5}")
+
+    cyclic = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["b"], ["a"], name="r1"), helper.make_node("Relu", ["a"], ["b"], name="r2"),
+         helper.make_node("Add", ["x", "a"], ["y"], name="add")],
+        "cyclic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    files["cycle"] = (save_proto(cyclic, "cyclic.onnx"), "not a DAG")
+
+    dangling = mlp()
+    dangling.graph.output.append(helper.make_tensor_value_info("ghost", TensorProto.FLOAT, [1]))
+    files["missing output"] = (save_proto(dangling, "dangling.onnx"), "graph output 'ghost' is not produced")
+
+    undefined = mlp()
+    undefined.graph.node[2].input[0] = "nowhere"
+    files["undefined input"] = (save_proto(undefined, "undefined.onnx"), "reads 'nowhere'")
+
+    (tmp_path / "folder.onnx").mkdir()
+    files["folder"] = (tmp_path / "folder.onnx", "is a folder")
+    return good, files
+
+
+@pytest.mark.parametrize("command", ["inspect", "compare"])
+def test_every_bad_input_kind_is_one_line_exit_2(cli, tmp_path, save_proto, command):
+    good, files = _bad_files(tmp_path, save_proto)
+    for kind, (path, message) in files.items():
+        args = ["inspect", path] if command == "inspect" else ["compare", good, path]
+        result = cli(*args)
+        assert_one_line_error(result, str(path), message)
+        assert result.stdout == "", kind
+
+
+def test_bad_options_are_one_line(cli, save_proto, tmp_path):
+    good = save_proto(mlp())
+    assert_one_line_error(cli("compare", good, good, "--shape", "x:1,2,3"), "3 dims given")
+    assert_one_line_error(cli("compare", good, good, "--inputs", tmp_path / "none.npz"), "none.npz", "no such file")

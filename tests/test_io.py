@@ -1,0 +1,123 @@
+"""Model I/O: lazy loading, streamed deterministic atomic saving, external data, provenance."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from onnxsmith.errors import UsageError
+from onnxsmith.io import load as load_module
+from onnxsmith.io import save as save_module
+from onnxsmith.io.files import sha256_file
+from onnxsmith.io.load import load_model
+from onnxsmith.io.save import PROVENANCE_KEY, Provenance, save_model, write_single_file
+from tests.support.models import mlp, with_if_subgraph
+
+
+def _run(path, x):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_streamed_file_equals_canonical_serialization(save_proto):
+    path = save_proto(mlp(hidden=600))  # w1 is 19 KB: streamed, b2 is inline
+    model = ir.load(path)
+    buffer = io.BytesIO()
+    write_single_file(model, buffer)
+    assert buffer.getvalue() == ir.serde.serialize_model(model).SerializeToString()
+
+
+def test_lazy_load_keeps_weights_on_disk_and_round_trips(save_proto, tmp_path, monkeypatch):
+    path = save_proto(mlp(hidden=600))
+    monkeypatch.setattr(load_module, "LAZY_TENSOR_BYTES", 1024)
+    model = load_model(path, lazy_file_bytes=1)
+    w1 = model.graph.initializers["w1"].const_value
+    assert isinstance(w1, ir.ExternalTensor) and w1.path == str(path)
+    np.testing.assert_array_equal(w1.numpy(), onnx.numpy_helper.to_array(onnx.load(path).graph.initializer[0]))
+    out = tmp_path / "copy.onnx"
+    save_model(model, out)
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run(path, x), _run(out, x))
+
+
+def test_save_is_deterministic(save_proto, tmp_path):
+    source = save_proto(mlp())
+    digests = set()
+    for name in ("a.onnx", "b.onnx"):
+        model = load_model(source)
+        records = save_model(model, tmp_path / name, provenance=Provenance("mlp.onnx", sha256_file(source), [{"name": "x", "options": {"k": 1}}]))
+        digests.add(records[0].sha256)
+    assert len(digests) == 1
+
+
+def test_provenance_is_stamped(save_proto, tmp_path):
+    source = save_proto(mlp())
+    model = load_model(source)
+    save_model(model, tmp_path / "out.onnx", provenance=Provenance("model.onnx", sha256_file(source), [{"name": "fp16", "options": {}}]))
+    proto = onnx.load(tmp_path / "out.onnx")
+    assert proto.producer_name == "onnxsmith"
+    stamp = json.loads({p.key: p.value for p in proto.metadata_props}[PROVENANCE_KEY])
+    assert stamp["source"]["sha256"] == sha256_file(source)
+    assert stamp["steps"] == [{"name": "fp16", "options": {}}]
+
+
+def test_external_data_forced_and_automatic(save_proto, tmp_path, monkeypatch):
+    source = save_proto(mlp(hidden=64))
+    x = np.ones((2, 8), np.float32)
+    records = save_model(load_model(source), tmp_path / "ext.onnx", external_data=True)
+    assert [r.path.name for r in records] == ["ext.onnx", "ext.onnx.data"]
+    np.testing.assert_array_equal(_run(source, x), _run(tmp_path / "ext.onnx", x))
+    # Over the (shrunk) protobuf limit the data goes beside the model by itself.
+    monkeypatch.setattr(save_module, "PROTOBUF_LIMIT", 1024)
+    monkeypatch.setattr(save_module, "_STRUCTURE_MARGIN", 0)
+    records = save_model(load_model(source), tmp_path / "auto.onnx")
+    assert (tmp_path / "auto.onnx.data").exists() and len(records) == 2
+    with pytest.raises(UsageError, match="2 GiB"):
+        save_model(load_model(source), tmp_path / "single.onnx", external_data=False)
+
+
+def test_external_data_model_loads_and_resaves_as_one_file(save_proto, tmp_path):
+    source = save_proto(mlp(hidden=64))
+    save_model(load_model(source), tmp_path / "ext.onnx", external_data=True)
+    model = load_model(tmp_path / "ext.onnx")
+    save_model(model, tmp_path / "one.onnx")
+    assert not (tmp_path / "one.onnx.data").exists()
+    x = np.ones((2, 8), np.float32)
+    np.testing.assert_array_equal(_run(source, x), _run(tmp_path / "one.onnx", x))
+
+
+def test_refuses_to_overwrite_input_even_its_data_file(save_proto, tmp_path):
+    source = save_proto(mlp())
+    with pytest.raises(UsageError, match="refusing to overwrite"):
+        save_model(load_model(source), source, protect=[source])
+    save_model(load_model(source), tmp_path / "ext.onnx", external_data=True)
+    model = load_model(tmp_path / "ext.onnx")
+    # The model's weights are read from ext.onnx.data: writing there would destroy them.
+    with pytest.raises(UsageError, match="refusing to overwrite"):
+        save_model(model, tmp_path / "ext.onnx", external_data=True)
+
+
+def test_failed_save_leaves_nothing(save_proto, tmp_path, monkeypatch):
+    source = save_proto(mlp(hidden=600))
+    out_dir = tmp_path / "out"
+
+    def broken(model, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(save_module, "write_single_file", broken)
+    with pytest.raises(OSError):
+        save_model(load_model(source), out_dir / "m.onnx")
+    assert list(out_dir.iterdir()) == []
+
+
+def test_subgraph_initializers_survive(save_proto, tmp_path):
+    source = save_proto(with_if_subgraph())
+    save_model(load_model(source), tmp_path / "out.onnx")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(_run(source, x), _run(tmp_path / "out.onnx", x))
