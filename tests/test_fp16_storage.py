@@ -45,3 +45,20 @@ def test_compare_says_which_mode(cli, save_proto):
     assert json.loads(result.stdout)["modes"]["candidate"] == FAITHFUL
     native = cli("compare", path, path, "--inputs", path.parent / "x.npz", "--json", "--fp16-mode", "native")
     assert json.loads(native.stdout)["modes"]["candidate"] == "native"
+
+
+def test_exporter_fixture_plain_fp16_conversion_overflows_storage_faithfully(tmp_path):
+    """The face-age fixture's residual channel (~1.4e5) overflows fp16 storage: every output is NaN."""
+    import onnx
+    from onnxconverter_common import float16
+
+    from tests.conftest import FIXTURES
+
+    converted = float16.convert_float_to_float16(onnx.load(FIXTURES / "faceage_dynamo.onnx"), keep_io_types=True)
+    path = tmp_path / "plain_fp16.onnx"
+    onnx.save(converted, path)
+    face = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    session, _, mode = prepare_session(path)
+    assert mode == FAITHFUL
+    faithful = runner.run(session, {"face": face})
+    assert all(np.isnan(o).all() for o in faithful.values())
