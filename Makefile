@@ -15,10 +15,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $@
 
+# onnxruntime-web for the Node.js client the quantize tests run (exact versions from the lock file).
+clients/web/node_modules: clients/web/package-lock.json
+	cd clients/web && npm ci --no-audit --no-fund
+	touch $@
+
 example: setup
 	$(VENV)/bin/onnxsmith build examples/faceage/recipe.toml --out release/faceage
 
-test: setup
+test: setup clients/web/node_modules
+	tools/setup-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:

@@ -18,9 +18,33 @@ def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
+def run_cli_in_process(*args, cwd=None) -> subprocess.CompletedProcess:
+    """The same as :func:`run_cli` without starting a Python (imports take seconds)."""
+    import contextlib
+    import io
+    import os
+
+    from onnxsmith.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exit_:  # argparse's usage errors
+                code = exit_.code if isinstance(exit_.code, int) else 2
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(["onnxsmith", *map(str, args)], code, stdout.getvalue(), stderr.getvalue())
+
+
 @pytest.fixture
 def cli():
-    return run_cli
+    """Run the CLI in this process; tests that need a real process use :func:`run_cli`."""
+    return run_cli_in_process
 
 
 @pytest.fixture

@@ -64,6 +64,15 @@ def test_every_bad_input_kind_is_one_line_exit_2(cli, tmp_path, save_proto, comm
         assert result.stdout == "", kind
 
 
+@pytest.mark.parametrize("kind", ["truncated", "cycle"])
+def test_a_real_process_prints_one_line_and_no_traceback(tmp_path, save_proto, kind):
+    from tests.conftest import run_cli
+
+    _, files = _bad_files(tmp_path, save_proto)
+    path, message = files[kind]
+    assert_one_line_error(run_cli("inspect", path), str(path), message)
+
+
 def test_bad_options_are_one_line(cli, save_proto, tmp_path):
     good = save_proto(mlp())
     assert_one_line_error(cli("compare", good, good, "--shape", "x:1,2,3"), "3 dims given")

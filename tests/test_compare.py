@@ -66,3 +66,12 @@ def test_compare_models_api_multiple_samples(save_proto):
     feeds = [random_inputs(model, seed=s) for s in range(3)]
     comparison = compare_models(path, path, feeds)
     assert comparison.passed and comparison.samples == 3
+
+
+def test_symbolic_dim_expressions_add_up():
+    from onnxsmith.verify.inputs import InputSpec, resolve_shape
+
+    mask = InputSpec("attention_mask", np.dtype(np.int64), ("batch_size", "past_sequence_length + sequence_length"))
+    assert resolve_shape(mask, {}, {}) == (1, 8)  # an empty cache plus the default sequence
+    assert resolve_shape(mask, {}, {"past_sequence_length": 3, "sequence_length": 5}) == (1, 8)
+    assert resolve_shape(mask, {}, {"sequence_length": 12}) == (1, 12)

@@ -84,7 +84,7 @@ def infer_types(model: ir.Model) -> None:
     fallback for what it left untyped, e.g. com.microsoft fusions: an output has the
     type of the node's first floating-point input. That rule holds for the contrib
     ops onnxsmith writes (MultiHeadAttention, RotaryEmbedding, SkipLayerNormalization,
-    BiasGelu, MatMulNBits).
+    BiasGelu, MatMulNBits). The elementwise ones and MultiHeadAttention get shapes too.
     """
     logging.getLogger("onnx_ir.passes.common.shape_inference").setLevel(logging.ERROR)
     for _ in range(4):  # each round types what the previous fallback unblocked
@@ -106,4 +106,30 @@ def _type_unknown_op_outputs(model: ir.Model) -> bool:
                 if out.dtype is None and first_float is not None:
                     out.dtype = first_float
                     changed = True
+            changed |= _shape_contrib_outputs(node)
+    return changed
+
+
+#: com.microsoft ops whose listed outputs have the shape of their first input.
+_SHAPE_OF_FIRST_INPUT = {
+    "RotaryEmbedding": (0,), "BiasGelu": (0,), "Gelu": (0,), "FastGelu": (0,), "QuickGelu": (0,),
+    "SkipLayerNormalization": (0, 3), "SkipSimplifiedLayerNormalization": (0, 3),
+}
+
+
+def _shape_contrib_outputs(node: ir.Node) -> bool:
+    """Shapes onnx cannot infer for the contrib ops the fusions write, so inference flows past them."""
+    if node.domain != "com.microsoft" or not node.inputs or node.inputs[0] is None:
+        return False
+    shape = node.inputs[0].shape
+    indices = _SHAPE_OF_FIRST_INPUT.get(node.op_type, ())
+    if node.op_type == "MultiHeadAttention" and len(node.inputs) > 2 and node.inputs[2] is not None:
+        value = node.inputs[2].shape  # [batch, kv_tokens, v_hidden]: the result has the query's tokens
+        if shape is not None and value is not None and shape.rank() == 3 and value.rank() == 3:
+            shape, indices = ir.Shape([shape[0], shape[1], value[2]]), (0,)
+    changed = False
+    for i in indices:
+        if shape is not None and i < len(node.outputs) and node.outputs[i].shape is None:
+            node.outputs[i].shape = ir.Shape(shape)
+            changed = True
     return changed

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+import onnxruntime as ort
 
 from onnxsmith.analysis.graph import FLOAT_TYPES, infer_types, node_label
 from onnxsmith.io.load import load_model
@@ -22,7 +23,7 @@ from onnxsmith.verify.inputs import adapt_feeds
 
 #: Smallest positive normal fp16; below it values lose precision, below 2**-24 they vanish.
 FP16_MIN_NORMAL = 2.0**-14
-_SUFFIXES = ("absmax", "nonfinite", "tiny")
+_SUFFIXES = ("absmax", "nonfinite", "tiny", "elements")
 
 
 @dataclass
@@ -35,56 +36,114 @@ class TensorRange:
     nonfinite: int  # NaN/inf values seen
     tiny_fraction: float  # share of nonzero values below fp16's smallest normal
     dtype: str
+    elements: int = 0  # largest element count seen (how big the tensor is at the calibration shapes)
 
 
 def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
-    """Add reduction outputs for ``values`` (main graph); return the output names added."""
+    """Add reduction outputs for ``values`` (main graph); return the output names added.
+
+    Each value's reductions go right after the node that makes it, so onnxruntime (in
+    priority order) runs them while the value is fresh and frees it as it would have:
+    measuring a big model holds no more activations than running it. Twelve passes over
+    each tensor give all the statistics (counts are derived from one another).
+    """
     graph = model.graph
     added = []
     for value in values:
+        block: list[ir.Node] = []
+
+        def add(op, inputs, attributes=None, *, name=None):
+            return _append(graph, op, inputs, attributes, name=name, block=block)
+
+        def const(number):
+            return _const(graph, np.float32(number), block=block)
+
+        def count(mask):
+            return add("ReduceSum", [add("Cast", [mask], {"to": int(ir.DataType.FLOAT)})], {"keepdims": 0})
+
         x = value
         if value.dtype != ir.DataType.FLOAT:
-            x = _append(graph, "Cast", [x], {"to": int(ir.DataType.FLOAT)})
-        absolute = _append(graph, "Abs", [x])
-        finite = _append(graph, "Not", [_append(graph, "Or", [_append(graph, "IsNaN", [x]), _append(graph, "IsInf", [x])])])
-        zero = _const(graph, np.float32(0.0))
+            x = add("Cast", [x], {"to": int(ir.DataType.FLOAT)})
+        absolute = add("Abs", [x])
+        finite = add("Less", [absolute, const(np.inf)])  # false for NaN and inf alike
+        zero = const(0.0)
         # max |x| over the finite values (NaN/inf counted separately)
-        clean = _append(graph, "Where", [finite, absolute, zero])
-        absmax = _append(graph, "ReduceMax", [clean], {"keepdims": 0}, name=f"{value.name}::absmax")
-        bad = _append(graph, "Cast", [_append(graph, "Not", [finite])], {"to": int(ir.DataType.FLOAT)})
-        nonfinite = _append(graph, "ReduceSum", [bad], {"keepdims": 0}, name=f"{value.name}::nonfinite")
-        nonzero = _append(graph, "Greater", [clean, zero])
-        small = _append(graph, "Less", [clean, _const(graph, np.float32(FP16_MIN_NORMAL))])
-        tiny_mask = _append(graph, "Cast", [_append(graph, "And", [nonzero, small])], {"to": int(ir.DataType.FLOAT)})
-        nonzero_f = _append(graph, "Cast", [nonzero], {"to": int(ir.DataType.FLOAT)})
-        tiny_count = _append(graph, "ReduceSum", [tiny_mask], {"keepdims": 0}, name=f"{value.name}::tiny")
-        nonzero_count = _append(graph, "ReduceSum", [nonzero_f], {"keepdims": 0}, name=f"{value.name}::nonzero")
-        for out in (absmax, nonfinite, tiny_count, nonzero_count):
+        clean = add("Where", [finite, absolute, zero])
+        absmax = add("ReduceMax", [clean], {"keepdims": 0}, name=f"{value.name}::absmax")
+        elements = add("Size", [x], name=f"{value.name}::elements")
+        size = add("Cast", [elements], {"to": int(ir.DataType.FLOAT)})
+        nonfinite = add("Sub", [size, count(finite)], name=f"{value.name}::nonfinite")
+        nonzero_count = add("Identity", [count(add("Greater", [clean, zero]))], name=f"{value.name}::nonzero")
+        below = count(add("Less", [clean, const(FP16_MIN_NORMAL)]))  # zeros (and NaN/inf) included
+        # tiny = below - zeros = below - (size - nonzero)
+        tiny_count = add("Add", [add("Sub", [below, size]), nonzero_count], name=f"{value.name}::tiny")
+        _place(graph, value, block)
+        for out in (absmax, nonfinite, tiny_count, nonzero_count, elements):
             graph.outputs.append(out)
             added.append(out.name)
     return added
 
 
-def _append(graph: ir.Graph, op: str, inputs, attributes=None, *, name: str | None = None) -> ir.Value:
+def _append(graph: ir.Graph, op: str, inputs, attributes=None, *, name: str | None = None,
+            block: list[ir.Node] | None = None) -> ir.Value:
     node = ir.node(op, inputs, attributes=attributes or {}, num_outputs=1)
-    graph.append(node)
     out = node.outputs[0]
-    out.name = name or f"onnxsmith::{op}_{len(graph)}"
+    if block is None:
+        graph.append(node)
+        out.name = name or f"onnxsmith::{op}_{len(graph)}"
+    else:  # placed later, by _place
+        block.append(node)
+        out.name = name or f"onnxsmith::{op}_{len(graph) + len(block)}"
     return out
 
 
-def _const(graph: ir.Graph, value: np.generic) -> ir.Value:
+def _const(graph: ir.Graph, value: np.generic, *, block: list[ir.Node] | None = None) -> ir.Value:
     node = ir.node("Constant", [], attributes={"value": ir.tensor(np.asarray(value))}, num_outputs=1)
-    graph.append(node)
-    node.outputs[0].name = f"onnxsmith::const_{len(graph)}"
+    if block is None:
+        graph.append(node)
+        node.outputs[0].name = f"onnxsmith::const_{len(graph)}"
+    else:
+        block.append(node)
+        node.outputs[0].name = f"onnxsmith::const_{len(graph) + len(block)}"
     return node.outputs[0]
 
 
-def measurable_values(model: ir.Model) -> list[tuple[ir.Value, ir.Node | None, int]]:
+def _place(graph: ir.Graph, value: ir.Value, block: list[ir.Node]) -> None:
+    """Put ``block`` right after ``value``'s producer (first in the graph for an input)."""
+    producer = value.producer()
+    if producer is not None and producer.graph is graph:
+        graph.insert_after(producer, block)
+    elif len(graph):
+        graph.insert_before(next(iter(graph)), block)
+    else:
+        graph.extend(block)
+
+
+#: Ops whose output holds only values of their data inputs (all inputs for Concat, else the first).
+DATA_MOVEMENT_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Tile", "Slice",
+    "Gather", "GatherElements", "GatherND", "Split", "Concat", "DepthToSpace", "SpaceToDepth",
+    "ReverseSequence", "Compress",
+})
+
+
+def _moves_data(node: ir.Node) -> bool:
+    """Data movement whose inputs are measured (not constants): its range can be derived."""
+    if node.op_type not in DATA_MOVEMENT_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    sources = [v for v in (node.inputs if node.op_type == "Concat" else node.inputs[:1]) if v is not None]
+    return bool(sources) and not any(
+        v.is_initializer() or (v.producer() is not None and v.producer().op_type == "Constant") for v in sources
+    )
+
+
+def measurable_values(model: ir.Model, *, skip_movement: bool = False) -> list[tuple[ir.Value, ir.Node | None, int]]:
     """Float tensors of the main graph worth measuring, with the node to blame and its order.
 
     In a storage-faithful model each fp16 tensor appears once, under its own
     name, as the Cast that rounds it; it is blamed on the node that computed it.
+    ``skip_movement``: leave out the outputs of :data:`DATA_MOVEMENT_OPS` (their range
+    is their input's, or within it).
     """
     found = [(v, None, -1) for v in model.graph.inputs if v.dtype in FLOAT_TYPES]
     order_of: dict[ir.Node, int] = {}
@@ -100,6 +159,8 @@ def measurable_values(model: ir.Model) -> list[tuple[ir.Value, ir.Node | None, i
             position = order_of.get(blamed, -1) if blamed is not None else -1
         elif any(out.uses() and all(u.meta.get(ROUNDING_MARK) for u, _ in out.uses()) for out in node.outputs):
             continue  # an fp32 result that exists only to be rounded: measured after rounding
+        elif skip_movement and _moves_data(node):
+            continue
         for out in node.outputs:
             if out.dtype in FLOAT_TYPES and out.name:
                 found.append((out, blamed, position))
@@ -111,11 +172,18 @@ def measure_ranges(
     feeds_list: list[dict[str, np.ndarray]],
     *,
     fp16_storage: bool | None = None,
+    outputs: dict[str, np.ndarray] | None = None,
+    derive_movement: bool = False,
 ) -> list[TensorRange]:
     """Run ``model_path`` on every input set and return each float tensor's range, in graph order.
 
     ``fp16_storage``: emulate fp16 storage (default: when the model has fp16 tensors),
-    so the ranges are those a GPU would see, overflow included.
+    so the ranges are those a GPU would see, overflow included. ``outputs``: a dict to
+    fill with the model's own outputs on the same inputs (stacked on a leading axis, as
+    :func:`onnxsmith.verify.compare.run_all` gives them), saving a second run of a big model.
+    ``derive_movement``: do not measure what pure data movement (Reshape, Transpose, Slice,
+    Concat, ...) makes; give it its inputs' range instead, an upper bound (``elements`` 0).
+    A third of a transformer's tensors are such copies: measuring is that much faster.
     """
     model = load_model(model_path)
     original = load_model(model_path)
@@ -125,17 +193,30 @@ def measure_ranges(
         emulate_fp16_storage(model)
     else:
         infer_types(model)
-    targets = measurable_values(model)
+    targets = measurable_values(model, skip_movement=derive_movement)
     names = instrument(model, [v for v, _, _ in targets])
-    session = runner.open_session(model, label=model_path)
+    # Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip
+    # the measured tensors anyway), and in priority order, so each measured tensor is reduced and
+    # freed as soon as it is made rather than held until the whole graph has run.
+    options = runner.session_options(optimize=False)
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    session = runner.open_session(model, options=options, label=model_path)
+    own = [v.name for v in original.graph.outputs] if outputs is not None else []
     stats: dict[str, dict[str, float]] = {}
+    collected: dict[str, list[np.ndarray]] = {}
     for feeds in feeds_list:
-        results = runner.run(session, adapt_feeds(feeds, original), names, label=model_path)
+        results = runner.run(session, adapt_feeds(feeds, original), own + names, label=model_path)
+        for name in own:
+            collected.setdefault(name, []).append(results.pop(name))
         for name, array in results.items():
             tensor, _, suffix = name.rpartition("::")
-            entry = stats.setdefault(tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0})
+            entry = stats.setdefault(tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0})
             value = float(array)
-            entry[suffix] = max(entry[suffix], value) if suffix == "absmax" else entry[suffix] + value
+            entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
+    if outputs is not None:
+        outputs.update({name: np.stack(values) for name, values in collected.items()})
+    if derive_movement:
+        targets = _derive_movement(model, targets, stats)
     ranges = []
     for value, node, order in targets:
         entry = stats[value.name]
@@ -149,6 +230,32 @@ def measure_ranges(
                 nonfinite=int(entry["nonfinite"]),
                 tiny_fraction=entry["tiny"] / entry["nonzero"] if entry["nonzero"] else 0.0,
                 dtype=value.dtype.name if value.dtype else "?",
+                elements=int(entry["elements"]),
             )
         )
     return ranges
+
+
+def _derive_movement(model: ir.Model, targets, stats: dict[str, dict[str, float]]):
+    """Add the outputs of data movement to ``targets`` and ``stats`` from their inputs' (graph order)."""
+    measured = {value for value, _, _ in targets}
+    found = list(targets)
+    for order, node in enumerate(model.graph):
+        if not _moves_data(node):
+            continue
+        sources = node.inputs if node.op_type == "Concat" else node.inputs[:1]
+        known = [stats[v.name] for v in sources if v is not None and v.name in stats]
+        if not known:
+            continue
+        for out in node.outputs:
+            if out.dtype in FLOAT_TYPES and out.name and out not in measured and out.name not in stats:
+                stats[out.name] = {
+                    "absmax": max(k["absmax"] for k in known),
+                    "nonfinite": max(k["nonfinite"] for k in known),
+                    "tiny": max(k["tiny"] for k in known),
+                    "nonzero": max(k["nonzero"] for k in known),
+                    "elements": 0.0,
+                }
+                found.append((out, node, order))
+    found.sort(key=lambda t: t[2])
+    return found

@@ -10,7 +10,8 @@ import numpy as np
 import onnx_ir as ir
 from rich.console import Console
 
-from onnxsmith.verify.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
+from onnxsmith.errors import UsageError
+from onnxsmith.verify.inputs import DEFAULT_SEED, load_input_sets, load_npz, parse_shape_options, random_inputs
 
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
 out = Console(highlight=False, soft_wrap=False, width=200)
@@ -24,6 +25,10 @@ def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> N
         help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
     )
     group.add_argument("--inputs", metavar="NPZ", help="run on these arrays (named like the model's inputs)")
+    group.add_argument(
+        "--calib", metavar="DIR|NPZ",
+        help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files (one input set each)",
+    )
     group.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
     group.add_argument(
         "--samples", type=int, default=samples,
@@ -32,6 +37,10 @@ def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> N
 
 
 def feeds_from_args(args: argparse.Namespace, model: ir.Model) -> list[dict[str, np.ndarray]]:
+    if getattr(args, "calib", None):
+        if args.inputs:
+            raise UsageError("--calib and --inputs both name the inputs; give one")
+        return load_input_sets(args.calib, model)
     if args.inputs:
         return [load_npz(args.inputs, model)]
     shapes, dims = parse_shape_options(args.shape)

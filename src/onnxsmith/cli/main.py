@@ -19,6 +19,17 @@ from onnxsmith.errors import OnnxsmithError
 COMMANDS = [
     "inspect_cmd",
     "compare_cmd",
+    "fp16_cmd",
+    "fuse_cmd",
+    "build_cmd",
+    "validate_cmd",
+    "bench_cmd",
+    "card_cmd",
+    "predict_cmd",
+    "quantize_cmd",
+    "eval_lm_cmd",
+    "extract_cmd",
+    "shrink_cmd",
 ]
 
 

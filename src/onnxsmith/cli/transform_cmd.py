@@ -32,6 +32,7 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     gate.add_argument("--rtol", type=float, help="relative tolerance (default: the transform's own)")
     parser.add_argument("--external-data", action="store_true", help="store weights in OUT.data even if they fit one file")
     parser.add_argument("--report", metavar="JSON", help="also write what was done and measured as JSON")
+    parser.add_argument("--explain", action="store_true", help="also show each change and why, with before/after breakdowns")
     parser.set_defaults(func=lambda args: run_transform_command(args, transform_cls))
     return parser
 
@@ -45,18 +46,18 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
             atol=args.atol, rtol=args.rtol, external_data=True if args.external_data else None,
             progress=lambda message: status.update(message),
         )
-    print_result(Path(args.source), result)
+    print_result(Path(args.source), result, explain=getattr(args, "explain", False))
     if args.report:
         write_text_atomic(args.report, json.dumps(result_json(result), indent=2, default=str) + "\n")
     return 0
 
 
-def print_result(source: Path, result: VariantResult) -> None:
+def print_result(source: Path, result: VariantResult, *, explain: bool = False) -> None:
     for report in result.reports:
         out.print(f"[bold]{report.step}[/]")
         for note in report.notes:
             out.print(f"  - {note}")
-        for title, rows in report.tables.items():
+        for title, rows in {**report.tables, **(report.details if explain else {})}.items():
             if rows:
                 out.print(rows_table(title, rows))
     table = Table(title="before / after", title_justify="left")

@@ -251,3 +251,47 @@ def _stream_tensor(tensor: ir.TensorProtocol, f: BinaryIO) -> None:
             tensor.release()
         except BufferError:  # someone else still holds a view of the map
             pass
+
+
+
+
+#: Initializers at least this big go to the data file of a model written for onnxruntime.
+SESSION_EXTERNAL_BYTES = 64 * 1024
+_PAGE = 4096
+
+
+def save_for_session(model: ir.Model, folder: str | os.PathLike) -> Path:
+    """Write ``model`` into ``folder`` for onnxruntime to load: big weights in one page-aligned data file.
+
+    onnxruntime memory-maps a data file whose tensors are page aligned and uses the mapped
+    bytes as they are: a session on a big model then holds one copy of its weights (no
+    1 GB protobuf to parse and copy). Weights are streamed one at a time (a lazily loaded
+    or lazily converted weight is read, written and released). Not for keeping: for users,
+    :func:`save_model`.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    data_name = data_file_name(path)
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        with open(folder / data_name, "wb") as data:
+            for graph in model.graphs():
+                for value in graph.initializers.values():
+                    tensor = value.const_value
+                    if tensor is None or tensor.dtype == ir.DataType.STRING or tensor.nbytes < SESSION_EXTERNAL_BYTES:
+                        continue
+                    data.write(b"\0" * (-data.tell() % _PAGE))
+                    offset = data.tell()
+                    _stream_tensor(tensor, data)
+                    swapped.append((value, tensor))
+                    value.const_value = ir.ExternalTensor(
+                        data_name, offset=offset, length=tensor.nbytes, dtype=tensor.dtype, shape=tensor.shape,
+                        name=value.name, base_dir=folder,
+                    )
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+    path.write_bytes(proto.SerializeToString())
+    return path

@@ -61,6 +61,8 @@ class StepReport:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: Session options the variant needs at run time, e.g. {"session.disable_quant_qdq": "1"}.
     runtime: dict[str, str] = field(default_factory=dict)
+    #: Tables shown only on ``--explain``: each change and why, before/after breakdowns.
+    details: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,6 +81,15 @@ class Transform:
     def tolerance(self, options: Any) -> tuple[float, float]:
         """The (atol, rtol) its gate compares outputs with, unless the user sets them."""
         return 1e-4, 1e-3
+
+    def verify(self, options: Any, reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]], *,
+               atol: float, rtol: float) -> Comparison:
+        """How the gate judges a variant against its source: by default every output within atol/rtol.
+
+        A transform whose variants legitimately differ (4-bit weights) overrides this with a
+        measure that fits, e.g. next-token agreement for a language model.
+        """
+        return compare_models(reference, candidate, feeds, atol=atol, rtol=rtol)
 
 
 _REGISTRY: dict[str, type[Transform]] = {}
@@ -141,8 +152,11 @@ def produce_variant(
     context = TransformContext(source_path=source, feeds=feeds, progress=progress)
     reports: list[StepReport] = []
     tolerances = []
+    judge: tuple[Transform, Any] | None = None  # the last step with a gate of its own
     for name, options in steps:
         transform = get_transform(name)
+        if type(transform).verify is not Transform.verify:
+            judge = (transform, options)
         progress(f"{name}: {transform.summary or 'running'}")
         reports.append(transform.apply(model, options, context))
         tolerances.append(transform.tolerance(options))
@@ -161,7 +175,10 @@ def produce_variant(
     progress(f"writing {output.name}")
     with staged_model(model, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
         progress("verifying against the source")
-        comparison = compare_models(source, staged.path, gate_feeds or feeds, atol=atol, rtol=rtol)
+        if judge is not None:
+            comparison = judge[0].verify(judge[1], source, staged.path, gate_feeds or feeds, atol=atol, rtol=rtol)
+        else:
+            comparison = compare_models(source, staged.path, gate_feeds or feeds, atol=atol, rtol=rtol)
         comparison.candidate = output.name
         if not comparison.passed:
             raise GateFailed(_gate_message(comparison, staged.path, gate_feeds or feeds), output)

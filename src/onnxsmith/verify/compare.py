@@ -162,11 +162,20 @@ def compare_models(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     fp16_mode: str = "auto",
+    reference_outputs: dict[str, np.ndarray] | None = None,
+    reference_mode: str = NATIVE,
 ) -> Comparison:
-    """Compare ``candidate`` against ``reference`` output by output on every feed."""
-    ref_session, ref_model, ref_mode = prepare_session(reference, fp16_mode)
-    ref_out = run_all(ref_session, ref_model, feeds_list, reference)
-    del ref_session
+    """Compare ``candidate`` against ``reference`` output by output on every feed.
+
+    ``reference_outputs``: the reference's outputs on these feeds, already computed (as
+    :func:`run_all` stacks them) and how it was run; the reference is then not run again.
+    """
+    if reference_outputs is not None:
+        ref_out, ref_mode = reference_outputs, reference_mode
+    else:
+        ref_session, ref_model, ref_mode = prepare_session(reference, fp16_mode)
+        ref_out = run_all(ref_session, ref_model, feeds_list, reference)
+        del ref_session
     cand_session, cand_model, cand_mode = prepare_session(candidate, fp16_mode)
     cand_out = run_all(cand_session, cand_model, feeds_list, candidate)
     del cand_session

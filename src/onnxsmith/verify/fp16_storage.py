@@ -71,16 +71,33 @@ def emulate_fp16_storage(model: ir.Model) -> int:
 
 
 def _widen_constants(graph: ir.Graph) -> None:
-    """fp16 weights become fp32 (exactly: every fp16 value is an fp32 value)."""
+    """fp16 weights become fp32 (exactly: every fp16 value is an fp32 value).
+
+    Initializers are widened when written (a lazy tensor), so emulating a big model
+    never holds all its fp32 weights in memory at once.
+    """
     for value in graph.initializers.values():
         if value.dtype == F16 and value.const_value is not None:
-            value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
+            value.const_value = _widened(value.const_value, value.name)
             value.dtype = F32
     for node in graph:
         for key, attr in list(node.attributes.items()):
             if attr.type == ir.AttributeType.TENSOR and attr.value.dtype == F16:
                 wide = ir.tensor(attr.value.numpy().astype(np.float32), name=attr.value.name)
                 node.attributes[key] = ir.AttrTensor(key, wide)
+
+
+def _widened(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+    def widen() -> ir.TensorProtocol:
+        wide = tensor.numpy().astype(np.float32)
+        if isinstance(tensor, ir.ExternalTensor):
+            try:  # unmap the fp16 pages once read
+                tensor.release()
+            except BufferError:
+                pass
+        return ir.tensor(wide, name=name)
+
+    return ir.LazyTensor(widen, dtype=F32, shape=tensor.shape, name=name)
 
 
 def _round(graph: ir.Graph, node: ir.Node, out: ir.Value, is_main: bool) -> None:

@@ -77,11 +77,20 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, tuple[int, ...]], dims: dic
     for d in spec.dims:
         if isinstance(d, int):
             resolved.append(d)
-        elif d is not None and d in dims:
-            resolved.append(dims[d])
         else:
-            resolved.append(default_dim(d))
+            resolved.append(symbolic_dim_size(d, dims))
     return tuple(resolved)
+
+
+def symbolic_dim_size(name: str | None, dims: dict[str, int]) -> int:
+    """A symbolic dim's size: given by the user, a sum of sized terms (optimum writes
+    ``past_sequence_length + sequence_length``), or :func:`default_dim`."""
+    if name is not None and name in dims:
+        return dims[name]
+    if name is not None and "+" in name:
+        terms = [t.strip() for t in name.split("+")]
+        return sum(int(t) if t.isdigit() else symbolic_dim_size(t, dims) for t in terms)
+    return default_dim(name)
 
 
 def default_dim(name: str | None) -> int:
@@ -162,6 +171,17 @@ def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
             array = array.astype(spec.dtype)
         feeds[spec.name] = array
     return feeds
+
+
+def load_input_sets(path: str | os.PathLike, model: ir.Model) -> list[dict[str, np.ndarray]]:
+    """Input sets from an .npz (one set) or a folder of .npz files (one set each, in name order)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+        if not files:
+            raise InputError("folder has no .npz files", path)
+        return [load_npz(f, model) for f in files]
+    return [load_npz(path, model)]
 
 
 def adapt_feeds(feeds: dict[str, np.ndarray], model: ir.Model) -> dict[str, np.ndarray]:

@@ -1,0 +1,218 @@
+"""The fp16 island policy: which tensors and ops must stay fp32, and why.
+
+One place decides it, from two sources:
+
+* Measurement. The source is run on calibration inputs and each float tensor's
+  largest |x| recorded (:mod:`onnxsmith.analysis.ranges`). A tensor whose range
+  is over the safe limit — fp16's largest finite value, 65,504, divided by a
+  headroom factor (4 by default, for inputs the calibration did not see) — is
+  kept in fp32, and so is one whose nonzero values mostly fall below fp16's
+  smallest normal (2**-14), where fp16 keeps almost no precision. A node that
+  produces or reads such a tensor computes in fp32: that is an island.
+  Constants are checked from their values: over fp16's max (no headroom: they
+  cannot grow), or mostly below 2**-20, where an fp16 subnormal keeps under 4
+  significant bits (an epsilon of 1e-5 is fine, a clamp at 1e-9 would vanish).
+
+* What fp16 kernels do. onnxruntime's CUDA kernels for MatMul/Gemm (cuBLAS),
+  Conv (cuDNN), Softmax, LayerNormalization and the attention contrib ops take
+  fp16 in and out but accumulate in fp32, so they are safe in fp16 whenever
+  their inputs and outputs fit — which measurement checks. Reductions over an
+  axis of unbounded length are not: partial sums can leave fp16's range while
+  the result fits (a mean of 1e4 values of 100), fp16 CumSum accumulates in
+  fp16, and a sum of squares (a hand-built LayerNorm's variance) overflows
+  long before a LayerNorm's input does. They are memory-bound, so fp32 costs
+  little: :data:`ACCUMULATING_OPS` stay fp32 always. Max/min reductions do not
+  accumulate and stay eligible. Recurrent cells (:data:`RECURRENT_OPS`: LSTM,
+  GRU, RNN) feed their own rounded state back step after step, so fp16 error
+  compounds with sequence length; they are small and sequential, fp16 buys
+  little there, and they stay fp32 too.
+
+* Cost. fp16 pays on big tensors (half the memory traffic, tensor-core MatMuls)
+  and big weights (half the file). A node whose float outputs are all tiny next
+  to the model's largest activation (:data:`SMALL_SHARE` of its elements, at the
+  calibration shapes) and whose weights are a sliver of the model's
+  (:data:`SMALL_WEIGHT_SHARE`) — a readout on the pooled CLS token, a
+  squeeze-excitation gate — gains nothing measurable from fp16, while its
+  rounding reaches the outputs undamped: it stays fp32 (only the node; its
+  readers may still read it in fp16). Pure data movement (:data:`MOVEMENT_OPS`)
+  costs the same in any precision and follows its input instead.
+
+bf16 has fp32's exponent range: nothing overflows or underflows it, so only the
+op policy applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.analysis.ranges import FP16_MIN_NORMAL, TensorRange
+
+FP16_MAX = 65504.0
+DEFAULT_HEADROOM = 4.0
+#: Keep fp32 when more than this share of a tensor's nonzero values is below fp16's smallest normal.
+UNDERFLOW_SHARE = 0.5
+
+#: Reductions whose running sums can leave fp16's range while their result fits (see module doc).
+ACCUMULATING_OPS = frozenset({
+    "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "CumSum",
+})
+
+#: A node whose float outputs each have at most this share of the largest activation's elements,
+#: and whose weights are at most SMALL_WEIGHT_SHARE of the model's, stays fp32.
+SMALL_SHARE = 1 / 64
+SMALL_WEIGHT_SHARE = 1 / 100
+
+#: Ops that only move or select data: they take the precision of the value they move.
+MOVEMENT_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather",
+    "GatherElements", "GatherND", "Split", "Concat", "Expand", "Tile", "Pad", "DepthToSpace",
+    "SpaceToDepth", "ScatterND", "ScatterElements", "ReverseSequence", "Compress", "Dropout",
+})
+
+#: Recurrent ops carry state from step to step, where fp16 rounding compounds (see module doc).
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+
+#: A constant value below this (2**-20) keeps fewer than 4 significant bits as an fp16 subnormal.
+CONSTANT_TINY = 2.0**-20
+
+#: Constants bigger than this are checked for underflow on an evenly strided sample.
+_SAMPLE_ABOVE = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a tensor is unsafe in the low-precision type."""
+
+    max_abs: float  # largest |x| allowed for a measured activation (headroom included)
+    finite_max: float  # largest finite value of the type (for constants)
+    min_normal: float | None  # smallest normal of the type; None: underflow is no concern
+    underflow_share: float = UNDERFLOW_SHARE
+
+    @classmethod
+    def for_dtype(cls, dtype: ir.DataType, headroom: float = DEFAULT_HEADROOM) -> Limits:
+        if dtype == ir.DataType.BFLOAT16:
+            big = float(np.finfo(np.float32).max)
+            return cls(max_abs=big, finite_max=big, min_normal=None)
+        return cls(max_abs=FP16_MAX / headroom, finite_max=FP16_MAX, min_normal=FP16_MIN_NORMAL)
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """A tensor that must stay fp32, with the measurement that says so."""
+
+    name: str
+    absmax: float
+    tiny_fraction: float
+    reason: str  # one line: "max |x| 1.4e+05 > 16,376"
+
+
+def unsafe_activations(ranges: list[TensorRange], limits: Limits, *, scale: dict[str, float] | None = None) -> dict[str, Unsafe]:
+    """Measured tensors over the limit or underflowing; ``scale`` multiplies a tensor's measured range
+    (a tensor the residual rescaling carries scaled)."""
+    unsafe = {}
+    for r in ranges:
+        factor = (scale or {}).get(r.name, 1.0)
+        absmax = r.absmax * factor
+        if absmax > limits.max_abs:
+            unsafe[r.name] = Unsafe(r.name, absmax, r.tiny_fraction, f"max |x| {absmax:.3g} > {limits.max_abs:,.0f}")
+        elif limits.min_normal is not None and factor == 1.0 and r.tiny_fraction > limits.underflow_share:
+            unsafe[r.name] = Unsafe(
+                r.name, absmax, r.tiny_fraction,
+                f"{r.tiny_fraction:.0%} of its nonzero values are below fp16's smallest normal",
+            )
+    return unsafe
+
+
+def unsafe_constant(tensor: ir.TensorProtocol, limits: Limits) -> str | None:
+    """Why a constant cannot be stored in the low-precision type, or None."""
+    array = tensor.numpy()
+    try:
+        if array.size == 0:
+            return None
+        flat = array.reshape(-1)
+        finite = np.isfinite(flat)
+        if not finite.all():
+            flat = flat[finite]
+            if flat.size == 0:
+                return None
+        peak = max(float(flat.max()), -float(flat.min()))
+        if peak > limits.finite_max:
+            return f"holds {peak:.3g}, beyond the type's largest finite value {limits.finite_max:,.0f}"
+        if limits.min_normal is None:
+            return None
+        sample = flat if flat.size <= _SAMPLE_ABOVE else flat[:: flat.size // _SAMPLE_ABOVE]
+        magnitude = np.abs(sample)
+        nonzero = int(np.count_nonzero(magnitude))
+        # Subnormals keep absolute precision: 1e-5 (an epsilon) is stored within 0.2%, 1e-9 vanishes.
+        tiny = int(np.count_nonzero((magnitude > 0) & (magnitude < CONSTANT_TINY)))
+        if nonzero and tiny / nonzero > limits.underflow_share:
+            return f"holds values below {CONSTANT_TINY:.2g}, where fp16 keeps under 4 significant bits"
+        return None
+    finally:
+        del array
+        _release(tensor)
+
+
+def _release(tensor: ir.TensorProtocol) -> None:
+    """Unmap an external tensor's pages once read, so checking a big model stays small."""
+    if isinstance(tensor, ir.ExternalTensor):
+        try:
+            tensor.release()
+        except BufferError:  # someone else still holds a view
+            pass
+
+
+def policy_reason(node: ir.Node) -> str | None:
+    """Why the op policy keeps ``node`` in fp32 whatever the ranges, or None."""
+    if node.domain in ("", "ai.onnx") and node.op_type in ACCUMULATING_OPS:
+        return f"{node.op_type} accumulates over an axis (kept fp32 by policy)"
+    if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OPS:
+        return f"{node.op_type} carries its state across time steps (kept fp32 by policy)"
+    return None
+
+
+class SmallNodes:
+    """The cost rule (see the module docstring): which nodes are too small for fp16 to pay."""
+
+    def __init__(self, model: ir.Model, ranges: list[TensorRange], *, share: float = SMALL_SHARE,
+                 weight_share: float = SMALL_WEIGHT_SHARE) -> None:
+        largest = max((r.elements for r in ranges), default=0)
+        #: measured tensor -> "128 elements, 1/1,176 of the largest activation"
+        self.tensors = {
+            r.name: f"{r.elements:,} elements, 1/{largest // r.elements:,} of the largest activation"
+            for r in ranges
+            if 0 < r.elements <= largest * share
+        }
+        total = sum(_weight_bytes(v) for g in model.graphs() for v in g.initializers.values())
+        total += sum(_weight_bytes(n.outputs[0]) for g in model.graphs() for n in g if _is_constant(n))
+        self._weight_limit = total * weight_share
+
+    def reason(self, node: ir.Node) -> str | None:
+        if node.op_type in MOVEMENT_OPS and node.domain in ("", "ai.onnx"):
+            return None
+        floats = [out for out in node.outputs if out.dtype in _FLOATS]
+        if not floats or not all(out.name in self.tensors for out in floats):
+            return None
+        if sum(_weight_bytes(v) for v in node.inputs if v is not None) > self._weight_limit:
+            return None
+        return f"small: {self.tensors[floats[0].name]}"
+
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+
+
+def _is_constant(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and bool(node.outputs)
+
+
+def _weight_bytes(value: ir.Value) -> int:
+    tensor = value.const_value if value.is_initializer() else None
+    producer = value.producer()
+    if tensor is None and producer is not None and _is_constant(producer):
+        attr = producer.attributes.get("value")
+        tensor = attr.value if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+    return tensor.nbytes if tensor is not None and tensor.dtype in _FLOATS else 0

@@ -1,0 +1,52 @@
+"""``onnxsmith build recipe.toml [--out DIR]``: the release a recipe describes.
+
+Exit 0 when every variant is published; 1 when a variant failed its gate (the
+others are still published, the card says why it is missing); 2 for a bad
+recipe (``recipe.toml:LINE: problem``), before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.table import Table
+
+from onnxsmith.cli.common import err, out
+from onnxsmith.errors import GateFailed
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "build", help="build a validated, benchmarked, carded release from a recipe (exit 1 if a variant fails)"
+    )
+    parser.add_argument("recipe", help="the recipe (TOML)")
+    parser.add_argument("--out", help="the release folder (default: release/<recipe folder name>)")
+    parser.add_argument("--no-bench", action="store_true",
+                        help="skip the benchmark (quicker while iterating on a recipe; the card then has no timings)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnxsmith.pipeline.build import build, default_out  # matplotlib & co: only when building
+    from onnxsmith.pipeline.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    target = Path(args.out) if args.out else default_out(recipe.path)
+    with err.status(f"building {target}") as status:
+        result = build(recipe, target, progress=status.update, log=err.print, bench=not args.no_bench)
+    table = Table(title=f"release {result.out}", title_justify="left")
+    for column in ("variant", "status", "file", "bytes"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for o in result.outcomes:
+        files = o.data.get("files", []) if o.published else []
+        table.add_row(o.variant.name, "[green]published[/]" if o.published else "[red]not published[/]",
+                      ", ".join(f["path"] for f in files) or "-", f"{sum(f['bytes'] for f in files):,}" if files else "-")
+    out.print(table)
+    out.print(f"card {result.out / 'README.md'}, report {result.out / 'report.html'}, "
+              f"measurements {result.out / 'measurements.json'}")
+    if result.failed:
+        reasons = "; ".join(f"'{o.variant.name}' ({o.reason})" for o in result.failed)
+        raise GateFailed(f"{len(result.failed)} variant(s) failed their gates and were not published: {reasons}",
+                         result.out)
+    return 0

@@ -1,0 +1,84 @@
+"""Every task's options as flags of one command (``validate``, ``predict``).
+
+The task is chosen by ``--task`` at run time, so each option field of every task
+becomes one flag (tasks share ``--data``); the values of the chosen task's
+fields are converted by their dataclass types and checked by
+:func:`onnxsmith.pipeline.options.build`, like a recipe's keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from onnxsmith.errors import UsageError
+from onnxsmith.pipeline import options as opts
+from onnxsmith.tasks.base import Task, tasks
+
+_PREFIX = "task_option_"
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    owners: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for name, cls in sorted(tasks().items()):
+        for f in dataclasses.fields(cls.Options):
+            owners.setdefault(f.name, []).append((name, f))
+    parser.add_argument("--task", required=True, choices=sorted(tasks()), help="what the model does")
+    group = parser.add_argument_group("task options (the tasks each applies to in brackets)")
+    for field_name, users in owners.items():
+        helps = {task: f.metadata.get("help", "") for task, f in users}
+        if len(set(helps.values())) == 1:
+            help_text = f"{users[0][1].metadata.get('help', '')} [{', '.join(helps)}]"
+        else:
+            help_text = "; ".join(f"[{task}] {text}" for task, text in helps.items())
+        group.add_argument("--" + field_name.replace("_", "-"), dest=_PREFIX + field_name,
+                           metavar=field_name.upper(), help=help_text)
+
+
+def task_options_from_args(args: argparse.Namespace, task: Task):
+    fields = {f.name: f for f in dataclasses.fields(task.Options)}
+    hints = typing.get_type_hints(task.Options)
+    given = {}
+    for key, value in vars(args).items():
+        if not key.startswith(_PREFIX) or value is None:
+            continue
+        name = key[len(_PREFIX):]
+        flag = "--" + name.replace("_", "-")
+        if name not in fields:
+            raise UsageError(f"{flag} is not an option of task '{task.name}'")
+        given[name] = _convert(value, hints[name], flag)
+    return opts.build(task.Options, given, where="command line")
+
+
+def _convert(text: str, annotation, flag: str):
+    kind = annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kind = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(kind) is list or kind is list:
+        return [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "yes", "1")
+        if kind in (int, float):
+            return kind(text)
+    except ValueError:
+        raise UsageError(f"{flag} expects {kind.__name__}, got '{text}'") from None
+    return text
+
+
+def parse_gates(items: list[str] | None) -> dict[str, float]:
+    """``--gate NAME=VALUE`` (repeatable)."""
+    gates = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            gates[name.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--gate {item}: expected METRIC=NUMBER, e.g. max_abs_age_error=0.1") from None
+    return gates

@@ -1,0 +1,55 @@
+"""``onnxsmith validate SRC VARIANT --task NAME --data ...``: judge a variant on real data.
+
+Runs both models on the task's samples (storage-faithfully for fp16), prints the
+task's metrics against their gates, optionally writes them as JSON, and exits 1
+when a gate fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from onnxsmith.cli.common import err, out
+from onnxsmith.cli.release_tables import rows_table, validation_table
+from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
+from onnxsmith.io.files import write_text_atomic
+from onnxsmith.pipeline.validate import TaskRun, check_gates
+from onnxsmith.tasks.base import get_task
+from onnxsmith.verify.compare import FP16_MODES
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="judge a variant against its source on a task's real data (exit 1 when a gate fails)"
+    )
+    parser.add_argument("source", help="the source model (taken as right)")
+    parser.add_argument("variant", help="the variant judged against it")
+    add_task_arguments(parser)
+    parser.add_argument("--gate", action="append", metavar="METRIC=BOUND",
+                        help="bound a metric (repeatable; replaces the task's default for that metric)")
+    parser.add_argument("--fp16-mode", choices=FP16_MODES, default="auto",
+                        help="auto: models with fp16 tensors run storage-faithfully; native: as onnxruntime's CPU runs them")
+    parser.add_argument("--json", metavar="FILE", help="also write the metrics and per-sample rows as JSON")
+    parser.add_argument("--details", action="store_true", help="print one row per sample")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    task = get_task(args.task)
+    options = task_options_from_args(args, task)
+    gates = check_gates(task, parse_gates(args.gate))
+    with err.status("") as status:
+        task_run = TaskRun(task, options, args.source, fp16_mode=args.fp16_mode, progress=status.update)
+        validation = task_run.validate(args.variant, gates)
+    out.print(validation_table([validation]))
+    if args.details:
+        out.print(rows_table(validation))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(validation.to_json(), indent=1) + "\n")
+    if validation.passed:
+        out.print("[green]all gates hold[/]")
+        return 0
+    for line in validation.failures():
+        out.print(f"[red]gate failed:[/] {line}")
+    return 1

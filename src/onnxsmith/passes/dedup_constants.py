@@ -1,0 +1,111 @@
+"""Identical constants stored once: initializers and Constant nodes alike.
+
+Exporters repeat constants (the same mask, table or scale per layer; PP-OCR keeps
+every weight in a Constant node). onnx-ir's ``DeduplicateHashedInitializersPass``
+covers initializers only, and hashes every one of them, reading all the weights
+of a multi-GB model even when no two tensors share a shape. This pass keys each
+constant by (dtype, shape) first and reads only the ones that share a key with
+another, streaming each through sha256 (a weight on disk is read in chunks, never
+mapped whole); tensors in memory are also compared byte for byte before merging.
+
+Within each graph the first constant (initializers before Constant nodes, then
+graph order) is kept and every reader of a duplicate reads it instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.analysis.graph import node_label
+
+
+@dataclass
+class Duplicate:
+    name: str  # the constant removed
+    kept: str  # the one its readers now read
+    nbytes: int
+
+
+class _Sha256Writer:
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return len(data)
+
+
+class DeduplicateConstantsPass(ir.passes.InPlacePass):
+    """Replace constants that equal an earlier one (same dtype, shape and bytes) by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removed: list[Duplicate] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.removed = []
+        for graph in model.graphs():
+            self._dedup_graph(graph)
+        return ir.passes.PassResult(model, bool(self.removed))
+
+    def _dedup_graph(self, graph: ir.Graph) -> None:
+        by_shape: dict[tuple, list[ir.Value]] = defaultdict(list)
+        for value in _constants(graph):
+            tensor = ir.convenience.get_const_tensor(value)
+            by_shape[(tensor.dtype, tuple(tensor.shape))].append(value)
+        for candidates in by_shape.values():
+            if len(candidates) < 2:
+                continue  # unique shape: never read
+            kept: dict[str, list[ir.Value]] = {}
+            for value in candidates:
+                digest = _sha256(ir.convenience.get_const_tensor(value))
+                twin = next((k for k in kept.get(digest, []) if _same_bytes(k, value)), None)
+                if twin is None:
+                    kept.setdefault(digest, []).append(value)
+                    continue
+                self._replace(graph, value, twin)
+
+    def _replace(self, graph: ir.Graph, duplicate: ir.Value, kept: ir.Value) -> None:
+        nbytes = ir.convenience.get_const_tensor(duplicate).nbytes
+        name = duplicate.name or "?"
+        producer = duplicate.producer()
+        duplicate.replace_all_uses_with(kept)
+        if producer is None:
+            graph.initializers.pop(duplicate.name)
+        else:
+            name = node_label(producer)
+            graph.remove(producer, safe=True)
+        self.removed.append(Duplicate(name, kept.name or "?", nbytes))
+
+
+def _constants(graph: ir.Graph) -> list[ir.Value]:
+    """The graph's constants that may be merged: not graph inputs (overridable) or outputs."""
+    values = [v for v in graph.initializers.values() if v.const_value is not None]
+    for node in graph:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes:
+            values.append(node.outputs[0])
+    return [v for v in values if not v.is_graph_input() and not v.is_graph_output()]
+
+
+def _sha256(tensor: ir.TensorProtocol) -> str:
+    if isinstance(tensor, ir.ExternalTensor):
+        sink = _Sha256Writer()
+        tensor.tofile(sink)  # chunked reads, no map of the whole weight
+        return sink.digest.hexdigest()
+    if tensor.dtype == ir.DataType.STRING:
+        return hashlib.sha256(b"\0".join(tensor.string_data())).hexdigest()
+    return hashlib.sha256(tensor.tobytes()).hexdigest()
+
+
+def _same_bytes(a: ir.Value, b: ir.Value) -> bool:
+    ta, tb = ir.convenience.get_const_tensor(a), ir.convenience.get_const_tensor(b)
+    if ta.dtype == ir.DataType.STRING:
+        return list(ta.string_data()) == list(tb.string_data())
+    if isinstance(ta, ir.ExternalTensor) or isinstance(tb, ir.ExternalTensor):
+        return True  # their sha256 matched; reading both weights again would cost more than it proves
+    return np.array_equal(np.frombuffer(ta.tobytes(), np.uint8), np.frombuffer(tb.tobytes(), np.uint8))

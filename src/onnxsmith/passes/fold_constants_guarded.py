@@ -1,0 +1,108 @@
+"""Constant folding that may not grow the model: big computed constants stay computed.
+
+Folding a node whose inputs are all constants usually shrinks a graph. But an
+Expand, Tile or ConstantOfShape over constants *makes* data: HITNet's index grid
+(Expand -> Tile -> Tile) folded into a 1.8 GB int64 initializer and pushed the
+file past protobuf's 2 GB limit. Here a node is folded only when the constant it
+leaves behind grows the model by at most ``max_growth`` bytes (its output, less
+the constant inputs that die with it), and only when its inputs are small enough
+to evaluate in memory. What is refused stays in the graph and runs at load time.
+
+The folding itself is onnxscript's (``optimizer.fold_constants``: onnx's reference
+evaluator, its partial evaluators for shape arithmetic); this pass decides which
+nodes it may fold, before anything is evaluated, from the output shapes that its
+incremental shape inference has just computed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnxscript.optimizer import fold_constants_ir
+
+from onnxsmith.analysis.graph import node_label
+
+DEFAULT_MAX_GROWTH = 2**20
+#: Nodes whose constant inputs total more than this are not evaluated (memory, time).
+DEFAULT_MAX_INPUT_BYTES = 64 * 2**20
+#: Kept as they are: folding them would erase quantization parameters.
+_KEEP = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+@dataclass
+class RefusedFold:
+    node: str
+    op_type: str
+    output_bytes: int | None  # None: not known before evaluating
+    growth: int | None
+    reason: str
+
+
+class FoldConstantsGuardedPass(ir.passes.InPlacePass):
+    """Fold constant subexpressions whose results grow the model by at most ``max_growth`` bytes each."""
+
+    def __init__(self, max_growth: int = DEFAULT_MAX_GROWTH, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+        super().__init__()
+        self.max_growth = max_growth
+        self.max_input_bytes = max_input_bytes
+        self.refused: list[RefusedFold] = []
+        self.folded: int = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.refused = []
+        self.folded = 0
+        nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        result = fold_constants_ir(
+            model,
+            onnx_shape_inference=True,
+            # The limits are this pass's to apply (in should_fold, before evaluation).
+            input_size_limit=2**62,
+            output_size_limit=2**62,
+            should_fold=self._should_fold,
+        )
+        RemoveUnusedNodesPass()(model)
+        nodes_after = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+        return ir.passes.PassResult(model, result.modified or nodes_after != nodes_before)
+
+    def _should_fold(self, node: ir.Node) -> bool:
+        if node.op_type in _KEEP:
+            return False
+        inputs = [v for v in node.inputs if v is not None]
+        input_bytes = sum(_const_bytes(v) for v in inputs)
+        if input_bytes > self.max_input_bytes:
+            return self._refuse(node, None, None, f"its constant inputs take {input_bytes} bytes; not evaluated in memory")
+        output_bytes = 0
+        for out in node.outputs:
+            size = _static_nbytes(out)
+            if size is None:
+                return self._refuse(node, None, None, "its output size is unknown before evaluating it")
+            output_bytes += size
+        # Constant inputs read by this node alone disappear with it.
+        freed = sum(_const_bytes(v) for v in set(inputs) if len(v.uses()) == 1 and not v.is_graph_output())
+        growth = output_bytes - freed
+        if growth > self.max_growth:
+            return self._refuse(
+                node, output_bytes, growth,
+                f"folding would store {output_bytes} bytes (+{growth}), over the {self.max_growth}-byte limit; "
+                "it stays computed at run time",
+            )
+        self.folded += 1
+        return True
+
+    def _refuse(self, node: ir.Node, output_bytes, growth, reason: str) -> bool:
+        self.refused.append(RefusedFold(node_label(node), node.op_type, output_bytes, growth, reason))
+        return False
+
+
+def _const_bytes(value: ir.Value) -> int:
+    tensor = ir.convenience.get_const_tensor(value)
+    return 0 if tensor is None else tensor.nbytes
+
+
+def _static_nbytes(value: ir.Value) -> int | None:
+    if value.dtype is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return math.ceil(math.prod(int(d) for d in value.shape) * value.dtype.itemsize)

@@ -1,0 +1,364 @@
+"""Fold the shape arithmetic of a model whose input sizes are fixed except for a few named dims.
+
+Exporters compute shapes at run time: the TorchScript exporter reads every
+Reshape's target from ``Shape`` → ``Gather`` → ``Concat`` chains and builds a
+ViT's 2-D RoPE angle table from the input's height and width through ``Range``,
+``Tile`` and ``If``. For an input whose height and width are fixed all of that
+is constant, and what is not (the batch) only ever scales one entry.
+
+Rather than reason about each op symbolically, this pass *evaluates* the part
+of the graph that depends only on constants and on input shapes (the "static"
+values), running the model in onnxruntime once at the base sizes and once more
+per symbolic dim with that dim changed (doubled):
+
+* a static value that is the same in every run is a constant: it becomes an
+  initializer and the nodes that computed it go away;
+* a Reshape target becomes a constant: its result's shape with -1 where it
+  follows the one free dim (the batch of a fixed-size image); with several free
+  dims (batch and sequence) those that copy the input's dim become 0;
+* a Concat of one tensor with constants repeated along the batch (the CLS and
+  register tokens ``Expand``-ed to the batch size) becomes ``Pad`` + ``Add`` of
+  a constant table: exact, and it needs no batch size;
+* anything else stays as it was.
+
+Cos and Sin are left in place by default so that the rules downstream see the
+angle table itself (the rotary rule computes its tables in float64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from onnxsmith.analysis.graph import infer_types
+from onnxsmith.errors import InputError
+from onnxsmith.passes.name_dims import varied
+from onnxsmith.verify import runner
+from onnxsmith.verify.inputs import input_specs, random_inputs
+
+#: Transcendental functions of constants stay nodes so their consumers choose the precision.
+DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
+#: Static values larger than this stay computed rather than stored.
+MAX_FOLDED_ELEMENTS = 1 << 20
+_NONDETERMINISTIC = frozenset(
+    {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"}
+)
+
+
+class FoldShapesPass(ir.passes.InPlacePass):
+    """Replace what depends only on constants and input shapes by constants (see the module doc).
+
+    ``dims``: every symbolic input dim that stays dynamic, with the size to evaluate it at.
+    ``feeds``: inputs at those sizes, when values matter (a sample rate, valid token ids);
+    the other sizes are made from them by repeating them. Default: random inputs.
+    """
+
+    def __init__(
+        self,
+        dims: dict[str, int],
+        *,
+        feeds: dict[str, np.ndarray] | None = None,
+        keep_ops: Iterable[str] = DEFAULT_KEEP_OPS,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.dims = dict(dims)
+        self.feeds = feeds
+        self.keep_ops = frozenset(keep_ops)
+        self.progress = progress
+        self.folded = 0  # static values replaced by constants
+        self.reshapes = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
+        self.concats = 0  # Concats of batch-repeated constants turned into Pad + Add
+        self.skipped = ""  # why nothing was folded, when the evaluation failed
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        static = _static_values(graph, self.keep_ops)
+        frontier = _frontier(graph, static)
+        if not frontier:
+            return ir.passes.PassResult(model, False)
+        if self.progress:
+            self.progress(f"evaluating {len(frontier)} shape computations")
+        try:
+            runs = _evaluate(model, frontier, self._assignments(), self.feeds)
+        except InputError as err:  # the model does not run at a varied size: leave it as it is
+            self.skipped = err.problem
+            return ir.passes.PassResult(model, False)
+        constants = _ConstantPool(graph)
+        varying: dict[ir.Value, list[np.ndarray]] = {}
+        for value in frontier:
+            arrays = [run[value.name] for run in runs]
+            if arrays[0].size > MAX_FOLDED_ELEMENTS:
+                continue
+            if all(_same(arrays[0], a) for a in arrays[1:]):
+                _replace_uses(value, constants.get(arrays[0], value))
+                self.folded += 1
+                continue
+            varying[value] = arrays
+            for user, index in list(value.uses()):
+                if _is_op(user, "Reshape") and index == 1 and shape_probe(user, "out") in runs[0]:
+                    target = _reshape_target([run[shape_probe(user, "out")] for run in runs],
+                                             [run[shape_probe(user, "in")] for run in runs])
+                    if target is not None:
+                        user.replace_input_with(1, constants.get(target, value))
+                        if "allowzero" in user.attributes:  # opset >= 14; 0 (copy) is the default
+                            user.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+                        self.reshapes += 1
+        if varying:
+            infer_types(model)  # the static length of the tensor a Concat pads
+            for node in list(graph):
+                if _is_op(node, "Concat") and not _is_static(node, static) and _pad_instead_of_concat(
+                        graph, node, varying, constants):
+                    self.concats += 1
+        RemoveUnusedNodesPass()(model)
+        return ir.passes.PassResult(model, bool(self.folded or self.reshapes or self.concats))
+
+    def _assignments(self) -> list[dict[str, int]]:
+        """The base sizes, then each dim in turn changed: a value that changes with a dim shows it."""
+        base = dict(self.dims)
+        return [base] + [{**base, name: varied(base[name])} for name in sorted(base)]
+
+
+def _static_values(graph: ir.Graph, keep_ops: frozenset[str]) -> set[ir.Value]:
+    """Values of the main graph that depend only on constants and on the shapes of other values."""
+    static: set[ir.Value] = set()
+
+    def known(value: ir.Value | None) -> bool:
+        if value is None or value in static:
+            return True
+        return value.const_value is not None and not value.is_graph_input()
+
+    for node in graph:
+        if node.domain not in ("", "ai.onnx") or node.op_type in keep_ops or node.op_type in _NONDETERMINISTIC:
+            continue
+        if node.op_type in ("Shape", "Size"):
+            static.update(node.outputs)
+        elif all(known(v) for v in node.inputs) and all(known(v) for v in _captured(node)):
+            static.update(node.outputs)
+    return static
+
+
+def _captured(node: ir.Node) -> list[ir.Value]:
+    """Outer values that a node's subgraphs read."""
+    values = []
+    for attr in node.attributes.values():
+        graphs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
+            list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+        for sub in graphs:
+            own = set(sub.inputs) | set(sub.initializers.values())
+            for inner in ir.traversal.RecursiveGraphIterator(sub):
+                own.update(inner.outputs)
+            for inner in ir.traversal.RecursiveGraphIterator(sub):
+                values.extend(v for v in inner.inputs if v is not None and v not in own)
+    return values
+
+
+def _frontier(graph: ir.Graph, static: set[ir.Value]) -> list[ir.Value]:
+    """Static values something non-static reads (in graph order): the ones worth evaluating."""
+    found = []
+    outputs = set(graph.outputs)
+    for node in graph:
+        if node.op_type == "Constant":
+            continue
+        for value in node.outputs:
+            if value not in static or value in outputs or not value.name:
+                continue
+            if any(not _is_static(user, static) for user in value.consumers()):
+                found.append(value)
+    return found
+
+
+def _is_static(node: ir.Node, static: set[ir.Value]) -> bool:
+    return bool(node.outputs) and node.outputs[0] in static
+
+
+def _evaluate(model: ir.Model, values: list[ir.Value], assignments: list[dict[str, int]],
+              feeds: dict[str, np.ndarray] | None) -> list[dict[str, np.ndarray]]:
+    """Each value's array for each assignment of the symbolic dims, computed by onnxruntime.
+
+    A Reshape whose target is among ``values`` also reports the shapes of its data and
+    its result (:func:`shape_probe`): the constant target is rebuilt from them.
+    """
+    graph = model.graph
+    original_outputs = list(graph.outputs)
+    probes = []
+    for value in values:
+        for user, index in value.uses():
+            if _is_op(user, "Reshape") and index == 1 and user.graph is graph:
+                for side, probed in (("out", user.outputs[0]), ("in", user.inputs[0])):
+                    probe = ir.node("Shape", [probed], num_outputs=1)
+                    probe.outputs[0].name = shape_probe(user, side)
+                    probes.append(probe)
+    graph.extend(probes)
+    graph.outputs.extend(values)
+    graph.outputs.extend(p.outputs[0] for p in probes)
+    try:
+        # A size the model cannot run at is an answer (nothing folds), not an error to log.
+        session = runner.open_session(model, options=_quiet_session(), label="shape evaluation")
+    finally:
+        graph.outputs.clear()
+        graph.outputs.extend(original_outputs)
+        graph.remove(probes, safe=True)
+    names = [v.name for v in values] + [p.outputs[0].name for p in probes]
+    return [runner.run(session, _inputs(model, dims, feeds), names) for dims in assignments]
+
+
+def _inputs(model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Inputs with the symbolic dims at ``dims``: ``feeds`` repeated (or cut) to those sizes, else random."""
+    if feeds is None:
+        return random_inputs(model, dims=dims)
+    resized = {}
+    for spec in input_specs(model):
+        array = feeds[spec.name]
+        for axis, dim in enumerate(spec.dims):
+            if isinstance(dim, str) and dim in dims and axis < array.ndim and array.shape[axis] != dims[dim]:
+                array = np.take(array, np.arange(dims[dim]) % max(array.shape[axis], 1), axis=axis)
+        resized[spec.name] = array
+    return resized
+
+
+def _quiet_session():
+    options = runner.session_options()
+    options.log_severity_level = 4
+    return options
+
+
+def shape_probe(reshape: ir.Node, side: str) -> str:
+    """The name under which :func:`_evaluate` reports a Reshape's data ("in") or result ("out") shape."""
+    return f"onnxsmith::{side}_shape::{reshape.outputs[0].name}"
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+def _reshape_target(results: list[np.ndarray], inputs: list[np.ndarray]) -> np.ndarray | None:
+    """A constant Reshape target that gives each run's result shape from each run's input.
+
+    Entries that never change are literal; one changing entry becomes -1 (the batch of a
+    fixed-size image). With several (batch and sequence), those that copy the input's
+    dim at the same place become 0 and at most one other becomes -1; else None.
+    """
+    out = np.stack(results).astype(np.int64)
+    if (out[0] == 0).any():
+        return None  # a zero-size dim: 0 would mean "copy" in the target
+    varying = list(np.flatnonzero((out != out[0]).any(axis=0)))
+    target = out[0].copy()
+    if len(varying) > 1:
+        data = np.stack(inputs).astype(np.int64)
+        copies = [i for i in varying if i < data.shape[1] and (out[:, i] == data[:, i]).all()]
+        target[copies] = 0
+        varying = [i for i in varying if i not in copies]
+    if len(varying) > 1:
+        return None
+    target[varying] = -1
+    return target
+
+
+def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]],
+                           constants: _ConstantPool) -> bool:
+    """Concat(c1, ..., x, ..., cn) = Pad(x) + table, where each c is a constant repeated along free dims."""
+    axis = concat.attributes.get_int("axis", 0)
+    pieces: list[np.ndarray | None] = []
+    tensor = None
+    for value in concat.inputs:
+        piece = None
+        if value in varying:
+            piece = _unrepeated(varying[value])
+        elif value is not None and value.const_value is not None and not value.is_graph_input():
+            piece = value.const_value.numpy()
+        if piece is None:
+            if tensor is not None or value is None:
+                return False
+            tensor = value
+        pieces.append(piece)
+    if tensor is None or tensor.shape is None or tensor.dtype is None or len(pieces) < 2:
+        return False
+    rank = len(tensor.shape)
+    axis = axis + rank if axis < 0 else axis
+    length = tensor.shape[axis]
+    if not isinstance(length, int) or any(p is not None and (p.ndim != rank or p.dtype != tensor.dtype.numpy())
+                                          for p in pieces):
+        return False
+    # The table: the pieces, with zeros where the tensor goes; 1 along every axis the Add broadcasts.
+    template = next(p for p in pieces if p is not None)
+    zeros_shape = [1 if d != axis else length for d in range(rank)]
+    for d in range(rank):
+        if d != axis and any(p is not None and p.shape[d] != template.shape[d] for p in pieces):
+            return False
+        if d != axis:
+            zeros_shape[d] = template.shape[d]
+    table = np.concatenate([p if p is not None else np.zeros(zeros_shape, template.dtype) for p in pieces], axis=axis)
+    position = next(i for i, p in enumerate(pieces) if p is None)
+    before = sum(p.shape[axis] for p in pieces[:position])
+    after = sum(p.shape[axis] for p in pieces[position + 1:])
+    pads = np.zeros(2 * rank, np.int64)
+    pads[axis], pads[rank + axis] = before, after
+    pad = ir.node("Pad", [tensor, constants.get(pads, concat.outputs[0])], num_outputs=1)
+    pad.outputs[0].name = f"{concat.outputs[0].name}/padded"
+    add = ir.node("Add", [pad.outputs[0], constants.get(table, concat.outputs[0])], num_outputs=1)
+    graph.insert_before(concat, [pad, add])
+    result = concat.outputs[0]
+    name = result.name
+    result.replace_all_uses_with(add.outputs[0], replace_graph_outputs=True)
+    result.name = None
+    add.outputs[0].name = name
+    return True
+
+
+def _unrepeated(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The array with size 1 along every axis whose size changed between runs, if it only repeated there."""
+    shapes = {a.shape for a in arrays}
+    if len({len(s) for s in shapes}) != 1:
+        return None
+    grown = [d for d in range(arrays[0].ndim) if len({s[d] for s in shapes}) > 1]
+    if not grown:
+        return None
+    for array in arrays:
+        first = array
+        for d in grown:
+            first = first.take([0], axis=d)
+        if not np.array_equal(np.broadcast_to(first, array.shape), array):
+            return None
+    return first
+
+
+def _is_op(node: ir.Node, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _replace_uses(value: ir.Value, new: ir.Value) -> None:
+    for user, index in list(value.uses()):
+        user.replace_input_with(index, new)
+
+
+class _ConstantPool:
+    """One initializer per distinct array, named after the first value it replaced (deterministic)."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.by_content: dict[tuple, ir.Value] = {}
+        self.taken = {v.name for v in [*graph.inputs, *graph.initializers.values()]}
+        self.taken.update(out.name for node in ir.traversal.RecursiveGraphIterator(graph) for out in node.outputs)
+
+    def get(self, array: np.ndarray, like: ir.Value) -> ir.Value:
+        array = np.ascontiguousarray(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.by_content:
+            name = self._unique(f"{like.name}/folded")
+            value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                             const_value=ir.tensor(array, name=name))
+            self.graph.register_initializer(value)
+            self.by_content[key] = value
+        return self.by_content[key]
+
+    def _unique(self, name: str) -> str:
+        candidate, k = name, 1
+        while candidate in self.taken:
+            k += 1
+            candidate = f"{name}{k}"
+        self.taken.add(candidate)
+        return candidate

@@ -1,0 +1,256 @@
+"""Compute only the token rows that are read: output-driven row pruning.
+
+A ViT classifier reads one row of the last block's output (the CLS token);
+everything that row depends on in the last block except keys and values is
+per-token work done 200 times for nothing. This pass walks the graph from the
+outputs backwards and records, for every value, which rows of its tokens axis
+(axis -2) its consumers read. A row selection (Gather or Slice on that axis)
+asks for its rows; a per-token op (MatMul by a weight, LayerNorm, elementwise
+ops, Gelu, SkipLayerNorm, RotaryEmbedding, the query of MultiHeadAttention)
+passes the request up to its inputs; anything else reads all rows. Then every
+per-token op whose outputs are read only in a sub-range computes that range
+alone: its inputs are sliced where they still hold more rows, the selection
+below it is re-indexed, RotaryEmbedding's position offset moves with the rows,
+and MultiHeadAttention keeps all keys and values for a shorter query.
+
+Nothing is DINOv3-specific: BERT's pooler, ViT's CLS head and any last-token
+reader are the same pattern.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.rules.constants import constant
+
+ALL = None  # "every row" in a demand
+Rows = tuple[int, int] | None  # [start, stop) of the tokens axis, or ALL
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater"})
+_UNARY = frozenset({"Relu", "Gelu", "Erf", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs",
+                    "Cast", "Identity", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Not", "Sign", "Round"})
+_CONTRIB_UNARY = frozenset({"Gelu", "FastGelu", "QuickGelu"})
+# MultiHeadAttention inputs that depend on the query's length, and the KV cache.
+_MHA_ATTENTION_BIAS, _MHA_PAST = 5, 6
+
+
+class PruneRowsPass(ir.passes.InPlacePass):
+    """See the module doc. Shapes must be known (run infer_types first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pruned: list[tuple[ir.Node, tuple[int, int], int]] = []  # (node, rows it computes, rows it had)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        nodes = list(graph)
+        demand: dict[ir.Value, Rows] = {v: ALL for v in graph.outputs}
+        selections: dict[ir.Node, tuple[tuple[int, int], int]] = {}  # rows read, tokens before pruning
+        computed: dict[ir.Node, tuple[int, int]] = {}
+        token_inputs_of: dict[ir.Node, list[int]] = {}
+        for node in reversed(nodes):
+            read = [demand[out] for out in node.outputs if out in demand]
+            rows = _hull(read) if read else ALL
+            token_inputs = _token_inputs(node) if read and rows is not ALL else None
+            if token_inputs is not None and rows != (0, _length(node.outputs[0])):
+                computed[node] = rows
+                token_inputs_of[node] = token_inputs
+                for i, value in enumerate(node.inputs):
+                    if value is not None:
+                        _ask(demand, value, rows if i in token_inputs else ALL)
+                continue
+            selected = _selected_rows(node)
+            if selected is not None:
+                selections[node] = selected, _length(node.inputs[0])
+            for i, value in enumerate(node.inputs):
+                if value is not None:
+                    _ask(demand, value, selected if (i == 0 and selected is not None) else ALL)
+        if not computed:
+            return ir.passes.PassResult(model, False)
+        constants = _Constants(graph)
+        for node in nodes:
+            if node in computed:
+                self._narrow(graph, node, token_inputs_of[node], computed, constants)
+            elif node in selections:
+                _reindex(node, selections[node], computed, constants)
+        return ir.passes.PassResult(model, True)
+
+    def _narrow(self, graph, node: ir.Node, token_inputs: list[int], computed, constants) -> None:
+        start, stop = computed[node]
+        length = _length(node.outputs[0])
+        for i in token_inputs:
+            value = node.inputs[i]
+            have = _rows_held(value, computed)
+            if have == (start, stop):
+                continue
+            offset = have[0] if have is not ALL else 0
+            node.replace_input_with(i, _slice(graph, node, value, start - offset, stop - offset, constants))
+        if node.op_type == "RotaryEmbedding" and start:
+            position = constant(node.inputs[1])
+            moved = (position.astype(np.int64) + start).reshape(position.shape)
+            node.replace_input_with(1, constants.get(moved, f"{node.inputs[1].name}_plus_{start}"))
+        for out in node.outputs:
+            if out.shape is not None and out.shape.rank() >= 2:
+                dims = list(out.shape)
+                dims[-2] = stop - start
+                out.shape = ir.Shape(dims)
+        self.pruned.append((node, (start, stop), length))
+
+
+def _ask(demand: dict[ir.Value, Rows], value: ir.Value, rows: Rows) -> None:
+    demand[value] = _hull([demand[value], rows]) if value in demand else rows
+
+
+def _hull(rows: list[Rows]) -> Rows:
+    if any(r is ALL for r in rows):
+        return ALL
+    return min(r[0] for r in rows), max(r[1] for r in rows)
+
+
+def _rows_held(value: ir.Value, computed) -> Rows:
+    producer = value.producer()
+    return computed.get(producer, ALL) if producer is not None else ALL
+
+
+def _length(value: ir.Value) -> int | None:
+    shape = value.shape
+    if shape is None or shape.rank() < 2 or not isinstance(shape[-2], int):
+        return None
+    return int(shape[-2])
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else value.shape.rank()
+
+
+def _token_inputs(node: ir.Node) -> list[int] | None:
+    """Which inputs carry the tokens axis (-2) of the output, if the node works token by token."""
+    out = node.outputs[0] if node.outputs else None
+    length = _length(out) if out is not None else None
+    if length is None:
+        return None
+    rank = _rank(out)
+    op, domain = node.op_type, node.domain
+    standard = domain in ("", "ai.onnx")
+    if standard and (op in _UNARY or op in ("Softmax", "LogSoftmax")):
+        if op in ("Softmax", "LogSoftmax") and node.attributes.get_int("axis", -1) not in (-1, rank - 1):
+            return None
+        return [0] if _rank(node.inputs[0]) == rank else None
+    if standard and op in _ELEMENTWISE:
+        token = []
+        for i, value in enumerate(node.inputs):
+            r = _rank(value)
+            if r is None:
+                return None
+            if r == rank and value.shape[-2] == length:
+                token.append(i)
+            elif r >= 2 and value.shape[-2] != 1:
+                return None
+        return token or None
+    if standard and op == "MatMul":
+        return [0] if _rank(node.inputs[1]) == 2 and _rank(node.inputs[0]) == rank else None
+    if standard and op == "LayerNormalization":
+        return [0] if node.attributes.get_int("axis", -1) in (-1, rank - 1) else None
+    if domain != "com.microsoft":
+        return None
+    if op in _CONTRIB_UNARY or op == "BiasGelu":
+        return [0]
+    if op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
+        if any(out.uses() for out in node.outputs[1:3]) or _length(node.inputs[1]) != length:
+            return None
+        return [0, 1]
+    if op == "RotaryEmbedding":
+        position = constant(node.inputs[1])
+        return [0] if position is not None and position.size == 1 else None
+    if op == "MultiHeadAttention":
+        extra = node.inputs[_MHA_ATTENTION_BIAS:]
+        if any(v is not None for v in extra) or any(o.uses() for o in node.outputs[1:]) or rank != 3:
+            return None
+        return [0]
+    return None
+
+
+def _selected_rows(node: ir.Node) -> Rows | None:
+    """The rows of input 0's tokens axis a Gather or Slice on that axis reads; None for other nodes."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or _length(node.inputs[0]) is None:
+        return None
+    rank = _rank(node.inputs[0])
+    if node.op_type == "Gather":
+        axis = node.attributes.get_int("axis", 0)
+        index = constant(node.inputs[1])
+        if axis not in (rank - 2, -2) or index is None or index.size == 0:
+            return None
+        index = np.where(index < 0, index + _length(node.inputs[0]), index)
+        return int(index.min()), int(index.max()) + 1
+    if node.op_type == "Slice" and len(node.inputs) >= 4:
+        starts, ends, axes = (constant(node.inputs[i]) for i in (1, 2, 3))
+        steps = constant(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(1)
+        if any(a is None or a.size != 1 for a in (starts, ends, axes, steps)) or int(steps.reshape(())) != 1:
+            return None
+        if int(axes.reshape(())) not in (rank - 2, -2):
+            return None
+        length = _length(node.inputs[0])
+        start, stop = (int(v.reshape(())) for v in (starts, ends))
+        start = max(0, start + length if start < 0 else start)
+        stop = min(length, stop + length if stop < 0 else stop)
+        return (start, stop) if start < stop else None
+    return None
+
+
+def _reindex(node: ir.Node, selection: tuple[tuple[int, int], int], computed, constants) -> None:
+    """Point a row selection at the same rows of an input that now holds only rows from ``offset`` on."""
+    selected, length = selection
+    have = _rows_held(node.inputs[0], computed)
+    if have is ALL or have[0] == 0:
+        return
+    offset = have[0]
+    if node.op_type == "Gather":
+        index = constant(node.inputs[1])
+        absolute = np.where(index < 0, index + length, index)
+        node.replace_input_with(1, constants.get((absolute - offset).astype(index.dtype), "row_index"))
+    else:
+        start, stop = selected
+        node.replace_input_with(1, constants.get(np.array([start - offset], np.int64), "row_start"))
+        node.replace_input_with(2, constants.get(np.array([stop - offset], np.int64), "row_stop"))
+
+
+def _slice(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
+    """Rows [start, stop) of ``value``'s tokens axis: a sliced constant, or a Slice node."""
+    array = constant(value)
+    if array is not None:
+        return constants.get(np.ascontiguousarray(array[..., start:stop, :]), f"{value.name}/rows_{start}_{stop}")
+    node = ir.node("Slice", [value, constants.get(np.array([start], np.int64), "row_start"),
+                             constants.get(np.array([stop], np.int64), "row_stop"),
+                             constants.get(np.array([-2], np.int64), "tokens_axis")], num_outputs=1)
+    out = node.outputs[0]
+    out.name = f"{value.name}/rows_{start}_{stop}"
+    out.dtype = value.dtype
+    if value.shape is not None:
+        dims = list(value.shape)
+        dims[-2] = stop - start
+        out.shape = ir.Shape(dims)
+    graph.insert_before(before, node)
+    return out
+
+
+class _Constants:
+    """Small constants, one initializer per distinct value, with deterministic names."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.made: dict[tuple, ir.Value] = {}
+
+    def get(self, array: np.ndarray, base: str) -> ir.Value:
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.made:
+            name, k = base, 1
+            while name in self.graph.initializers:
+                k += 1
+                name = f"{base}_{k}"
+            value = ir.Value(name=name, shape=ir.Shape(array.shape),
+                             type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                             const_value=ir.tensor(array, name=name))
+            self.graph.register_initializer(value)
+            self.made[key] = value
+        return self.made[key]

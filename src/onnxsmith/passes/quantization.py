@@ -1,0 +1,217 @@
+"""Weight quantization: the numbers, and the nodes that give a quantized weight back.
+
+Two layouts, both of a weight ``w`` of a MatMul ``x @ w`` (``w`` is [K, N]):
+
+* **blocked** along K (the reduction axis): every ``block_size`` consecutive rows of a
+  column share one scale (and one zero point): ``w ≈ (q - zero_point) * scale``.
+  4 or 8 bits, asymmetric (unsigned ``q`` and a zero point per block) or symmetric
+  (signed ``q``, no zero point). Stored behind one blocked ``DequantizeLinear``
+  (opset 21) or packed for com.microsoft ``MatMulNBits``.
+* **per channel int8**, symmetric: one scale per index along one axis — per token for an
+  embedding table, per output column for a weight whose K does not split into blocks.
+
+The zero point is an integer, so the asymmetric range always includes 0 (as
+onnxruntime's own quantizer does): a block of one sign still restores 0 exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+#: (bits, symmetric) -> numpy dtype of the stored integers.
+_STORED = {
+    (4, False): np.dtype(ml_dtypes.uint4),
+    (4, True): np.dtype(ml_dtypes.int4),
+    (8, False): np.dtype(np.uint8),
+    (8, True): np.dtype(np.int8),
+}
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A [K, N] weight quantized in blocks of ``block_size`` rows per column."""
+
+    q: np.ndarray  # [K, N], dtype per _STORED
+    scale: np.ndarray  # [ceil(K / block_size), N], the weight's float dtype
+    zero_point: np.ndarray | None  # like scale, dtype of q; None when symmetric
+    bits: int
+    block_size: int
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_point is None
+
+
+def quantize_blocked(w: np.ndarray, bits: int, block_size: int, symmetric: bool) -> Blocked:
+    """Quantize ``w`` [K, N] in blocks along K. K need not be a multiple of the block (the last is short)."""
+    if w.ndim != 2:
+        raise ValueError(f"expected a 2-D weight, got shape {w.shape}")
+    k, n = w.shape
+    blocks = -(-k // block_size)
+    padded = np.zeros((blocks * block_size, n), dtype=np.float64)
+    padded[:k] = w
+    grouped = padded.reshape(blocks, block_size, n)
+    qmax = (1 << bits) - 1
+    if symmetric:
+        half = (1 << (bits - 1)) - 1  # 7 or 127: the range is symmetric, -8/-128 stays unused
+        absmax = np.abs(grouped).max(axis=1)
+        scale = (absmax / half).astype(w.dtype)
+        safe = np.where(scale == 0, 1, scale).astype(np.float64)
+        q = np.clip(np.rint(grouped / safe[:, None, :]), -half, half)
+        zero_point = None
+    else:
+        low = np.minimum(grouped.min(axis=1), 0.0)
+        high = np.maximum(grouped.max(axis=1), 0.0)
+        scale = ((high - low) / qmax).astype(w.dtype)
+        safe = np.where(scale == 0, 1, scale).astype(np.float64)
+        zp = np.clip(np.rint(-low / safe), 0, qmax)
+        q = np.clip(np.rint(grouped / safe[:, None, :]) + zp[:, None, :], 0, qmax)
+        zero_point = zp.astype(_STORED[bits, False])
+    dtype = _STORED[bits, symmetric]
+    q = q.reshape(blocks * block_size, n)[:k].astype(dtype)
+    return Blocked(q, scale, zero_point, bits, block_size)
+
+
+def dequantize_blocked(b: Blocked) -> np.ndarray:
+    """The weight ``b`` stands for, as DequantizeLinear computes it (in the scale's dtype)."""
+    k = b.q.shape[0]
+    scale = np.repeat(b.scale.astype(np.float64), b.block_size, axis=0)[:k]
+    q = b.q.astype(np.float64)
+    if b.zero_point is not None:
+        q = q - np.repeat(b.zero_point.astype(np.float64), b.block_size, axis=0)[:k]
+    return (q * scale).astype(b.scale.dtype)
+
+
+@dataclass(frozen=True)
+class PerChannel:
+    """A weight quantized to int8 with one scale per index along ``axis``."""
+
+    q: np.ndarray  # int8, the weight's shape
+    scale: np.ndarray  # [shape[axis]], the weight's float dtype
+    axis: int
+
+
+def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
+    """Symmetric int8, one scale per index along ``axis`` (max |w| of the slice maps to 127)."""
+    others = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+    absmax = np.abs(w.astype(np.float64)).max(axis=others)
+    scale = (absmax / 127.0).astype(w.dtype)
+    safe = np.where(scale == 0, 1, scale).astype(np.float64)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / safe.reshape(shape)), -127, 127).astype(np.int8)
+    return PerChannel(q, scale, axis % w.ndim)
+
+
+def dequantize_per_channel(p: PerChannel) -> np.ndarray:
+    shape = [1] * p.q.ndim
+    shape[p.axis] = -1
+    return (p.q.astype(np.float64) * p.scale.astype(np.float64).reshape(shape)).astype(p.scale.dtype)
+
+
+def relative_error(w: np.ndarray, restored: np.ndarray) -> float:
+    """||w - restored|| / ||w||: how much of the weight the quantization lost."""
+    norm = float(np.linalg.norm(w.astype(np.float64)))
+    return float(np.linalg.norm(w.astype(np.float64) - restored.astype(np.float64))) / norm if norm else 0.0
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=_free_name(graph, name), shape=ir.Shape(array.shape),
+                     type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.Tensor(np.ascontiguousarray(array), name=None))
+    value.const_value.name = value.name
+    graph.register_initializer(value)
+    return value
+
+
+def _free_name(graph: ir.Graph, name: str) -> str:
+    taken = set(graph.initializers)
+    taken.update(v.name for v in graph.inputs)
+    if name not in taken:
+        return name
+    i = 1
+    while f"{name}_{i}" in taken:
+        i += 1
+    return f"{name}_{i}"
+
+
+def dequantize_node(graph: ir.Graph, name: str, q: np.ndarray, scale: np.ndarray,
+                    zero_point: np.ndarray | None, *, axis: int, block_size: int | None = None) -> ir.Node:
+    """A DequantizeLinear over new initializers ``NAME_quantized``/``_scale``/``_zero_point``.
+
+    Its output is unnamed: the caller gives it the name of the weight it replaces.
+    """
+    inputs = [_initializer(graph, f"{name}_quantized", q), _initializer(graph, f"{name}_scale", scale)]
+    if zero_point is not None:
+        inputs.append(_initializer(graph, f"{name}_zero_point", zero_point))
+    attributes: dict[str, int] = {"axis": axis}
+    if block_size is not None:
+        attributes["block_size"] = block_size
+    node = ir.node("DequantizeLinear", inputs, attributes, name=f"{name}_DequantizeLinear")
+    node.outputs[0].dtype = ir.DataType.from_numpy(scale.dtype)
+    node.outputs[0].shape = ir.Shape(q.shape)
+    return node
+
+
+def blocked_dequantize_node(graph: ir.Graph, name: str, b: Blocked) -> ir.Node:
+    return dequantize_node(graph, name, b.q, b.scale, b.zero_point, axis=0, block_size=b.block_size)
+
+
+def per_channel_dequantize_node(graph: ir.Graph, name: str, p: PerChannel) -> ir.Node:
+    return dequantize_node(graph, name, p.q, p.scale, None, axis=p.axis)
+
+
+def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(B, scales, zero_points) as com.microsoft MatMulNBits reads them.
+
+    B is uint8 [N, blocks, block_size * bits / 8], each column's blocks in a row, two 4-bit
+    values per byte low nibble first; scales [N, blocks]; zero points uint8 [N, ceil(blocks *
+    bits / 8)] packed the same way. A symmetric weight is stored offset by 2^(bits-1) with no
+    zero points (MatMulNBits' default zero point is exactly that offset). A short last block
+    is padded with zero points (it multiplies nothing: K tells the kernel where to stop).
+    """
+    k, n = b.q.shape
+    blocks = b.scale.shape[0]
+    offset = 1 << (b.bits - 1)
+    q = b.q.astype(np.int32) + (offset if b.symmetric else 0)
+    padded = np.empty((blocks * b.block_size, n), dtype=np.int32)
+    pad_value = offset if b.zero_point is None else np.repeat(b.zero_point.astype(np.int32), b.block_size, axis=0)
+    padded[:] = pad_value
+    padded[:k] = q
+    per_column = padded.T.reshape(n, blocks, b.block_size)
+    scales = np.ascontiguousarray(b.scale.T)
+    if b.bits == 4:
+        packed = (per_column[..., 0::2] | (per_column[..., 1::2] << 4)).astype(np.uint8)
+    else:
+        packed = per_column.astype(np.uint8)
+    zero_points = None
+    if b.zero_point is not None:
+        zp = b.zero_point.astype(np.int32).T  # [N, blocks]
+        if b.bits == 4:
+            if blocks % 2:
+                zp = np.concatenate([zp, np.zeros((n, 1), np.int32)], axis=1)
+            zero_points = (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
+        else:
+            zero_points = zp.astype(np.uint8)
+    return packed, scales, zero_points
+
+
+def matmul_nbits_node(graph: ir.Graph, name: str, x: ir.Value, b: Blocked,
+                      accuracy_level: int | None) -> ir.Node:
+    """``x @ w`` as one com.microsoft MatMulNBits over the packed weight; output unnamed."""
+    packed, scales, zero_points = pack_matmul_nbits(b)
+    k, n = b.q.shape
+    inputs = [x, _initializer(graph, f"{name}_nbits", packed), _initializer(graph, f"{name}_scale", scales)]
+    if zero_points is not None:
+        inputs.append(_initializer(graph, f"{name}_zero_point", zero_points))
+    attributes = {"K": k, "N": n, "bits": b.bits, "block_size": b.block_size}
+    if accuracy_level is not None:
+        attributes["accuracy_level"] = accuracy_level
+    return ir.node("MatMulNBits", inputs, attributes, domain="com.microsoft", name=f"{name}_MatMulNBits")

@@ -1,0 +1,121 @@
+"""Quantize every MatMul's constant [K, N] weight in blocks along K.
+
+``format="qdq"``: the weight's initializer is replaced by UINT4 (or INT4/[U]INT8) data,
+a scale and a zero point per block, behind one blocked DequantizeLinear (opset 21)
+whose output carries the weight's original name, so every reader is unchanged. What
+onnxruntime does with it depends on the session (see transforms/quantize.py).
+
+``format="nbits"``: each MatMul reading the weight becomes one com.microsoft
+MatMulNBits over the packed weight (what onnxruntime's native CPU and WebGPU
+kernels run); a weight also read by something else keeps the DequantizeLinear.
+
+A weight whose K is not a multiple of the block is not block-quantized: it is
+stored int8 with one scale per output column (a per-axis DequantizeLinear,
+onnxruntime everywhere), or kept as it was with ``uneven="keep"``. The pass says
+which weights those were in ``self.notes`` / ``self.rows``.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from onnxsmith.analysis.graph import const_array
+from onnxsmith.passes import quantization as qz
+
+FORMATS = ("qdq", "nbits")
+UNEVEN = ("int8", "keep")
+
+
+def quantizable_weights(model: ir.Model, exclude: set[ir.Node] = frozenset()) -> list[tuple[ir.Value, list[ir.Node]]]:
+    """(weight, MatMuls reading it) for every float 2-D initializer that is some MatMul's B, in graph order."""
+    found: dict[ir.Value, list[ir.Node]] = {}
+    graph = model.graph
+    for node in graph:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node in exclude:
+            continue
+        w = node.inputs[1]
+        if w is None or not w.is_initializer() or w in graph.inputs or w.const_value is None:
+            continue
+        if w.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16) or len(w.const_value.shape) != 2:
+            continue
+        found.setdefault(w, []).append(node)
+    return list(found.items())
+
+
+class QuantizeWeightsPass(ir.passes.InPlacePass):
+    """Quantize MatMul weights (all but the ``exclude``d MatMuls'); see the module doc."""
+
+    def __init__(self, *, bits: int = 4, block_size: int = 32, symmetric: bool = False, format: str = "qdq",
+                 accuracy_level: int | None = None, uneven: str = "int8",
+                 exclude: set[ir.Node] = frozenset()) -> None:
+        super().__init__()
+        if bits not in (4, 8):
+            raise ValueError("bits must be 4 or 8")
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+        if uneven not in UNEVEN:
+            raise ValueError(f"uneven must be one of {', '.join(UNEVEN)}")
+        if block_size < 16 or block_size & (block_size - 1):
+            raise ValueError("block_size must be a power of two, at least 16")
+        self.bits, self.block_size, self.symmetric = bits, block_size, symmetric
+        self.format, self.accuracy_level, self.uneven = format, accuracy_level, uneven
+        self.exclude = exclude
+        self.notes: list[str] = []
+        self.rows: list[dict] = []
+        self.quantized = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        order = {node: i for i, node in enumerate(graph)}
+        uneven: list[str] = []
+        for weight, matmuls in quantizable_weights(model, self.exclude):
+            w = const_array(weight)
+            k, n = w.shape
+            name = weight.name
+            shape = f"{k}x{n}"
+            if k % self.block_size:
+                uneven.append(f"{name} (K={k})")
+                if self.uneven == "keep":
+                    self.rows.append({"weight": name, "shape": shape, "stored as": "unchanged (K not a multiple of the block)",
+                                      "rel. error": 0.0})
+                    continue
+                p = qz.quantize_per_channel_int8(w, axis=1)
+                self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, name, p))
+                self.rows.append({"weight": name, "shape": shape, "stored as": "int8 per column (K not a multiple of the block)",
+                                  "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p))})
+                self.quantized += 1
+                continue
+            b = qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
+            error = qz.relative_error(w, qz.dequantize_blocked(b))
+            only_matmuls = all(user in matmuls and index == 1 for user, index in weight.uses())
+            if self.format == "nbits" and only_matmuls and weight not in graph.outputs:
+                for i, matmul in enumerate(matmuls):
+                    label = name if len(matmuls) == 1 else f"{name}_{i}"
+                    fused = qz.matmul_nbits_node(graph, label, matmul.inputs[0], b, self.accuracy_level)
+                    ir.convenience.replace_nodes_and_values(graph, matmul, [matmul], [fused],
+                                                            [matmul.outputs[0]], [fused.outputs[0]])
+                graph.initializers.pop(name)
+                stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
+            else:
+                self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, name, b))
+                stored = f"{self.bits}-bit blocks of {self.block_size}"
+            self.rows.append({"weight": name, "shape": shape,
+                              "stored as": f"{stored}, {'symmetric' if self.symmetric else 'asymmetric'}",
+                              "rel. error": error})
+            self.quantized += 1
+        if uneven:
+            kept = "kept as they were" if self.uneven == "keep" else "stored int8 with one scale per output column instead"
+            self.notes.append(
+                f"{len(uneven)} weight(s) not block-quantized because K is not a multiple of the block size "
+                f"{self.block_size}, {kept}: {', '.join(uneven)}"
+            )
+        return ir.passes.PassResult(model, modified=bool(self.quantized))
+
+    @staticmethod
+    def _replace_by_dequantize(graph: ir.Graph, order: dict[ir.Node, int], weight: ir.Value, dq: ir.Node) -> None:
+        """The DequantizeLinear's output takes the weight's place and its name; it runs before its first reader."""
+        graph.insert_before(min((user for user, _ in weight.uses()), key=order.__getitem__), dq)
+        ir.convenience.replace_all_uses_with(weight, dq.outputs[0], replace_graph_outputs=True)
+        name = weight.name
+        graph.initializers.pop(name)
+        dq.outputs[0].name = name

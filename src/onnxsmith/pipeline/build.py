@@ -1,0 +1,365 @@
+"""``onnxsmith build``: a recipe in, a validated, benchmarked, carded release folder out.
+
+For each variant: produce it (transforms in order, the transforms' own gate on
+the calibration samples), validate it against the source on the task's data
+(storage-faithfully for fp16) and gate it; a variant that fails is not
+published and the build says why. Then measure activation ranges, benchmark
+the source and every published variant, and write the card, the report and
+one JSON of all measurements.
+
+The release is assembled in a staging folder beside ``--out`` and swapped in
+at the end, so ``--out`` is either the previous release or the new one, never
+half of one. Building twice gives byte-identical files, except what is timed:
+``measurements.json["bench"]`` and the parts of README.md and report.html
+between ``<!-- timed -->`` and ``<!-- /timed -->`` (see :data:`TIMED_START`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from onnxsmith import __version__
+from onnxsmith.analysis.channels import residual_channel_peaks
+from onnxsmith.analysis.ranges import measure_ranges
+from onnxsmith.analysis.summary import summarize
+from onnxsmith.errors import GateFailed, UsageError
+from onnxsmith.io.files import FileRecord, sha256_file, staging_dir, write_text_atomic
+from onnxsmith.io.load import load_model
+from onnxsmith.pipeline.bench import bench_models
+from onnxsmith.pipeline.card import TIMED_END, TIMED_START, render_card
+from onnxsmith.pipeline.options import to_json as options_json
+from onnxsmith.pipeline.recipe import Recipe, Variant
+from onnxsmith.pipeline.report import render_report
+from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.pipeline.validate import TaskRun, Validation
+from onnxsmith.verify.fp16_storage import has_fp16
+from onnxsmith.verify.inputs import random_inputs
+
+MEASUREMENTS = "measurements.json"
+CARD = "README.md"
+REPORT = "report.html"
+CHECKSUMS = "SHA256SUMS"
+RECIPE_COPY = "recipe.toml"
+FP16_MAX = 65504.0
+_TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
+
+
+@dataclass
+class VariantOutcome:
+    variant: Variant
+    published: bool = False
+    reason: str = ""
+    data: dict[str, Any] = field(default_factory=dict)  # its part of measurements.json
+    validation: Validation | None = None
+
+
+@dataclass
+class BuildResult:
+    out: Path
+    measurements: dict[str, Any]
+    outcomes: list[VariantOutcome]
+
+    @property
+    def failed(self) -> list[VariantOutcome]:
+        return [o for o in self.outcomes if not o.published]
+
+
+def default_out(recipe_path: Path) -> Path:
+    """release/<the recipe's folder name> for a recipe.toml, else release/<its stem>."""
+    name = recipe_path.resolve().parent.name if recipe_path.name == "recipe.toml" else recipe_path.stem
+    return Path("release") / name
+
+
+def build(recipe: Recipe, out: str | os.PathLike, *, progress: Callable[[str], None] = lambda _: None,
+          log: Callable[[str], None] = lambda _: None, bench: bool = True) -> BuildResult:
+    """Build ``recipe`` into the folder ``out``; ``bench=False`` skips the (timed) benchmark."""
+    out = Path(out)
+    _check_out(out, recipe)
+    with staging_dir(out.parent) as tmp:
+        release = tmp / "release"
+        release.mkdir()
+        result = _build_into(recipe, release, progress, log, bench)
+        progress(f"moving the release into {out}")
+        if out.exists():
+            os.replace(out, tmp / "previous")
+        os.replace(release, out)
+    result.out = out
+    return result
+
+
+def _check_out(out: Path, recipe: Recipe) -> None:
+    """Refuse to replace a folder that is not an earlier release (or that holds the inputs)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError("exists and is not a folder; choose another --out", out)
+    inputs = [recipe.path.resolve(), recipe.source.resolve()]
+    if any(out.resolve() == p or out.resolve() in p.parents for p in inputs):
+        raise UsageError("holds the recipe or the source model; choose another --out", out)
+    if any(out.iterdir()) and not _is_release(out / MEASUREMENTS):
+        raise UsageError("exists and is not an onnxsmith release (no measurements.json); "
+                         "choose another --out or remove it", out)
+
+
+def _is_release(path: Path) -> bool:
+    try:
+        return "onnxsmith" in json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
+def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -> BuildResult:
+    source = recipe.source
+    source_model = load_model(source)
+    task_run = None
+    if recipe.validation:
+        spec = recipe.validation
+        task_run = TaskRun(spec.task, spec.options, source, progress=progress)
+        log(f"validation data: {task_run.data}")
+        feeds = task_run.calibration_feeds(spec.calibration)
+    else:
+        feeds = [random_inputs(source_model, seed=i) for i in range(4)]
+
+    outcomes = []
+    for i, variant in enumerate(recipe.variants, 1):
+        def step_progress(message: str, _prefix=f"[{i}/{len(recipe.variants)}] {variant.name}: ") -> None:
+            progress(_prefix + message)
+
+        outcome = _make_variant(recipe, variant, release, feeds, task_run, step_progress)
+        outcomes.append(outcome)
+        if outcome.published:
+            summary = ""
+            if outcome.validation is not None:
+                summary = "; " + ", ".join(f"{m.label} {m.display}" for m in outcome.validation.metrics
+                                           if m.gate is not None)
+            log(f"[green]published[/] {variant.name} ({variant.file}{summary})")
+        else:
+            log(f"[red]not published[/] {variant.name}: {outcome.reason}")
+
+    published = [o for o in outcomes if o.published]
+    progress("measuring the source's activation ranges")
+    ranges = _source_ranges(source, feeds[:2])
+    bench = None
+    if recipe.bench and published and run_bench:
+        models = [("source", source, {})] + [
+            (o.variant.name, release / o.variant.file, o.data["runtime"]) for o in published
+        ]
+        inputs = None if task_run is None else {b: _stacked(task_run.samples, b) for b in recipe.bench.batches}
+        results = bench_models(models, recipe.bench, inputs=inputs, progress=progress)
+        bench = {"settings": {"batch": recipe.bench.batches, "provider": recipe.bench.provider,
+                              "runs": recipe.bench.runs, "warmup": recipe.bench.warmup,
+                              "threads": recipe.bench.threads, "machine": _machine()},
+                 "results": [r.to_json() for r in results]}
+
+    included = []
+    for path in recipe.include:
+        (release / path.name).write_bytes(path.read_bytes())
+        included.append(FileRecord.of(release / path.name).to_json(release))
+    files = [f for o in published for f in o.data["files"]] + included
+    checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
+    (release / CHECKSUMS).write_text(checksums, encoding="utf-8")
+    (release / RECIPE_COPY).write_text(recipe.text, encoding="utf-8")
+    measurements = {
+        "onnxsmith": __version__,
+        "tools": _tool_versions(),
+        "card": {"title": recipe.card.title or source.stem, "description": recipe.card.description,
+                 "homepage": recipe.card.homepage, "license": recipe.license_text()},
+        "source": {"file": source.name, "bytes": source.stat().st_size, "sha256": recipe.source_sha256,
+                   **_model_facts(source_model, source.stat().st_size)},
+        "validation": None if task_run is None else {
+            "task": task_run.task.name, "summary": task_run.task.summary, "data": task_run.data,
+            "samples": len(task_run.samples), "gates": recipe.validation.gates,
+            "calibration_samples": len(feeds),
+            "options": {k: _relative(v, recipe.folder) for k, v in options_json(recipe.validation.options).items()},
+        },
+        "variants": [_variant_json(o) for o in outcomes],
+        "included": included,
+        "ranges": ranges,
+        "bench": bench,
+    }
+    progress("writing the card and the report")
+    (release / MEASUREMENTS).write_text(json.dumps(measurements, indent=1, allow_nan=False) + "\n",
+                                        encoding="utf-8")
+    (release / CARD).write_text(render_card(measurements), encoding="utf-8")
+    (release / REPORT).write_text(render_report(measurements), encoding="utf-8")
+    return BuildResult(release, measurements, outcomes)
+
+
+def _make_variant(recipe: Recipe, variant: Variant, release: Path, feeds, task_run: TaskRun | None,
+                  progress) -> VariantOutcome:
+    outcome = VariantOutcome(variant)
+    target = release / variant.file
+    target.parent.mkdir(parents=True, exist_ok=True)
+    steps = [(s.name, s.options) for s in variant.steps]
+    try:
+        result = produce_variant(recipe.source, target, steps, feeds=feeds, atol=variant.atol, rtol=variant.rtol,
+                                 progress=progress)
+    except GateFailed as err:
+        outcome.reason = err.problem
+        outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
+        return outcome
+    runtime: dict[str, str] = {}
+    for report in result.reports:
+        runtime.update(report.runtime)
+    model = load_model(target)
+    outcome.data = {
+        "steps": [_step_json(r) for r in result.reports],
+        "files": [f.to_json(release) for f in result.files],
+        "nodes": {"source": result.nodes_before, "variant": result.nodes_after},
+        "runtime": runtime,
+        "verification": _finite_json(result.comparison.to_json()),
+        **_model_facts(model, sum(f.bytes for f in result.files)),
+    }
+    if task_run is not None:
+        progress("validating")
+        outcome.validation = task_run.validate(target, recipe.validation.gates, name=variant.name)
+        outcome.data["validation"] = outcome.validation.to_json()
+        if not outcome.validation.passed:
+            outcome.reason = "; ".join(outcome.validation.failures())
+            for f in result.files:
+                f.path.unlink()
+            if target.parent != release and not any(target.parent.iterdir()):
+                target.parent.rmdir()
+            outcome.data["files"] = []
+            return outcome
+    if has_fp16(model):  # an fp32 variant holds its values as the source does
+        progress("measuring activation ranges as fp16 holds them")
+        outcome.data["peak"] = _variant_peak(target, feeds[:2])
+    outcome.published = True
+    return outcome
+
+
+def _stacked(samples, batch: int) -> dict[str, np.ndarray]:
+    """A batch of ``batch`` samples' feeds (cycling through them), stacked on axis 0."""
+    chosen = [samples[i % len(samples)].feeds for i in range(batch)]
+    return {k: np.concatenate([c[k] for c in chosen]) for k in chosen[0]}
+
+
+def _variant_peak(path: Path, feeds) -> dict:
+    """An fp16 variant's largest activation as a GPU will hold it (storage-faithful)."""
+    ranges = measure_ranges(path, feeds)
+    top = max(ranges, key=lambda r: r.absmax)
+    return {"tensor": top.name, "node": top.node, "absmax": top.absmax,
+            "nonfinite": sum(r.nonfinite for r in ranges), "storage": "storage-faithful fp16",
+            "over_fp16_max": sum(1 for r in ranges if r.absmax > FP16_MAX)}
+
+
+def _source_ranges(source: Path, feeds) -> dict:
+    tensors = measure_ranges(source, feeds)
+    residual = residual_channel_peaks(source, feeds)
+    peak = max(residual, key=lambda p: p.absmax) if residual else None
+    return {
+        "measured_on": f"{len(feeds)} calibration sample(s)",
+        "tensors": [{"name": r.name, "order": r.order, "op": r.op_type, "absmax": r.absmax,
+                     "nonfinite": r.nonfinite} for r in tensors],
+        "residual": [{"tensor": p.tensor, "reader": p.reader, "order": p.order, "absmax": p.absmax,
+                      "channel": p.channel, "top_channels": _top_channels(p.per_channel)} for p in residual],
+        "massive": None if peak is None else {
+            "tensor": peak.tensor, "channel": peak.channel, "absmax": peak.absmax,
+            "tensors_where_it_peaks": sum(1 for p in residual if p.channel == peak.channel),
+            "tensors_over_fp16_max": sum(1 for p in residual if p.absmax > FP16_MAX),
+            "residual_tensors": len(residual),
+            "per_channel": peak.per_channel,
+        },
+    }
+
+
+def _top_channels(per_channel: list[float], k: int = 3) -> list[list]:
+    order = np.argsort(-np.asarray(per_channel), kind="stable")[:k]
+    return [[int(c), float(per_channel[c])] for c in order]
+
+
+def _model_facts(model, file_bytes: int) -> dict:
+    summary = summarize(model, top=0, file_bytes=file_bytes)
+    return {"io": {"inputs": summary.inputs, "outputs": summary.outputs},
+            "opsets": {k or "ai.onnx": v for k, v in summary.opsets.items()},
+            # the domains its nodes really use (an opset import may be left over)
+            "op_domains": sorted({op.partition("::")[0] for op in summary.ops if "::" in op}),
+            "params_by_dtype": summary.params_by_dtype}
+
+
+def _step_json(report) -> dict:
+    data = report.to_json()
+    return _finite_json({"name": data.pop("step"), **data})
+
+
+def _variant_json(outcome: VariantOutcome) -> dict:
+    v = outcome.variant
+    return {"name": v.name, "file": v.file, "description": v.description, "published": outcome.published,
+            "reason": outcome.reason, **outcome.data}
+
+
+def _finite_json(data):
+    """NaN/inf are not JSON: write them as null, recursively."""
+    if isinstance(data, float):
+        return data if np.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_json(v) for v in data]
+    return data
+
+
+def _relative(value, folder: Path):
+    """Paths in the options, as the recipe wrote them (no machine-specific absolute paths)."""
+    if isinstance(value, str) and os.path.isabs(value):
+        try:
+            return Path(os.path.relpath(value, folder.resolve())).as_posix()
+        except ValueError:
+            return Path(value).name
+    return value
+
+
+def _tool_versions() -> dict[str, str]:
+    versions = {"onnxsmith": __version__, "python": platform.python_version()}
+    for name in _TOOLS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}"
+
+
+def rewrite_card(release: Path, card_fields: dict | None = None) -> FileRecord:
+    """Re-render README.md from measurements.json after checking the files it pins are unchanged."""
+    path = release / MEASUREMENTS
+    if not path.is_file():
+        raise UsageError("is not an onnxsmith release (no measurements.json)", release)
+    measurements = json.loads(path.read_text(encoding="utf-8"))
+    pinned = [f for v in measurements["variants"] for f in v.get("files", [])] + measurements.get("included", [])
+    for f in pinned:
+        file = release / f["path"]
+        if not file.is_file():
+            raise UsageError(f"the release's file {f['path']} is missing", release)
+        if file.stat().st_size != f["bytes"] or sha256_file(file) != f["sha256"]:
+            raise UsageError(f"{f['path']} changed since the build (its sha256 differs from the one "
+                             "measured); rebuild instead", release)
+    if card_fields:
+        measurements["card"].update(card_fields)
+        write_text_atomic(path, json.dumps(measurements, indent=1, allow_nan=False) + "\n")
+    return write_text_atomic(release / CARD, render_card(measurements))
+
+
+def strip_timed(text: str) -> str:
+    """``text`` without its timed sections (what must be identical between two builds)."""
+    out, rest = [], text
+    while TIMED_START in rest:
+        before, _, after = rest.partition(TIMED_START)
+        out.append(before)
+        rest = after.partition(TIMED_END)[2]
+        rest = rest[1:] if rest.startswith("\n") else rest
+    out.append(rest)
+    return "".join(out)
+

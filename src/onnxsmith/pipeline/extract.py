@@ -1,0 +1,186 @@
+"""From a source file and a cut to a verified piece on disk (``onnxsmith extract``).
+
+A piece is not a variant: its inputs and outputs differ from the source's, so
+it cannot be compared output for output. It is verified the way it will be
+used: the source runs on the sample inputs with the cut tensors exposed as
+outputs (weights left in place, see :mod:`onnxsmith.verify.exposed`), those
+values are fed to the staged piece, and the piece's outputs must match the
+source's values of the same tensors — integers exactly, floats within
+tolerance. Only then is the piece moved into place; otherwise nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.analysis.cut import plan_cut
+from onnxsmith.analysis.graph import infer_types
+from onnxsmith.errors import GateFailed
+from onnxsmith.io.files import FileRecord, sha256_file
+from onnxsmith.io.load import load_model
+from onnxsmith.io.save import Provenance, staged_model
+from onnxsmith.passes.extract import ExtractPass
+from onnxsmith.pipeline.transform import Progress, count_nodes
+from onnxsmith.verify import runner
+from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
+from onnxsmith.verify.exposed import run_exposed
+
+STEP = "extract"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class ExtractResult:
+    files: list[FileRecord]
+    comparison: Comparison
+    nodes_source: int
+    nodes_piece: int
+    initializers: int  # kept in the piece
+    initializer_bytes: int
+    source_initializer_bytes: int
+    typed_by_running: list[str]  # inputs/outputs static inference could not type
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "files": [f.to_json() for f in self.files],
+            "nodes": {"source": self.nodes_source, "piece": self.nodes_piece},
+            "initializers": {"count": self.initializers, "bytes": self.initializer_bytes,
+                             "source_bytes": self.source_initializer_bytes},
+            "typed_by_running": self.typed_by_running,
+            "notes": self.notes,
+            "verification": self.comparison.to_json(),
+        }
+
+
+def extract_piece(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    inputs: list[str] | None,
+    outputs: list[str],
+    *,
+    feeds: list[dict[str, np.ndarray]],
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    external_data: bool | None = None,
+    progress: Progress = _quiet,
+) -> ExtractResult:
+    """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
+
+    ``inputs`` None: the source's own inputs that the outputs read. ``external_data`` None: like
+    the source (and always past 2 GB).
+    """
+    source, output = Path(source), Path(output)
+    progress(f"loading {source.name}")
+    model = load_model(source)
+    if inputs is None:
+        everything = [v.name for v in model.graph.inputs if not v.is_initializer()]
+        unused = plan_cut(model, everything, outputs, source).unused_inputs
+        inputs = [name for name in everything if name not in unused]
+    cut = plan_cut(model, inputs, outputs, source)
+    model.graph.sort()  # in memory only: extraction copies nodes in graph order
+    infer_types(model)  # static types for the cut tensors
+
+    progress("running the source with the cut tensors exposed")
+    values = _source_values(model, cut.inputs + cut.outputs, feeds, near=[output.parent, source.parent])
+
+    static = all(isinstance(d, int) for v in model.graph.inputs if v.shape is not None for d in v.shape)
+    extract = ExtractPass(inputs, outputs, observed=values, static_dims=static)
+    piece = extract(model).model
+    notes = [f"input '{name}' is not read by the requested outputs" for name in cut.unused_inputs]
+    if extract.typed_by_running:
+        notes.append("typed by running the source (static inference could not tell): "
+                     + ", ".join(extract.typed_by_running))
+
+    if external_data is None and _has_data_files(model, source):
+        external_data = True  # keep the source's layout: weights beside the model, mapped, not parsed
+    provenance = Provenance(source.name, sha256_file(source),
+                            [{"name": STEP, "options": {"inputs": inputs, "outputs": outputs}}])
+    progress(f"writing {output.name}")
+    with staged_model(piece, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
+        progress("verifying the piece against the source")
+        comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, atol, rtol, output)
+        comparison.reference = f"{source.name} (cut tensors exposed)"
+        comparison.candidate = output.name
+        if not comparison.passed:
+            raise GateFailed(f"verification failed, piece not written: {'; '.join(comparison.failures())}", output)
+        files = staged.commit()
+    kept = list(piece.graph.initializers.values())
+    return ExtractResult(
+        files=files,
+        comparison=comparison,
+        nodes_source=count_nodes(model),
+        nodes_piece=count_nodes(piece),
+        initializers=len(kept),
+        initializer_bytes=sum(v.const_value.nbytes for v in kept if v.const_value is not None),
+        source_initializer_bytes=sum(
+            v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+        ),
+        typed_by_running=extract.typed_by_running,
+        notes=notes,
+    )
+
+
+def _has_data_files(model: ir.Model, source: Path) -> bool:
+    """Whether the source keeps weights in files of their own (not inside the .onnx)."""
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) and Path(v.const_value.path).resolve() != source.resolve()
+        for graph in model.graphs() for v in graph.initializers.values()
+    )
+
+
+def _source_values(
+    model: ir.Model, wanted: list[ir.Value], feeds: list[dict[str, np.ndarray]], *, near: list[Path]
+) -> dict[str, list[np.ndarray]]:
+    """The source's value of every wanted tensor, one array per feed."""
+    computed = [v for v in wanted if v.producer() is not None]
+    runs = run_exposed(model, computed, feeds, near=near) if computed else [{} for _ in feeds]
+    values: dict[str, list[np.ndarray]] = {}
+    for value in wanted:
+        if value.producer() is not None:
+            values[value.name] = [run[value.name] for run in runs]
+        elif value.const_value is not None:  # an initializer
+            values[value.name] = [value.const_value.numpy() for _ in feeds]
+        else:  # a graph input of the source
+            values[value.name] = [np.asarray(f[value.name]) for f in feeds]
+    return values
+
+
+def _verify(path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list[np.ndarray]], atol, rtol,
+            output: Path) -> Comparison:
+    session = runner.open_session(path)
+    input_names = {v.name for v in inputs}
+    results: dict[str, list[np.ndarray]] = {}
+    samples = len(values[outputs[0].name])
+    for i in range(samples):
+        feeds = {}
+        for value in piece.graph.inputs:
+            if value.name in input_names:
+                array = values[value.name][i]
+                feeds[value.name] = array.astype(value.dtype.numpy()) if value.dtype is not None else array
+        for name, array in runner.run(session, feeds, [v.name for v in outputs], label=path).items():
+            results.setdefault(name, []).append(array)
+    del session
+    comparison = Comparison("", "", {"reference": "native", "candidate": "native"}, atol, rtol, samples)
+    for value in outputs:
+        reference, test = values[value.name], results[value.name]
+        if any(r.shape != t.shape for r, t in zip(reference, test)):
+            raise GateFailed(f"verification failed, piece not written: output '{value.name}' has shape "
+                             f"{test[0].shape}, the source's {reference[0].shape}", output)
+        comparison.outputs.append(diff_output(value.name, _stack(reference), _stack(test), atol, rtol))
+    return comparison
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Samples on a leading axis; samples of different shapes (a data-dependent dim) flattened end to end."""
+    if len({a.shape for a in arrays}) == 1:
+        return np.stack(arrays)
+    return np.concatenate([a.ravel() for a in arrays])[None]

@@ -1,0 +1,159 @@
+"""Validating a variant against its source on a task's real data, and gating it.
+
+The source and the variant run on the same samples (a model with fp16 tensors
+runs storage-faithfully, as a GPU would hold its values); the task decodes both
+and measures the difference as named metrics; gates bound those metrics. The
+source's outputs are computed once per :class:`TaskRun` and reused for every
+variant of a build.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxsmith.io.load import load_model
+from onnxsmith.pipeline.transform import Progress
+from onnxsmith.tasks.base import Evaluation, Sample, Task
+from onnxsmith.verify.compare import prepare_session
+
+
+@dataclass
+class MetricResult:
+    name: str
+    label: str
+    unit: str
+    better: str
+    value: float
+    display: str
+    gate: float | None = None
+    passed: bool | None = None  # None: not gated
+
+    def failure(self) -> str:
+        bound = ">" if self.better == "lower" else "<"
+        return f"{self.label} {self.display} {bound} gate {self.gate:g}"
+
+
+@dataclass
+class Validation:
+    task: str
+    data: str
+    samples: int
+    reference: str
+    candidate: str
+    modes: dict[str, str]
+    metrics: list[MetricResult]
+    errors: dict[str, list[float]] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed is not False for m in self.metrics)
+
+    def failures(self) -> list[str]:
+        return [m.failure() for m in self.metrics if m.passed is False]
+
+    def metric(self, name: str) -> MetricResult:
+        return next(m for m in self.metrics if m.name == name)
+
+    def to_json(self) -> dict:
+        return {
+            "task": self.task,
+            "data": self.data,
+            "samples": self.samples,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "modes": self.modes,
+            "passed": self.passed,
+            "metrics": [_finite(asdict(m)) for m in self.metrics],
+            "rows": [_finite(r) for r in self.rows],
+            "errors": self.errors,
+        }
+
+
+def _finite(row: dict) -> dict:
+    """JSON has no NaN: write it as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def check_gates(task: Task, gates: dict[str, float]) -> dict[str, float]:
+    """The task's default gates overridden by ``gates``; unknown metric names are errors."""
+    for name in gates:
+        task.metric(name)
+    return {**task.default_gates, **gates}
+
+
+def gated_metrics(task: Task, evaluation: Evaluation, gates: dict[str, float]) -> list[MetricResult]:
+    results = []
+    for spec in task.metrics:
+        value = evaluation.values.get(spec.name, float("nan"))
+        display = evaluation.display.get(spec.name) or f"{value:.4g}"
+        gate = gates.get(spec.name)
+        passed = None if gate is None else spec.passes(value, gate)
+        results.append(MetricResult(spec.name, spec.label, spec.unit, spec.better, value, display, gate, passed))
+    return results
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class TaskRun:
+    """A task with its options and samples, bound to the source it judges variants against."""
+
+    def __init__(self, task: Task, options: Any, source: str | os.PathLike, *, fp16_mode: str = "auto",
+                 progress: Progress = _quiet) -> None:
+        self.task = task
+        self.options = options
+        self.source = Path(source)
+        self.fp16_mode = fp16_mode
+        self.progress = progress
+        progress(f"{task.name}: preparing the data")
+        self.samples: list[Sample] = task.samples(load_model(self.source), options, self.source)
+        self.data = task.describe_data(options, self.samples)
+        self._reference: tuple[list[dict[str, np.ndarray]], str] | None = None
+
+    def outputs(self, path: str | os.PathLike) -> tuple[list[dict[str, np.ndarray]], str]:
+        """Raw outputs of ``path`` on every sample, and how it was run."""
+        session, model, mode = prepare_session(path, self.fp16_mode)
+        self.progress(f"{self.task.name}: running {Path(path).name} on {len(self.samples)} samples ({mode})")
+        batch = getattr(self.options, "batch_size", 1)
+        outputs = self.task.run(session, model, self.samples, self.options, label=path, batch_size=batch)
+        return outputs, mode
+
+    @property
+    def reference(self) -> tuple[list[dict[str, np.ndarray]], str]:
+        if self._reference is None:
+            self._reference = self.outputs(self.source)
+        return self._reference
+
+    def validate(self, candidate: str | os.PathLike, gates: dict[str, float], *, name: str | None = None
+                 ) -> Validation:
+        if self.task.judge is not None:
+            self.progress(f"{self.task.name}: judging {Path(candidate).name} on {len(self.samples)} samples")
+            evaluation = self.task.judge(self.source, candidate, self.samples, self.options)
+            ref_mode = cand_mode = "native"
+        else:
+            ref_outputs, ref_mode = self.reference
+            cand_outputs, cand_mode = self.outputs(candidate)
+            evaluation = self.task.evaluate(ref_outputs, cand_outputs, self.samples, self.options)
+        return Validation(
+            task=self.task.name,
+            data=self.data,
+            samples=len(self.samples),
+            reference=self.source.name,
+            candidate=name or Path(candidate).name,
+            modes={"reference": ref_mode, "candidate": cand_mode},
+            metrics=gated_metrics(self.task, evaluation, gates),
+            errors=evaluation.errors,
+            rows=evaluation.rows,
+        )
+
+    def calibration_feeds(self, count: int) -> list[dict[str, np.ndarray]]:
+        """The first ``count`` samples' feeds, for transforms to measure the source on."""
+        return [dict(s.feeds) for s in self.samples[:max(1, count)]]

@@ -1,0 +1,54 @@
+"""Run a rule set and say what happened: how often it matched, or why it never did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
+
+from onnxsmith.analysis.graph import node_label
+
+
+@dataclass
+class RuleOutcome:
+    """One rule set applied to one model."""
+
+    name: str
+    matched: int
+    #: Why it did not match (the most complete attempt), empty when it matched.
+    reason: str = ""
+
+    def row(self) -> dict:
+        return {"rule": self.name, "matched": self.matched, "why not": self.reason}
+
+
+def apply_rules(model: ir.Model, name: str, *stages: RewriteRuleSet) -> RuleOutcome:
+    """Apply each rule set in turn to ``model``, in place; a rule that does not match changes nothing.
+
+    Stages exist for rules that must not compete for the same nodes (a general
+    variant after the more specific ones).
+    """
+    matched = sum(rules.apply_to_model(model) for rules in stages)
+    if matched:
+        return RuleOutcome(name, matched)
+    return RuleOutcome(name, 0, explain(model, stages[0]))
+
+
+def explain(model: ir.Model, rules: RewriteRuleSet) -> str:
+    """The reason the best partial match of any rule in ``rules`` failed (the model is not changed)."""
+    tracer = MatchingTracer()
+    rules.apply_to_model(model, tracer=tracer)
+    best = None
+    for matches in tracer.best_matches_map.values():
+        for match in matches:
+            if match.status == MatchStatus.SUCCESS:
+                continue
+            if best is None or match.score() > best.score():
+                best = match
+    if best is None:
+        return "pattern not found"
+    reason = best.match_result.reason or "pattern differs"
+    if best.status == MatchStatus.CONDITION_FAILED:
+        return f"refused at {node_label(best.root_node)}: {reason}"
+    return f"closest match at {node_label(best.root_node)} differs: {reason}"

@@ -1,0 +1,35 @@
+"""A Reshape to the shape its input already has is removed.
+
+The dynamo exporter reshapes the attention output [batch, heads, tokens, d]
+to [-1, heads, tokens, d] before transposing it back; the no-op Reshape sits
+between SDPA and the transposes the MultiHeadAttention pattern absorbs. With
+the dims named (passes/name_dims.py) the two shapes compare equal, batch
+included.
+"""
+
+from __future__ import annotations
+
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchResult
+
+
+class NoOpReshape(pattern.RewriteRuleClassBase):
+    def pattern(self, op, x, shape):
+        return op.Reshape(x, shape, _outputs=["reshaped"])
+
+    def check(self, context, x, reshaped, **_) -> MatchResult:
+        result = MatchResult()
+        before, after = x.shape, reshaped.shape
+        if before is None or after is None:
+            return result.fail("a shape is unknown", x)
+        if any(not isinstance(d, int) and d.value is None for d in before):
+            return result.fail(f"the input has an unnamed dim: {before}", x)
+        if before != after:
+            return result.fail(f"{before} -> {after} is not a no-op", reshaped)
+        return result
+
+    def rewrite(self, op, x, **_):
+        return op.Identity(x)
+
+
+noop_reshape_rules = pattern.RewriteRuleSet([NoOpReshape.rule("NoOpReshape")])

@@ -1,0 +1,156 @@
+"""What a task adapter is: how a model's real inputs are made and its outputs judged.
+
+A transform's own gate compares raw outputs on a few input sets. A task goes
+further: it turns real data into inputs (``samples``), decodes outputs into what
+a user of the model sees (an age in years, a next token), and says how far a
+variant's decoded outputs are from the source's (``evaluate``), as named
+metrics that gates can bound::
+
+    @register_task
+    class FaceAge(Task):
+        name = "faceage"
+        Options = FaceAgeOptions          # recipe keys / CLI flags, like a transform's
+        metrics = (MetricSpec("max_abs_age_error", "max |Δage|", "lower", "years"), ...)
+        default_gates = {"max_abs_age_error": 0.5}
+
+        def samples(self, model, options, source) -> list[Sample]: ...
+        def evaluate(self, reference, candidate, samples, options) -> Evaluation: ...
+
+``reference`` and ``candidate`` are the raw outputs of the source and the variant,
+one dict per sample, from :meth:`Task.run` (override it for models that need a
+loop). A task that runs the two models its own way implements :meth:`Task.judge`
+instead of ``evaluate`` (the language-model task scores both with its own runner). Option fields whose metadata has ``{"path": True}`` name
+files: a recipe resolves them against its own folder and checks they exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import UsageError
+from onnxsmith.verify import runner
+from onnxsmith.verify.inputs import adapt_feeds
+
+LOWER = "lower"  # the metric is an error: a gate is an upper bound
+HIGHER = "higher"  # the metric is an agreement: a gate is a lower bound
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # the key gates use, e.g. "max_abs_age_error"
+    label: str  # how tables show it, e.g. "max |Δage|"
+    better: str  # LOWER or HIGHER
+    unit: str = ""
+
+    def passes(self, value: float, gate: float) -> bool:
+        if value is None or math.isnan(value):
+            return False
+        return value <= gate if self.better == LOWER else value >= gate
+
+    def gate_text(self, gate: float) -> str:
+        return f"{'≤' if self.better == LOWER else '≥'} {gate:g}"
+
+
+@dataclass
+class Sample:
+    """One input set: an id a person can find it by, and the model's feeds."""
+
+    id: str
+    feeds: dict[str, np.ndarray]
+    #: What the task needs besides the model outputs (an LM's next tokens, say).
+    target: Any = None
+
+
+@dataclass
+class Evaluation:
+    """How a candidate's outputs compare with the reference's on the same samples."""
+
+    values: dict[str, float]  # metric name -> value
+    #: Metric name -> how to show it, e.g. "8/8"; falls back to the number.
+    display: dict[str, str] = field(default_factory=dict)
+    #: Per-sample (or per-element) errors for histograms: label -> values.
+    errors: dict[str, list[float]] = field(default_factory=dict)
+    #: One row per sample: its id and what each model predicted.
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Task:
+    """Base class of task adapters; see the module docstring."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type]
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+    default_gates: ClassVar[dict[str, float]] = {}
+    #: Whether samples may be stacked along axis 0 and run as one batch.
+    batchable: ClassVar[bool] = False
+
+    def samples(self, model: ir.Model, options: Any, source: Path) -> list[Sample]:
+        """The inputs to judge on; ``source`` is the source model's path (its folder may hold a tokenizer)."""
+        raise NotImplementedError
+
+    def describe_data(self, options: Any, samples: list[Sample]) -> str:
+        """One line saying what the samples are, for tables and the card."""
+        return f"{len(samples)} samples"
+
+    def evaluate(self, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
+                 samples: list[Sample], options: Any) -> Evaluation:
+        raise NotImplementedError
+
+    #: Implemented by tasks that run both models themselves: (reference path, candidate path,
+    #: samples, options) -> Evaluation. None: run each with :meth:`run`, then :meth:`evaluate`.
+    judge = None
+
+    def run(self, session, model: ir.Model, samples: list[Sample], options: Any, *, label=None,
+            batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+        """Raw outputs per sample. Batchable tasks stack up to ``batch_size`` samples per run."""
+        names = [o.name for o in session.get_outputs()]
+        step = max(1, batch_size) if self.batchable else 1
+        outputs: list[dict[str, np.ndarray]] = []
+        for start in range(0, len(samples), step):
+            chunk = samples[start:start + step]
+            if len(chunk) == 1:
+                feeds = chunk[0].feeds
+            else:
+                feeds = {k: np.concatenate([s.feeds[k] for s in chunk]) for k in chunk[0].feeds}
+            result = runner.run(session, adapt_feeds(feeds, model), names, label=label)
+            if len(chunk) == 1:
+                outputs.append(result)
+            else:
+                for i in range(len(chunk)):
+                    outputs.append({k: v[i:i + 1] for k, v in result.items()})
+        return outputs
+
+    def metric(self, name: str) -> MetricSpec:
+        for spec in self.metrics:
+            if spec.name == name:
+                return spec
+        known = ", ".join(s.name for s in self.metrics)
+        raise UsageError(f"task '{self.name}' has no metric '{name}' (its metrics: {known})")
+
+
+_REGISTRY: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def tasks() -> dict[str, type[Task]]:
+    import onnxsmith.tasks  # noqa: F401  (importing registers every task)
+
+    return dict(_REGISTRY)
+
+
+def get_task(name: str) -> Task:
+    known = tasks()
+    if name not in known:
+        raise UsageError(f"unknown task '{name}' (known: {', '.join(sorted(known))})")
+    return known[name]()

@@ -1,0 +1,107 @@
+"""Any model: its raw outputs compared value by value (the foundation harness's comparison).
+
+Inputs are seeded random values fitting the input spec, or arrays from .npz
+files (one input set per file, named like the model's inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import InputError
+from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
+from onnxsmith.verify.compare import diff_output
+from onnxsmith.verify.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
+
+#: Histograms need no more than this many |Δ| values per variant.
+_HISTOGRAM_VALUES = 20000
+
+
+@dataclass
+class GenericOptions:
+    data: str | None = field(default=None, metadata={
+        "help": "an .npz of inputs, or a folder of them (default: seeded random inputs)", "path": True})
+    samples: int = field(default=4, metadata={"help": "random input sets when there is no data"})
+    seed: int = field(default=DEFAULT_SEED, metadata={"help": "seed of the random inputs"})
+    shape: list[str] = field(default_factory=list, metadata={
+        "help": "NAME:D0,D1 or DIM=N for inputs with symbolic dims"})
+    atol: float = field(default=1e-4, metadata={"help": "absolute tolerance counted by 'within_tolerance'"})
+    rtol: float = field(default=1e-3, metadata={"help": "relative tolerance counted by 'within_tolerance'"})
+
+    def validate(self) -> None:
+        if self.samples < 1:
+            raise ValueError("samples must be >= 1")
+
+
+@register_task
+class Generic(Task):
+    name = "generic"
+    summary = "any model: raw outputs compared value by value (max/mean |Δ|, cosine, argmax, NaN/inf)"
+    Options = GenericOptions
+    metrics = (
+        MetricSpec("max_abs", "max |Δ|", LOWER),
+        MetricSpec("mean_abs", "mean |Δ|", LOWER),
+        MetricSpec("min_cosine", "min cosine", HIGHER),
+        MetricSpec("argmax_agreement", "argmax agreement", HIGHER),
+        MetricSpec("within_tolerance", "outputs within atol/rtol", HIGHER),
+        MetricSpec("nonfinite", "NaN/inf values", LOWER),
+    )
+    default_gates = {"nonfinite": 0, "min_cosine": 0.999}
+
+    def samples(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
+        if options.data:
+            path = Path(options.data)
+            if path.is_dir():
+                files = sorted(path.glob("*.npz"))
+                if not files:
+                    raise InputError("no .npz files in the folder", path)
+            else:
+                files = [path]
+            return [Sample(f.name, load_npz(f, model)) for f in files]
+        shapes, dims = parse_shape_options(options.shape)
+        return [Sample(f"random#{options.seed + i}", random_inputs(model, shapes=shapes, dims=dims,
+                                                                   seed=options.seed + i))
+                for i in range(options.samples)]
+
+    def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
+        if options.data:
+            return f"{len(samples)} input set(s) from {Path(options.data).name}"
+        return f"{len(samples)} seeded random input set(s) (seed {options.seed})"
+
+    def evaluate(self, reference, candidate, samples, options: GenericOptions) -> Evaluation:
+        diffs = []
+        errors: list[np.ndarray] = []
+        for name in reference[0]:
+            if name not in candidate[0]:
+                raise InputError(f"the variant has no output '{name}'")
+            ref = np.stack([r[name] for r in reference])
+            cand = np.stack([c[name] for c in candidate])
+            diffs.append(diff_output(name, ref, cand, options.atol, options.rtol))
+            if ref.dtype.kind in "fc":
+                delta = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
+                errors.append(delta[np.isfinite(delta)].reshape(-1))
+        cosines = [d.cosine for d in diffs if d.cosine is not None]
+        argmaxes = [d.argmax_agreement for d in diffs if d.argmax_agreement is not None]
+        nonfinite = sum(max(0, d.nonfinite_test - d.nonfinite_ref) for d in diffs)
+        values = {
+            "max_abs": max(d.max_abs for d in diffs),
+            "mean_abs": float(np.mean([d.mean_abs for d in diffs])),
+            "min_cosine": min(cosines) if cosines else float("nan"),
+            "argmax_agreement": min(argmaxes) if argmaxes else float("nan"),
+            "within_tolerance": sum(d.passed for d in diffs) / len(diffs),
+            "nonfinite": float(nonfinite),
+        }
+        display = {
+            "within_tolerance": f"{sum(d.passed for d in diffs)}/{len(diffs)}",
+            "nonfinite": "none" if nonfinite == 0 else str(nonfinite),
+        }
+        flat = np.concatenate(errors) if errors else np.zeros(0)
+        if flat.size > _HISTOGRAM_VALUES:  # an even, deterministic subsample
+            flat = flat[np.linspace(0, flat.size - 1, _HISTOGRAM_VALUES).astype(np.int64)]
+        rows = [{"output": d.name, "max |Δ|": d.max_abs, "mean |Δ|": d.mean_abs, "cosine": d.cosine,
+                 "NaN/inf": d.nonfinite_test, "within tolerance": d.passed} for d in diffs]
+        return Evaluation(values, display, {"|Δ| (all output values)": [float(v) for v in flat]}, rows)

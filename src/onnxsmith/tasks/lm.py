@@ -1,0 +1,202 @@
+"""Language models: text in, next tokens out; how good a (quantized) model is on held-out text.
+
+The function API (what ``eval-lm``, the quantize benchmark and a build's ``lm`` task use):
+
+* :func:`folder_of` / :func:`load_tokenizer`: a model folder laid out as transformers.js
+  and optimum expect (``onnx/model*.onnx`` beside ``tokenizer.json``, ``config.json``);
+* :func:`text_windows`: held-out text tokenized with the folder's tokenizer, cut into
+  windows of ``window`` tokens;
+* :func:`score_models`: each model's loss (mean next-token negative log-likelihood,
+  nats), perplexity, and against a reference model (the fp32 source) the mean KL
+  divergence of the next-token distributions and top-1 agreement;
+* :func:`greedy_generate`: greedy decoding with the KV cache, the way a client runs
+  the published model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxsmith.errors import InputError, UsageError
+from onnxsmith.verify import runner
+from onnxsmith.verify.lm import IDS, MASK, POSITIONS, Agreement, LMRunner, lm_feeds, log_softmax
+
+TOKENIZER_FILE = "tokenizer.json"
+#: Files of a model folder that describe the model rather than hold it (copied beside variants).
+FOLDER_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+)
+DEFAULT_WINDOW = 128
+
+
+def folder_of(model_path: str | os.PathLike) -> Path:
+    """The model folder of an .onnx file: the parent of ``onnx/``, else the file's own folder."""
+    parent = Path(model_path).resolve().parent
+    return parent.parent if parent.name == "onnx" else parent
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json or the folder holding one."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"no {TOKENIZER_FILE} here: text is tokenized with the model folder's tokenizer "
+                         "(pass --tokenizer FILE)", path)
+    try:
+        return Tokenizer.from_file(os.fspath(file))
+    except Exception as err:  # tokenizers raises plain Exceptions
+        raise InputError(f"not a readable tokenizer.json ({str(err).splitlines()[0]})", file) from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read the text ({err})", path) from None
+
+
+def text_windows(tokenizer, text: str, *, window: int = DEFAULT_WINDOW, max_windows: int | None = None,
+                 label: str | os.PathLike | None = None) -> np.ndarray:
+    """[n, window] token ids: the text encoded once (no special tokens) and cut into whole windows."""
+    if window < 2:
+        raise UsageError("the window must be at least 2 tokens")
+    ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+    if ids.size < 2:
+        raise InputError(f"the text has {ids.size} token(s); at least 2 are needed", label)
+    if ids.size < window:
+        return ids[None]
+    n = ids.size // window
+    if max_windows is not None:
+        n = min(n, max_windows)
+    return ids[: n * window].reshape(n, window)
+
+
+@dataclass
+class LMScore:
+    """One model on the text: loss (nats/token), perplexity, and agreement with the reference."""
+
+    model: str
+    tokens: int  # next-token predictions scored
+    loss: float
+    perplexity: float
+    kl: float | None = None  # mean KL(reference || model), nats
+    top1: float | None = None  # fraction of positions where both rank the same token first
+    loss_increase: float | None = None  # (loss - reference loss) / reference loss
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def score_models(paths: list[str | os.PathLike], windows: np.ndarray, *, reference: int = 0, batch: int = 4,
+                 threads: int | None = None, configs: list[dict[str, str] | None] | None = None,
+                 progress: Callable[[str], None] = lambda _: None) -> list[LMScore]:
+    """Loss and perplexity of each model on ``windows``; KL and top-1 against ``paths[reference]``.
+
+    ``configs``: onnxruntime session options per model (e.g. session.disable_quant_qdq=1, to
+    score a q4 model with the arithmetic onnxruntime-web runs it with).
+    """
+    runners = []
+    for path, config in zip(paths, configs or [None] * len(paths)):
+        lm = LMRunner(path, threads=threads, config=config)
+        if lm.sig.last_only and windows.shape[1] > 1:
+            raise InputError("returns logits for the last position only; evaluate its full-logits twin "
+                             "(model_*_full.onnx, which `onnxsmith quantize` writes beside it)", path)
+        runners.append(lm)
+    nll = [0.0] * len(paths)
+    parts: list[list[Agreement]] = [[] for _ in paths]
+    count = 0
+    for start in range(0, len(windows), batch):
+        chunk = windows[start:start + batch]
+        progress(f"windows {start + len(chunk)}/{len(windows)}")
+        targets = chunk[:, 1:]
+        logits = [lm.logits(chunk)[:, :-1] for lm in runners]
+        for i, value in enumerate(logits):
+            if value.shape[-1] <= int(chunk.max()):
+                raise InputError(f"the text has token id {int(chunk.max())}, past the model's vocabulary of "
+                                 f"{value.shape[-1]}; is this the model's tokenizer?", paths[i])
+            logp = log_softmax(value)
+            nll[i] -= float(np.take_along_axis(logp, targets[..., None], axis=-1).sum())
+            if i != reference:
+                parts[i].append(Agreement.of(logits[reference], value))
+        count += targets.size
+    scores = []
+    for i, path in enumerate(paths):
+        loss = nll[i] / count
+        score = LMScore(model=Path(path).name, tokens=count, loss=loss, perplexity=math.exp(loss))
+        if i != reference:
+            agreement = Agreement.concat(parts[i])
+            score.kl = float(agreement.kl.mean())
+            score.top1 = float(agreement.top1.mean())
+            score.loss_increase = (loss - nll[reference] / count) / (nll[reference] / count)
+        scores.append(score)
+    return scores
+
+
+def greedy_generate(path: str | os.PathLike, prompt: list[int], new_tokens: int, *,
+                    config: dict[str, str] | None = None) -> list[int]:
+    """Greedy decoding: the prompt in one run, then one token per run through the KV cache
+    (or the whole sequence again for a model without one). Returns the new token ids."""
+    lm = LMRunner(path, config=config)
+    sig = lm.sig
+    if not prompt:
+        raise UsageError("the prompt needs at least one token")
+    ids = np.asarray([prompt], dtype=np.int64)
+    generated: list[int] = []
+    if not sig.past:
+        for _ in range(new_tokens):
+            nxt = int(lm.logits(ids)[0, -1].argmax())
+            generated.append(nxt)
+            ids = np.concatenate([ids, [[nxt]]], axis=1)
+        return generated
+    present_of = _present_names(lm)
+    feeds = lm_feeds_at(sig, ids, past=None)
+    names = [o.name for o in lm.session.get_outputs()]
+    for _ in range(new_tokens):
+        out = runner.run(lm.session, feeds, names, label=path)
+        nxt = int(out[sig.logits][0, -1].argmax())
+        generated.append(nxt)
+        past = {p.name: out[present_of[p.name]] for p in sig.past}
+        feeds = lm_feeds_at(sig, np.asarray([[nxt]], dtype=np.int64), past=past)
+    return generated
+
+
+def lm_feeds_at(sig, ids: np.ndarray, past: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Feeds for ``ids`` following ``past`` (a KV cache from the previous run; None: empty)."""
+    if past is None:
+        return lm_feeds(sig, ids)
+    batch, seq = ids.shape
+    first = sig.past[0]
+    done = past[first.name].shape[first.dims.index("past")]
+    feeds = {IDS: ids.astype(sig.ids), **past}
+    if sig.mask is not None:
+        feeds[MASK] = np.ones((batch, done + seq), dtype=sig.mask)
+    if sig.positions is not None:
+        feeds[POSITIONS] = np.tile(np.arange(done, done + seq, dtype=sig.positions), (batch, 1))
+    return feeds
+
+
+def _present_names(lm: LMRunner) -> dict[str, str]:
+    """past input -> the output holding its next value: ``past_key_values.N.key`` -> ``present.N.key``, else by order."""
+    outputs = [o.name for o in lm.session.get_outputs() if o.name != lm.sig.logits]
+    mapping = {}
+    for i, p in enumerate(lm.sig.past):
+        guess = p.name.replace("past_key_values", "present")
+        if guess in outputs:
+            mapping[p.name] = guess
+        elif len(outputs) == len(lm.sig.past):
+            mapping[p.name] = outputs[i]
+        else:
+            raise InputError(f"cannot tell which output is the next value of '{p.name}'", lm.path)
+    return mapping

@@ -1,0 +1,90 @@
+"""The ``lm`` task: a language-model variant judged on held-out text.
+
+A thin adapter over :mod:`onnxsmith.tasks.lm` (the scoring ``eval-lm`` uses too):
+the text is tokenized with the source's tokenizer and cut into windows; both
+models score every next token of every window; the metrics are the variant's
+loss and perplexity, its mean KL divergence from the source's next-token
+distributions and how often both rank the same token first.
+
+A variant that returns only the last position's logits (``quantize`` with
+``last_token``) cannot be scored at every position; build such a recipe's
+variant with ``last_token = false`` to validate it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import UsageError
+from onnxsmith.tasks import lm
+from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
+from onnxsmith.verify.lm import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, lm_feeds, lm_signature
+
+
+@dataclass
+class LMOptions:
+    text: str | None = field(default=None, metadata={"help": "held-out text (UTF-8)", "path": True})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": "tokenizer.json (default: the source's model folder's)", "path": True})
+    window: int = field(default=lm.DEFAULT_WINDOW, metadata={"help": "tokens per scored window"})
+    max_windows: int | None = field(default=16, metadata={"help": "score at most this many windows"})
+    batch: int = field(default=4, metadata={"help": "windows per inference run"})
+
+    def validate(self) -> None:
+        if self.window < 2 or self.batch < 1 or (self.max_windows is not None and self.max_windows < 1):
+            raise ValueError("window must be >= 2, batch and max_windows >= 1")
+
+
+@register_task
+class LanguageModel(Task):
+    name = "lm"
+    summary = "held-out text -> next tokens; loss, perplexity, KL from the source, top-1 agreement"
+    Options = LMOptions
+    metrics = (
+        MetricSpec("kl", "mean KL from the source", LOWER, "nats"),
+        MetricSpec("top1", "top-1 agreement", HIGHER),
+        MetricSpec("loss_increase", "loss increase", LOWER),
+        MetricSpec("loss", "loss", LOWER, "nats/token"),
+        MetricSpec("perplexity", "perplexity", LOWER),
+    )
+    default_gates = {"kl": DEFAULT_MAX_KL, "top1": DEFAULT_MIN_TOP1}
+
+    def __init__(self) -> None:
+        self._text = ""
+
+    def samples(self, model: ir.Model, options: LMOptions, source: Path | None = None) -> list[Sample]:
+        if not options.text:
+            raise UsageError("task lm needs text: a held-out UTF-8 text file")
+        tokenizer = lm.load_tokenizer(options.tokenizer or lm.folder_of(source))
+        windows = lm.text_windows(tokenizer, lm.read_text(options.text), window=options.window,
+                                  max_windows=options.max_windows, label=options.text)
+        self._text = Path(options.text).name
+        sig = lm_signature(model, source)
+        return [Sample(f"window {i}", lm_feeds(sig, row[None]), target=row) for i, row in enumerate(windows)]
+
+    def describe_data(self, options: LMOptions, samples: list[Sample]) -> str:
+        tokens = sum(len(s.target) for s in samples)
+        return f"{len(samples)} window(s) of held-out text from {self._text} ({tokens} tokens)"
+
+    def judge(self, reference, candidate, samples: list[Sample], options: LMOptions) -> Evaluation:
+        windows = np.stack([s.target for s in samples])
+        source, variant = lm.score_models([reference, candidate], windows, batch=options.batch)
+        values = {"kl": variant.kl, "top1": variant.top1, "loss_increase": variant.loss_increase,
+                  "loss": variant.loss, "perplexity": variant.perplexity}
+        values = {k: float("nan") if v is None else float(v) for k, v in values.items()}
+        display = {
+            "kl": f"{values['kl']:.4f} nats",
+            "top1": f"{values['top1']:.2%}",
+            "loss_increase": f"{values['loss_increase']:+.2%}",
+            "loss": f"{values['loss']:.4f} (source {source.loss:.4f})",
+            "perplexity": f"{values['perplexity']:.2f} (source {source.perplexity:.2f})",
+        }
+        display = {k: ("NaN" if math.isnan(values[k]) else v) for k, v in display.items()}
+        rows = [{"model": s.model, "tokens": s.tokens, "loss": s.loss, "perplexity": s.perplexity,
+                 "KL": s.kl, "top-1": s.top1} for s in (source, variant)]
+        return Evaluation(values, display, {}, rows)

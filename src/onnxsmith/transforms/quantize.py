@@ -1,0 +1,282 @@
+"""quantize: a language model with 4-bit (or 8-bit) weights, small enough for a web page.
+
+The steps, each a pass of its own:
+
+1. the default opset becomes 21 when blocked DequantizeLinear needs it (onnxscript's
+   version converter, the onnx C API as its fallback);
+2. Gemm -> MatMul + Add, so every body weight is a plain [K, N] MatMul constant;
+   then the graph is made cheaper than the source (``simplify``): the Reshape pairs around
+   MatMuls go (passes/unflatten_matmul.py) and computed Reshape targets become constants
+   (passes/reshape_targets.py), so the shape arithmetic is not redone on every call;
+3. the LM head and the token embedding are found; a tied pair is stored once, int8
+   per token, in the head's layout (lookups gather columns) or, for a model without a KV
+   cache, in the table's (lookups gather rows) (passes/tied_head.py);
+4. every other MatMul weight is quantized in blocks along K behind one blocked
+   DequantizeLinear, or packed for MatMulNBits (passes/quantize_weights.py);
+5. the head's weight gets a leading unit dim so onnxruntime runs it as a GEMV at one row
+   (``gemv_head``, passes/gemv_head.py); optionally, only the last position's logits are computed;
+6. dead nodes and unreferenced initializers are removed (no fp32 copy stays behind).
+
+What a runtime does with the ``qdq`` format depends on its session options:
+
+* onnxruntime-web (WASM) with ``session.disable_quant_qdq=1`` constant-folds every
+  DequantizeLinear at load and runs fp32 MatMuls: fp32 speed, a quarter of the download;
+* onnxruntime without it keeps the DequantizeLinear+MatMul pairs and fuses them into
+  MatMulNBits (native CPU: fast, int8 activations at ``session.qdq_matmulnbits_accuracy_level``
+  4, its default; WASM: about 10x slower than fp32);
+* ``--format nbits`` writes MatMulNBits directly, for native CPU and WebGPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
+from onnxscript.version_converter import ConvertVersionPass
+
+from onnxsmith.analysis.graph import infer_types
+from onnxsmith.errors import InputError
+from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
+from onnxsmith.passes.gemv_head import GemvHeadPass
+from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
+from onnxsmith.passes.quantize_weights import FORMATS, UNEVEN, QuantizeWeightsPass, quantizable_weights
+from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
+from onnxsmith.passes.tied_head import HEAD_MODES, LOOKUPS, LMHead, StoreHeadPass, find_lm_head
+from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
+from onnxsmith.pipeline import options as opts
+from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.verify import lm
+
+#: Blocked DequantizeLinear (block_size, 4-bit types) is opset 21, which needs IR version 10.
+BLOCKED_DQ_OPSET = 21
+BLOCKED_DQ_IR_VERSION = 10
+#: Per-axis DequantizeLinear (the int8 head) is opset 13.
+PER_AXIS_DQ_OPSET = 13
+
+#: Session options per target, for the report and the card.
+WASM_CONFIG = {"session.disable_quant_qdq": "1"}
+TARGETS = {
+    "qdq": {
+        "onnxruntime-web (WASM)": {
+            "session_options": WASM_CONFIG,
+            "why": "constant-folds the DequantizeLinear at load: fp32 MatMuls, fp32 speed "
+                   "(without it WASM fuses DequantizeLinear+MatMul into MatMulNBits and runs ~10x slower)",
+        },
+        "onnxruntime native CPU": {
+            "session_options": {},
+            "why": "fuses DequantizeLinear+MatMul into MatMulNBits; session.qdq_matmulnbits_accuracy_level "
+                   "picks the activation precision (4, the default: int8; 0: fp32)",
+        },
+    },
+    "nbits": {
+        "onnxruntime native CPU / WebGPU": {
+            "session_options": {},
+            "why": "MatMulNBits runs directly; accuracy_level in the model picks the activation precision",
+        },
+    },
+}
+
+
+@dataclass
+class QuantizeOptions:
+    scheme: str = field(default="q4", metadata={"help": "weight bits of the body", "choices": ["q4", "q8"]})
+    block_size: int = field(default=32, metadata={"help": "weights per quantization block along K (power of two, >= 16)"})
+    symmetric: bool = field(default=False, metadata={"help": "symmetric blocks (no zero points)"})
+    format: str = field(default="qdq", metadata={
+        "help": "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
+        "choices": list(FORMATS)})
+    accuracy_level: int | None = field(default=None, metadata={
+        "help": "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8", "choices": [0, 1, 2, 3, 4]})
+    head: str = field(default="int8", metadata={
+        "help": "LM head (and embedding): int8 per token, q4 blocks (ablation), keep", "choices": list(HEAD_MODES)})
+    lookups: str = field(default="auto", metadata={
+        "help": "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
+                "folds a transposed copy for the head), auto: rows for a model without a KV cache",
+        "choices": ["auto", *LOOKUPS]})
+    uneven: str = field(default="int8", metadata={
+        "help": "a weight whose K is not a multiple of the block: int8 per column, or keep it", "choices": list(UNEVEN)})
+    last_token: bool = field(default=True, metadata={"help": "compute the logits of the last position only"})
+    simplify: bool = field(default=True, metadata={
+        "help": "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
+                "computed Reshape targets)"})
+    gemv_head: bool = field(default=True, metadata={
+        "help": "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"})
+    max_kl: float = field(default=lm.DEFAULT_MAX_KL, metadata={
+        "help": "gate: mean KL(source || variant) of next-token distributions, nats"})
+    min_top1: float = field(default=lm.DEFAULT_MIN_TOP1, metadata={"help": "gate: top-1 agreement with the source"})
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.scheme == "q4" else 8
+
+    def validate(self) -> None:
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two, at least 16")
+        if self.accuracy_level is not None and self.format != "nbits":
+            raise ValueError("accuracy_level applies to --format nbits only")
+        if not 0 < self.max_kl:
+            raise ValueError("max_kl must be > 0")
+        if not 0 <= self.min_top1 <= 1:
+            raise ValueError("min_top1 must be between 0 and 1")
+
+
+@register
+class Quantize(Transform):
+    name = "quantize"
+    summary = "4-bit / 8-bit weights for a language model (web-ready; see docs/quantize.md)"
+    Options = QuantizeOptions
+
+    def apply(self, model: ir.Model, options: QuantizeOptions, context: TransformContext) -> StepReport:
+        report = StepReport(self.name, opts.to_json(options))
+        progress = context.progress
+        weight_bytes_before = _weight_bytes(model)
+        nodes_before = count_nodes(model)
+
+        progress("quantize: opset")
+        self._upgrade_opset(model, options, report)
+        head, body, prepared = prepare(model, options, context.source_path)
+        if prepared.gemms:
+            report.notes.append(f"{prepared.gemms} Gemm(s) rewritten as MatMul + Add")
+        if options.simplify:
+            report.notes.append(
+                f"graph simplified: {prepared.unflattened} Reshape pair(s) around MatMuls removed, "
+                f"{prepared.reshape_targets} computed Reshape target(s) made constant; "
+                f"{nodes_before} -> {prepared.nodes} nodes that run (Constant nodes not counted)")
+
+        rows: list[dict] = []
+        if head is not None:
+            progress("quantize: LM head")
+            store = StoreHeadPass(head, options.head, block_size=options.block_size, symmetric=options.symmetric,
+                                  lookups=_lookups(model, options))
+            store(model)
+            report.notes.extend(store.notes)
+            rows.extend(store.rows)
+
+        progress(f"quantize: {len(body)} weights")
+        weights = QuantizeWeightsPass(bits=options.bits, block_size=options.block_size, symmetric=options.symmetric,
+                                      format=options.format, accuracy_level=options.accuracy_level,
+                                      uneven=options.uneven, exclude={head.matmul} if head else set())
+        weights(model)
+        report.notes.insert(0, f"{weights.quantized} of {len(body)} MatMul weight(s) quantized "
+                               f"({options.bits}-bit, block {options.block_size}, "
+                               f"{'symmetric' if options.symmetric else 'asymmetric'}, format {options.format})")
+        report.notes.extend(weights.notes)
+        rows.extend(weights.rows)
+
+        if options.gemv_head and head is not None and options.head != "keep":
+            gemv = GemvHeadPass(head.matmul)
+            gemv(model)
+            report.notes.append(f"head not laid out for a GEMV: {gemv.skipped}" if gemv.skipped else
+                                f"head weight is [1, {head.hidden}, {head.vocab}] ({gemv.how}): onnxruntime does "
+                                "not prepack it and runs the one-row head as a GEMV (faster decode)")
+        if options.last_token:
+            LastTokenLogitsPass(head.matmul, head.logits)(model)
+            report.notes.append("logits for the last position only ([batch, 1, vocab]); generation reads nothing else")
+
+        RemoveUnusedNodesPass()(model)
+        RemoveUnusedOpsetsPass()(model)
+        weight_bytes_after = _weight_bytes(model)
+        nodes_after = count_nodes(model, folded=True)
+        report.stats["before_after"] = {"weight bytes": (weight_bytes_before, weight_bytes_after),
+                                        "nodes that run": (nodes_before, nodes_after)}
+        report.stats["nodes"] = {"before": nodes_before, "after": nodes_after}
+        report.stats["weight_bytes"] = {"before": weight_bytes_before, "after": weight_bytes_after}
+        report.stats["quantized_weights"] = weights.quantized
+        report.tables["weights"] = rows
+        report.stats["targets"] = TARGETS[options.format]
+        if options.format == "qdq":
+            report.runtime.update(WASM_CONFIG)
+            report.notes.append("onnxruntime-web (WASM): create the session with session.disable_quant_qdq=1 "
+                                "(it folds the DequantizeLinear at load: fp32 speed); without it WASM runs ~10x slower")
+        return report
+
+    def _upgrade_opset(self, model: ir.Model, options: QuantizeOptions, report: StepReport) -> None:
+        needs_blocks = options.format == "qdq" or options.head == "q4"
+        target = BLOCKED_DQ_OPSET if needs_blocks else PER_AXIS_DQ_OPSET
+        current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+        if current >= target:
+            return
+        try:
+            ConvertVersionPass(target, fallback=True)(model)
+        except Exception as err:  # the converters raise assorted errors
+            raise InputError(f"cannot convert the model from opset {current} to {target}: {err}") from None
+        if model.opset_imports.get("", 0) < target:
+            raise InputError(f"cannot convert the model from opset {current} to {target} (the converter refused)")
+        if needs_blocks:
+            model.ir_version = max(model.ir_version, BLOCKED_DQ_IR_VERSION)
+        report.notes.append(f"default opset {current} -> {target} (blocked DequantizeLinear)" if needs_blocks
+                            else f"default opset {current} -> {target}")
+
+    def verify(self, options: QuantizeOptions, reference, candidate, feeds, *, atol, rtol):
+        """The LM gate (verify/lm.py), running the variant as its target does (session options)."""
+        return lm.compare_lm(reference, candidate, feeds, max_kl=options.max_kl, min_top1=options.min_top1,
+                             candidate_config=WASM_CONFIG if options.format == "qdq" else None)
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` did to the graph."""
+
+    gemms: int = 0  # Gemms rewritten as MatMul + Add
+    unflattened: int = 0  # Reshape pairs removed around MatMuls
+    reshape_targets: int = 0  # computed Reshape targets made constant
+    nodes: int = 0  # nodes that run, after
+
+
+def prepare(model: ir.Model, options: QuantizeOptions, source) -> tuple[LMHead | None, list, Prepared]:
+    """Gemm -> MatMul, simplify, then find the head and the body weights: (head, body weights, what was done).
+
+    Raises InputError when there is nothing to quantize or no head where one is needed.
+    ``onnxsmith quantize`` runs it on a throwaway copy first, to fail before any work.
+    """
+    gemms = GemmToMatMulPass()
+    gemms(model)
+    prepared = Prepared(gemms=gemms.rewritten)
+    infer_types(model)
+    if options.simplify:
+        unflatten, targets = UnflattenMatMulPass(), ConstantReshapeTargetsPass()
+        unflatten(model)
+        targets(model)
+        RemoveUnusedNodesPass()(model)
+        infer_types(model)
+        prepared.unflattened, prepared.reshape_targets = unflatten.rewritten, targets.replaced
+    prepared.nodes = count_nodes(model)
+    try:
+        head = find_lm_head(model)
+    except InputError as err:
+        if options.head != "keep" or options.last_token:
+            needs = "--head keep --no-last-token" if options.last_token else "--head keep"
+            raise InputError(f"{err.problem} (without a head, use {needs})", source) from None
+        head = None
+    body = quantizable_weights(model, {head.matmul} if head else set())
+    if not body:
+        raise InputError("no MatMul or Gemm with a constant 2-D weight to quantize", source)
+    return head, body, prepared
+
+
+def _lookups(model: ir.Model, options: QuantizeOptions) -> str:
+    """``auto``: rows for a model without a KV cache (it looks up the whole sequence at every step)."""
+    if options.lookups != "auto":
+        return options.lookups
+    try:
+        return "columns" if lm.lm_signature(model).past else "rows"
+    except InputError:
+        return "columns"
+
+
+def count_nodes(model: ir.Model, *, folded: bool = False) -> int:
+    """Nodes of the main graph that run: not Constant, and with ``folded`` not DequantizeLinear of constants
+    either (onnxruntime folds them at load with session.disable_quant_qdq=1)."""
+    def runs(node: ir.Node) -> bool:
+        if node.op_type == "Constant":
+            return False
+        if folded and node.op_type == "DequantizeLinear":
+            return not all(v is None or ir.convenience.get_const_tensor(v) is not None for v in node.inputs)
+        return True
+
+    return sum(1 for node in model.graph if runs(node))
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)

@@ -1,0 +1,190 @@
+"""``shrink``: make a graph smaller without changing what it computes.
+
+Four passes, in this order:
+
+1. fp64 constants read only through a Cast to float are stored as fp32
+   (passes/narrow_fp64.py; first, so the folding below does not hide it);
+2. constant folding with a growth guard (passes/fold_constants_guarded.py): small
+   constant subexpressions are folded; an Expand/Tile/ConstantOfShape whose result
+   would add more than ``max_fold_growth`` bytes stays computed at run time;
+3. int64 index regions whose values provably fit int32 are born int32
+   (passes/narrow_int64.py);
+4. identical constants are stored once (passes/dedup_constants.py).
+
+The gate (produce_variant) demands integer outputs bit-identical and float outputs
+within tolerance. ``--explain`` shows every change and why, and before/after
+breakdowns from the same analysis ``inspect`` uses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from onnxsmith.analysis.graph import infer_types
+from onnxsmith.analysis.summary import ModelSummary, summarize
+from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
+from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
+from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
+from onnxsmith.passes.narrow_int64 import NarrowInt64Pass
+from onnxsmith.pipeline import options as opts
+from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``1MB`` -> 1048576 (binary units, as ``inspect`` prints sizes); a plain number is bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"'{text}' is not a size (examples: 0, 4096, 512KB, 1MB, 2GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@register
+class Shrink(Transform):
+    name = "shrink"
+    summary = "fold small constants (never huge ones), int64 indices to int32, fp64 constants to fp32, dedup constants"
+
+    @dataclass
+    class Options:
+        max_fold_growth: str = field(
+            default="1MB",
+            metadata={"help": "a folded constant may grow the model by at most this much per node "
+                              "(e.g. 0, 64KB, 1MB); bigger results stay computed at run time"},
+        )
+        fold: bool = field(default=True, metadata={"help": "fold constant subexpressions (with the growth guard)"})
+        narrow_int64: bool = field(default=True, metadata={"help": "store/compute int64 indices that fit as int32"})
+        narrow_fp64: bool = field(default=True, metadata={"help": "store fp64 constants read as fp32 as fp32"})
+        dedup: bool = field(default=True, metadata={"help": "store identical constants once"})
+
+        def validate(self) -> None:
+            parse_bytes(self.max_fold_growth)
+
+    def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+        infer_types(model)  # shapes size the fold guard and the int64 regions
+        before = summarize(model)
+        report = StepReport(self.name, opts.to_json(options))
+        changes: list[dict] = []
+        if options.narrow_fp64:
+            fp64 = NarrowFp64ConstantsPass()
+            fp64(model)
+            if fp64.narrowed:
+                saved = sum(c.nbytes_before // 2 for c in fp64.narrowed)
+                report.notes.append(f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({_human(saved)} saved)")
+            changes += [
+                {"change": "fp64 -> fp32", "where": c.name, "bytes": _human(c.nbytes_before // 2),
+                 "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)"}
+                for c in fp64.narrowed
+            ]
+        if options.fold:
+            context.progress("shrink: folding constants (guarded)")
+            fold = FoldConstantsGuardedPass(max_growth=parse_bytes(options.max_fold_growth))
+            fold(model)
+            report.notes.append(_fold_note(fold))
+            changes += [
+                {"change": "kept computed", "where": f"{r.node} ({r.op_type})",
+                 "bytes": "?" if r.output_bytes is None else _human(r.output_bytes), "why": r.reason}
+                for r in fold.refused
+            ]
+        if options.narrow_int64:
+            context.progress("shrink: narrowing int64 indices")
+            infer_types(model)  # folding created values; the regions need their shapes
+            narrow = NarrowInt64Pass()
+            narrow(model)
+            report.notes.extend(_narrow_notes(narrow))
+            for r in narrow.reports:
+                where = f"{', '.join(r.values[:4])}{' ...' if len(r.values) > 4 else ''} (read by {', '.join(r.read_by)})"
+                changes.append({
+                    "change": "int64 -> int32" if r.narrowed else "int64 kept",
+                    "where": where,
+                    "bytes": _human(r.saved_bytes + r.saved_runtime_bytes),
+                    "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
+                    + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
+                    + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
+                })
+        if options.dedup:
+            dedup = DeduplicateConstantsPass()
+            dedup(model)
+            if dedup.removed:
+                saved = sum(d.nbytes for d in dedup.removed)
+                report.notes.append(f"merged {len(dedup.removed)} duplicate constant(s) ({_human(saved)})")
+            changes += [
+                {"change": "duplicate merged", "where": d.name, "bytes": _human(d.nbytes), "why": f"identical to {d.kept}"}
+                for d in dedup.removed
+            ]
+        RemoveUnusedNodesPass()(model)
+        after = summarize(model)
+        report.stats["before_after"] = _before_after(before, after)
+        report.details = {
+            "changes": changes,
+            "stored bytes by dtype": _by_dtype(before, after),
+            "nodes by op (changed)": _ops(before, after),
+            "largest stored tensors before": _largest(before),
+            "largest stored tensors after": _largest(after),
+            "inspect warnings": [{"when": when, "warning": w} for when, s in (("before", before), ("after", after))
+                                 for w in s.warnings],
+        }
+        return report
+
+
+def _fold_note(fold: FoldConstantsGuardedPass) -> str:
+    note = f"folded {fold.folded} constant node(s)"
+    big = [r for r in fold.refused if r.output_bytes is not None]
+    if big:
+        largest = max(big, key=lambda r: r.output_bytes)
+        note += (f"; kept {len(big)} computed at run time that would have stored "
+                 f"{_human(sum(r.output_bytes for r in big))} (largest: {largest.node}, {largest.op_type}, "
+                 f"{_human(largest.output_bytes)})")
+    return note
+
+
+def _narrow_notes(narrow: NarrowInt64Pass) -> list[str]:
+    done = [r for r in narrow.reports if r.narrowed]
+    notes = []
+    if done:
+        notes.append(
+            f"{len(done)} int64 index region(s) born int32: {_human(sum(r.saved_bytes for r in done))} less stored, "
+            f"{_human(sum(r.saved_runtime_bytes for r in done))} less computed at run time"
+        )
+    kept = [r for r in narrow.reports if not r.narrowed]
+    if kept:
+        notes.append(f"{len(kept)} int64 region(s) kept (see --explain)")
+    return notes
+
+
+def _before_after(before: ModelSummary, after: ModelSummary) -> dict[str, tuple[str, str]]:
+    rows = {"stored bytes": (_human(sum(before.bytes_by_dtype.values())), _human(sum(after.bytes_by_dtype.values())))}
+    for dtype in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype)):
+        rows[f"  {dtype}"] = (_human(before.bytes_by_dtype.get(dtype, 0)), _human(after.bytes_by_dtype.get(dtype, 0)))
+    return rows
+
+
+def _by_dtype(before: ModelSummary, after: ModelSummary) -> list[dict]:
+    return [
+        {"dtype": d, "before": _human(before.bytes_by_dtype.get(d, 0)), "after": _human(after.bytes_by_dtype.get(d, 0))}
+        for d in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype))
+    ]
+
+
+def _ops(before: ModelSummary, after: ModelSummary) -> list[dict]:
+    ops = sorted(set(before.ops) | set(after.ops))
+    return [{"op": op, "before": before.ops.get(op, 0), "after": after.ops.get(op, 0)}
+            for op in ops if before.ops.get(op, 0) != after.ops.get(op, 0)]
+
+
+def _largest(summary: ModelSummary) -> list[dict]:
+    return [{"name": t.name, "dtype": t.dtype, "shape": "x".join(map(str, t.shape)), "bytes": _human(t.bytes),
+             "read by": ", ".join(t.readers[:3])} for t in summary.largest[:5]]

@@ -1,0 +1,108 @@
+"""Run a model with inner tensors exposed as outputs, without copying its weights.
+
+Checking an extracted piece needs the source's values at the cut. Saving a
+modified copy of a 2 GB model would copy 2 GB; instead only the small graph
+proto is rewritten (the nodes that compute the wanted tensors, their outputs
+added) and its weights stay where they are: onnxruntime refuses external data
+outside the model's folder, so the proto is written into a private folder next
+to hard links of the source's data files (a copy only where the file system
+cannot link), and onnxruntime maps the weights from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.verify import runner
+from onnxsmith.verify.inputs import adapt_feeds
+
+_MODEL_NAME = "__exposed__.onnx"
+
+
+def computing_model(model: ir.Model, outputs: list[ir.Value]) -> ir.Model:
+    """The part of ``model`` that computes ``outputs`` from its graph inputs, those as its outputs.
+
+    Shares tensors with ``model`` (nothing is read; its nodes are put in topological order);
+    the graph inputs are all kept so the same feeds fit.
+    """
+    graph = model.graph
+    graph.sort()  # extraction copies nodes in graph order, which must be topological
+    inputs = [v for v in graph.inputs if not v.is_initializer()]
+    piece = ir.convenience.extract(graph, inputs=inputs, outputs=outputs)
+    return ir.Model(piece, ir_version=model.ir_version, functions=list(model.functions.values()),
+                    producer_name=model.producer_name)
+
+
+@contextlib.contextmanager
+def session_in_place(model: ir.Model, *, near: list[Path]) -> Iterator[object]:
+    """An onnxruntime session on ``model`` whose external weights are read from their own files.
+
+    ``near``: folders to create the private folder in (the first that can hard-link wins).
+    """
+    files = _external_files(model)
+    if not files:  # everything is in memory anyway
+        yield runner.open_session(model, label="the source with cut tensors exposed")
+        return
+    with _linked_folder(files, near) as folder:
+        path = folder / _MODEL_NAME
+        # Serialised as is, external tensors stay references to their (linked) files.
+        path.write_bytes(ir.serde.serialize_model(model).SerializeToString())
+        yield runner.open_session(path, label="the source with cut tensors exposed")
+
+
+def run_exposed(
+    model: ir.Model, values: list[ir.Value], feeds_list: list[dict[str, np.ndarray]], *, near: list[Path]
+) -> list[dict[str, np.ndarray]]:
+    """The arrays of ``values`` (by name) for every feed, computed by ``model``."""
+    piece = computing_model(model, values)
+    results = []
+    with session_in_place(piece, near=near) as session:
+        for feeds in feeds_list:
+            results.append(runner.run(session, adapt_feeds(feeds, piece), [v.name for v in values]))
+    return results
+
+
+def _external_files(model: ir.Model) -> dict[str, Path]:
+    """Location (relative, as the proto says) -> file, for every external tensor."""
+    files = {}
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                files[tensor.location] = Path(tensor.path)
+    return files
+
+
+@contextlib.contextmanager
+def _linked_folder(files: dict[str, Path], near: list[Path]) -> Iterator[Path]:
+    folder = None
+    try:
+        for parent in [*near, Path(tempfile.gettempdir())]:
+            with contextlib.suppress(OSError):
+                folder = Path(tempfile.mkdtemp(prefix=".onnxsmith-exposed-", dir=parent))
+                for location, source in files.items():
+                    target = folder / location
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(source, target)
+                break
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+                folder = None
+        if folder is None:  # no folder could link: copy (slow for big models, but correct)
+            folder = Path(tempfile.mkdtemp(prefix=".onnxsmith-exposed-", dir=near[0] if near else None))
+            for location, source in files.items():
+                target = folder / location
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+        yield folder
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)

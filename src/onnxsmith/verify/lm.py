@@ -1,0 +1,295 @@
+"""Causal language models: feeding them, and judging a variant by what it predicts.
+
+A quantized LM's logits are not equal to the source's within any useful atol: 4-bit
+weights move every logit a little. What must hold is that it predicts the same
+next-token *distributions*. The gate (:func:`compare_lm`) measures, at every position
+of some token sequences:
+
+* the KL divergence KL(p_source || p_variant) of the next-token distributions, in nats;
+* top-1 agreement: how often both models rank the same token first;
+
+and fails on NaN/inf, on a mean KL above ``max_kl`` or on top-1 agreement below
+``min_top1``. The sequences are sampled from the source itself
+(:func:`sample_sequences`): on text drawn from p_source, the variant's expected loss
+exceeds the source's by exactly KL(p_source || p_variant), so the KL bound is a bound
+on the loss the variant adds on the source's own kind of text — no dataset needed,
+and no out-of-distribution noise as random token ids would give. Other outputs (a KV
+cache) must have the source's shape, stay finite and keep a cosine similarity of at
+least ``min_cosine``.
+
+A variant that returns only the last position's logits is run on every prefix of
+the sequences, so it is judged at as many positions as the source.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.errors import InputError
+from onnxsmith.io.load import load_model
+from onnxsmith.verify import runner
+from onnxsmith.verify.compare import Comparison, diff_output
+
+IDS = "input_ids"
+MASK = "attention_mask"
+POSITIONS = "position_ids"
+
+#: Defaults of the gate: see the module doc and docs/quantize.md.
+DEFAULT_MAX_KL = 0.1
+DEFAULT_MIN_TOP1 = 0.8
+DEFAULT_MIN_COSINE = 0.98
+
+
+@dataclass(frozen=True)
+class PastInput:
+    name: str
+    dims: tuple  # ints, or "batch" / "past" for the symbolic ones
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class LMSignature:
+    """What a decoder takes and returns, as onnxsmith feeds it."""
+
+    ids: np.dtype
+    mask: np.dtype | None
+    positions: np.dtype | None
+    past: tuple[PastInput, ...]
+    logits: str
+    last_only: bool  # the logits output is [batch, 1, vocab]: the last position only
+    vocab: int | None
+
+
+def lm_signature(model: ir.Model, label: str | os.PathLike | None = None) -> LMSignature:
+    """Read the decoder's inputs; InputError for an input onnxsmith doesn't know how to feed."""
+    inputs = {v.name: v for v in model.graph.inputs if v.name not in model.graph.initializers}
+    if IDS not in inputs:
+        raise InputError(f"not a causal language model: no '{IDS}' input (inputs: {', '.join(inputs) or 'none'})", label)
+    ids_value = inputs[IDS]
+    batch_dim = _dim_name(ids_value, 0)
+
+    def dtype(v: ir.Value) -> np.dtype:
+        return np.dtype(v.dtype.numpy())
+
+    past = []
+    for name, value in inputs.items():
+        if name in (IDS, MASK, POSITIONS):
+            continue
+        if value.shape is None or not ("past" in name or any("past" in str(d) for d in _dims(value))):
+            raise InputError(f"do not know what to feed input '{name}' of a language model "
+                             f"(known: {IDS}, {MASK}, {POSITIONS}, past_key_values.*)", label)
+        dims = []
+        for d in _dims(value):
+            if isinstance(d, int):
+                dims.append(d)
+            elif d == batch_dim or "batch" in str(d):
+                dims.append("batch")
+            elif "past" in str(d):
+                dims.append("past")
+            else:
+                raise InputError(f"input '{name}' has a dim '{d}' that is neither the batch nor the past length", label)
+        past.append(PastInput(name, tuple(dims), dtype(value)))
+    outputs = list(model.graph.outputs)
+    logits = next((o for o in outputs if o.name == "logits"), outputs[0] if outputs else None)
+    if logits is None:
+        raise InputError("the model has no outputs", label)
+    dims = _dims(logits)
+    last_only = len(dims) == 3 and dims[1] == 1
+    vocab = dims[-1] if dims and isinstance(dims[-1], int) else None
+    return LMSignature(
+        ids=dtype(ids_value),
+        mask=dtype(inputs[MASK]) if MASK in inputs else None,
+        positions=dtype(inputs[POSITIONS]) if POSITIONS in inputs else None,
+        past=tuple(past), logits=logits.name, last_only=last_only, vocab=vocab,
+    )
+
+
+def _dims(value: ir.Value) -> list:
+    if value.shape is None:
+        return []
+    return [d if isinstance(d, int) else (d.value or "?") for d in value.shape]
+
+
+def _dim_name(value: ir.Value, index: int):
+    dims = _dims(value)
+    return dims[index] if len(dims) > index else None
+
+
+def lm_feeds(sig: LMSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for running ``ids`` [batch, seq] from an empty cache."""
+    batch, seq = ids.shape
+    feeds = {IDS: ids.astype(sig.ids)}
+    if sig.mask is not None:
+        feeds[MASK] = np.ones((batch, seq), dtype=sig.mask)
+    if sig.positions is not None:
+        feeds[POSITIONS] = np.tile(np.arange(seq, dtype=sig.positions), (batch, 1))
+    for p in sig.past:
+        shape = [batch if d == "batch" else 0 if d == "past" else d for d in p.dims]
+        feeds[p.name] = np.zeros(shape, dtype=p.dtype)
+    return feeds
+
+
+class LMRunner:
+    """A decoder in onnxruntime: logits for token ids from an empty cache."""
+
+    def __init__(self, path: str | os.PathLike, *, config: dict[str, str] | None = None, threads: int | None = None):
+        self.path = Path(path)
+        self.sig = lm_signature(load_model(self.path), self.path)
+        self.session = runner.open_session(self.path, options=runner.session_options(config=config, threads=threads),
+                                           label=self.path)
+
+    def run(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return runner.run(self.session, lm_feeds(self.sig, ids), label=self.path)
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """[batch, seq, vocab] for a full-logits model, [batch, 1, vocab] for a last-position one."""
+        return runner.run(self.session, lm_feeds(self.sig, ids), [self.sig.logits], label=self.path)[self.sig.logits]
+
+    def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
+        """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""
+        if not self.sig.last_only:
+            return self.logits(ids)[:, first - 1:]
+        return np.concatenate([self.logits(ids[:, :t]) for t in range(first, ids.shape[1] + 1)], axis=1)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class Agreement:
+    """How a variant's next-token distributions compare with the reference's, position by position."""
+
+    kl: np.ndarray  # KL(p_ref || p_test) per position, nats
+    top1: np.ndarray  # 1 where both rank the same token first
+    entropy: np.ndarray  # the reference's entropy per position, nats
+
+    @classmethod
+    def of(cls, ref_logits: np.ndarray, test_logits: np.ndarray) -> Agreement:
+        ref = log_softmax(ref_logits).reshape(-1, ref_logits.shape[-1])
+        test = log_softmax(test_logits).reshape(-1, test_logits.shape[-1])
+        p = np.exp(ref)
+        kl = np.sum(p * (ref - test), axis=-1)
+        top1 = (ref.argmax(-1) == test.argmax(-1)).astype(np.float64)
+        entropy = -np.sum(p * ref, axis=-1)
+        return cls(np.maximum(kl, 0.0), top1, entropy)
+
+    @classmethod
+    def concat(cls, parts: list[Agreement]) -> Agreement:
+        return cls(*(np.concatenate([getattr(a, f) for a in parts]) for f in ("kl", "top1", "entropy")))
+
+
+def sample_sequences(path: str | os.PathLike, *, count: int = 4, length: int = 32, seed: int = 0,
+                     temperature: float = 1.0) -> np.ndarray:
+    """``count`` sequences of ``length`` tokens sampled from the model itself (the first uniformly)."""
+    lm = LMRunner(path)
+    rng = np.random.default_rng(seed)
+    first = lm.logits(np.zeros((1, 1), dtype=np.int64))
+    vocab = first.shape[-1]
+    ids = rng.integers(0, vocab, size=(count, 1))
+    while ids.shape[1] < length:
+        logp = log_softmax(lm.logits(ids)[:, -1] / temperature)
+        p = np.exp(logp)
+        u = rng.random((count, 1))
+        nxt = np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), vocab - 1)
+        ids = np.concatenate([ids, nxt[:, None]], axis=1)
+    return ids.astype(np.int64)
+
+
+@dataclass
+class LMComparison(Comparison):
+    """A :class:`Comparison` whose verdict is the LM gate's (see the module doc)."""
+
+    positions: int = 0
+    mean_kl: float = 0.0
+    max_kl: float = 0.0
+    top1: float = 1.0
+    entropy: float = 0.0
+    gate: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def failures(self) -> list[str]:
+        return list(self.problems)
+
+    def summary(self) -> str:
+        return (f"{self.positions} positions: mean KL {self.mean_kl:.4f} nats (gate ≤ {self.gate['max_kl']:g}), "
+                f"top-1 agreement {self.top1:.1%} (gate ≥ {self.gate['min_top1']:.0%}); "
+                f"the source's own entropy there {self.entropy:.3f} nats")
+
+    def to_json(self) -> dict:
+        data = super().to_json()
+        data.update(positions=self.positions, mean_kl=self.mean_kl, max_kl=self.max_kl, top1=self.top1,
+                    entropy=self.entropy, gate=self.gate, problems=self.problems, passed=self.passed)
+        return data
+
+
+def compare_lm(reference: str | os.PathLike, candidate: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]],
+               *, max_kl: float = DEFAULT_MAX_KL, min_top1: float = DEFAULT_MIN_TOP1,
+               min_cosine: float = DEFAULT_MIN_COSINE, candidate_config: dict[str, str] | None = None) -> LMComparison:
+    """The LM gate: ``candidate`` against ``reference`` on the token ids of ``feeds_list``."""
+    ref = LMRunner(reference)
+    cand = LMRunner(candidate, config=candidate_config)
+    comparison = LMComparison(
+        reference=Path(reference).name, candidate=Path(candidate).name,
+        modes={"reference": "native", "candidate": _mode(candidate_config)},
+        atol=0.0, rtol=0.0, samples=len(feeds_list), gate={"max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine},
+    )
+    parts = []
+    for feeds in feeds_list:
+        ids = feeds[IDS]
+        ref_out = ref.run(ids)
+        cand_out = cand.run(ids)
+        ref_logits = ref_out[ref.sig.logits]
+        cand_logits = cand.all_logits(ids) if cand.sig.last_only and ids.shape[1] > 1 else cand_out[cand.sig.logits]
+        if cand_logits.shape != ref_logits.shape:
+            raise InputError(f"logits have shape {cand_logits.shape}, the source's {ref_logits.shape}", candidate)
+        parts.append(Agreement.of(ref_logits, cand_logits))
+        for name, value in ref_out.items():
+            if name not in cand_out:
+                raise InputError(f"has no output named '{name}' (the source has it)", candidate)
+            test = cand_logits if name == ref.sig.logits else cand_out[name]
+            diff = diff_output(name, value[None], test[None], 0.0, 0.0)
+            ok = diff.nonfinite_test <= diff.nonfinite_ref
+            if name != ref.sig.logits and value.size:
+                ok = ok and (diff.cosine is not None and diff.cosine >= min_cosine)
+                if not ok:
+                    comparison.problems.append(f"output '{name}' has cosine {diff.cosine if diff.cosine is not None else float('nan'):.4f} "
+                                               f"with the source's (gate ≥ {min_cosine:g}) or new NaN/inf")
+            comparison.outputs.append(replace(diff, passed=ok))
+    agreement = Agreement.concat(parts)
+    comparison.positions = int(agreement.kl.size)
+    comparison.mean_kl = float(agreement.kl.mean())
+    comparison.max_kl = float(agreement.kl.max())
+    comparison.top1 = float(agreement.top1.mean())
+    comparison.entropy = float(agreement.entropy.mean())
+    logits_diffs = [o for o in comparison.outputs if o.name == ref.sig.logits]
+    if any(o.nonfinite_test > o.nonfinite_ref for o in logits_diffs) or not np.isfinite(comparison.mean_kl):
+        comparison.problems.append("the logits have NaN/inf values the source's don't")
+    else:
+        if comparison.mean_kl > max_kl:
+            comparison.problems.append(f"mean KL(source || variant) {comparison.mean_kl:.4f} nats over "
+                                       f"{comparison.positions} positions > gate {max_kl:g}")
+        if comparison.top1 < min_top1:
+            comparison.problems.append(f"top-1 agreement {comparison.top1:.1%} over {comparison.positions} "
+                                       f"positions < gate {min_top1:.0%}")
+    lm_ok = not any("KL" in p or "top-1" in p or "logits" in p for p in comparison.problems)
+    comparison.outputs = [replace(o, passed=o.passed and lm_ok) if o.name == ref.sig.logits else o
+                          for o in comparison.outputs]
+    return comparison
+
+
+def _mode(config: dict[str, str] | None) -> str:
+    if not config:
+        return "native"
+    return "native, " + ", ".join(f"{k}={v}" for k, v in sorted(config.items()))

@@ -1,0 +1,155 @@
+"""Weight quantization: the numbers (passes/quantization.py) and QuantizeWeightsPass in onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsmith.io.load import load_model
+from onnxsmith.passes import quantization as qz
+from onnxsmith.passes.quantize_weights import QuantizeWeightsPass
+from onnxsmith.verify import runner
+from tests.support.check import save_ir
+
+CONFIGS = [(4, False), (4, True), (8, False), (8, True)]
+
+
+def _weight(k=96, n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
+    w[:, 3] += 0.2  # a column of one sign: its blocks' range must still include 0
+    return w
+
+
+@pytest.mark.parametrize("bits,symmetric", CONFIGS)
+def test_blocked_quantization_error_is_at_most_half_a_step(bits, symmetric):
+    w = _weight()
+    b = qz.quantize_blocked(w, bits, 32, symmetric)
+    assert b.q.shape == w.shape and b.scale.shape == (3, 40)
+    restored = qz.dequantize_blocked(b)
+    step = np.repeat(b.scale, 32, axis=0)
+    assert np.all(np.abs(restored - w) <= step / 2 * (1 + 1e-5) + 1e-9)
+    levels = b.q.astype(np.int32)
+    if symmetric:
+        assert b.zero_point is None and levels.min() >= -(2 ** (bits - 1)) + 1 and levels.max() <= 2 ** (bits - 1) - 1
+    else:
+        assert levels.min() >= 0 and levels.max() <= 2**bits - 1
+        # zero is exact: where w is 0, q equals the zero point
+        z = np.zeros_like(w)
+        assert np.all(qz.dequantize_blocked(qz.quantize_blocked(z, bits, 32, symmetric)) == 0)
+
+
+def test_short_last_block_and_zero_blocks():
+    w = _weight(k=70)
+    w[:32, 0] = 0.0
+    b = qz.quantize_blocked(w, 4, 32, False)
+    assert b.scale.shape == (3, 40)
+    assert np.isfinite(qz.dequantize_blocked(b)).all()
+    assert np.all(qz.dequantize_blocked(b)[:32, 0] == 0)
+    assert qz.relative_error(w, qz.dequantize_blocked(b)) < 0.12
+
+
+def test_per_channel_int8():
+    w = _weight()
+    p = qz.quantize_per_channel_int8(w.T, axis=0)  # one scale per row of [vocab, hidden]
+    assert p.q.dtype == np.int8 and p.scale.shape == (40,)
+    assert np.all(np.abs(qz.dequantize_per_channel(p) - w.T) <= p.scale[:, None] / 2 * (1 + 1e-5))
+    assert qz.relative_error(w.T, qz.dequantize_per_channel(p)) < 0.01
+
+
+def _matmul_model(k: int, n: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """x [b, s, k] @ w [k, n] -> Relu -> @ w2 [n, 48]."""
+    w = _weight(k, n, seed)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(
+        nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 48])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_weight(n, 48, seed + 1), "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _run(path, x, config=None):
+    session = runner.open_session(path, options=runner.session_options(config=config))
+    return runner.run(session, {"x": x})["y"]
+
+
+def _expected(model: onnx.ModelProto, x: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
+    """x @ W1q -> Relu -> @ W2q, with the weights as the numbers module restores them."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    deq = [qz.dequantize_blocked(qz.quantize_blocked(inits[n], bits, 32, symmetric)) for n in ("w", "w2")]
+    return np.maximum(x @ deq[0], 0) @ deq[1]
+
+
+@pytest.mark.parametrize("bits,symmetric", CONFIGS)
+@pytest.mark.parametrize("fmt", ["qdq", "nbits"])
+def test_pass_runs_in_onnxruntime_as_the_numbers_say(tmp_path, save_proto, bits, symmetric, fmt):
+    proto = _matmul_model(96)
+    before = save_proto(proto)
+    model = load_model(before)
+    pass_ = QuantizeWeightsPass(bits=bits, block_size=32, symmetric=symmetric, format=fmt, accuracy_level=0)
+    assert pass_(model).modified and pass_.quantized == 2
+    ops = [n.op_type for n in model.graph]
+    if fmt == "qdq":
+        assert ops.count("DequantizeLinear") == 2 and "MatMulNBits" not in ops
+        dq = [n for n in model.graph if n.op_type == "DequantizeLinear"]
+        assert {n.outputs[0].name for n in dq} == {"w", "w2"}  # restored under the original names
+        assert all(n.attributes.get_int("block_size") == 32 for n in dq)
+        expected_type = {(4, False): ir_type("UINT4"), (4, True): ir_type("INT4"),
+                         (8, False): ir_type("UINT8"), (8, True): ir_type("INT8")}[bits, symmetric]
+        assert all(n.inputs[0].const_value.dtype == expected_type for n in dq)
+        assert "w" not in model.graph.initializers and "w2" not in model.graph.initializers
+    else:
+        assert ops.count("MatMulNBits") == 2 and "MatMul" not in ops
+    after = save_ir(model, tmp_path / "after.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 3, 96)).astype(np.float32)
+    want = _expected(proto, x, bits, symmetric)
+    configs = [{"session.disable_quant_qdq": "1"}, {"session.qdq_matmulnbits_accuracy_level": "0"}] if fmt == "qdq" else [None]
+    for config in configs:
+        got = _run(after, x, config)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # and it is close to the fp32 model (4-bit: a few percent of the output's scale)
+    ref = _run(before, x)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (0.15 if bits == 4 else 0.01)
+
+
+def ir_type(name):
+    import onnx_ir as ir
+
+    return getattr(ir.DataType, name)
+
+
+@pytest.mark.parametrize("uneven", ["int8", "keep"])
+def test_k_not_a_multiple_of_the_block_is_said_and_not_block_quantized(tmp_path, save_proto, uneven):
+    before = save_proto(_matmul_model(70))
+    model = load_model(before)
+    pass_ = QuantizeWeightsPass(uneven=uneven)
+    pass_(model)
+    assert any("K is not a multiple of the block size 32" in note and "w (K=70)" in note for note in pass_.notes)
+    row = next(r for r in pass_.rows if r["weight"] == "w")
+    if uneven == "keep":
+        assert "w" in model.graph.initializers and row["stored as"].startswith("unchanged")
+    else:
+        dq = next(n for n in model.graph if n.op_type == "DequantizeLinear" and n.outputs[0].name == "w")
+        assert dq.inputs[0].const_value.dtype == ir_type("INT8") and "block_size" not in dq.attributes
+        assert dq.attributes.get_int("axis") == 1
+    after = save_ir(model, tmp_path / "after.onnx")
+    x = np.random.default_rng(2).standard_normal((1, 4, 70)).astype(np.float32)
+    ref = _run(before, x)
+    got = _run(after, x, {"session.disable_quant_qdq": "1"})
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.15
+
+
+def test_a_graph_without_constant_matmul_weights_is_unchanged(save_proto):
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [32, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
+    pass_ = QuantizeWeightsPass()
+    assert not pass_(model).modified and pass_.quantized == 0

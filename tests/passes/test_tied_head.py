@@ -1,0 +1,125 @@
+"""Finding the LM head and storing a tied embedding/head once (int8 per token), on real exports."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsmith.errors import InputError
+from onnxsmith.io.load import load_model
+from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
+from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head
+from onnxsmith.verify.compare import compare_models
+from tests.support.check import save_ir
+from tests.support.lm_models import glassllm_folder, gpt2_folder, lm_gate_feeds
+
+FOLD = {"session.disable_quant_qdq": "1"}
+
+
+def _float_tables(path, size: int, scratch) -> list[str]:
+    """Float initializers of ``size`` elements that onnxruntime holds after loading ``path`` (fold on)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(scratch / f"optimized-{path.stem}.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    for key, value in FOLD.items():
+        options.add_session_config_entry(key, value)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    return [t.name for t in optimized.graph.initializer
+            if int(np.prod(t.dims)) == size and t.data_type == TensorProto.FLOAT]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "glassllm"])
+def test_tied_head_is_found_and_stored_once(tmp_path, which):
+    source = (gpt2_folder() if which == "gpt2" else glassllm_folder()) / "onnx" / "model.onnx"
+    model = load_model(source)
+    GemmToMatMulPass()(model)
+    head = find_lm_head(model)
+    assert head.tied and len(head.lookups) == 1
+    if which == "gpt2":  # optimum: the head reads Transpose(wte)
+        assert "Transpose" in head.how and head.table.name == "transformer.wte.weight"
+    else:  # TorchScript folded E.T into a second initializer equal to the table's transpose
+        assert "constant" in head.how and head.table.name == "p.E"
+    vocab, hidden = head.vocab, head.hidden
+    fp32 = _float_tables(source, vocab * hidden, tmp_path)
+    assert len(fp32) == 2  # the source holds the table and its transposed copy
+
+    store = StoreHeadPass(head, "int8")
+    store(model)
+    after = save_ir(model, tmp_path / "after.onnx")
+    stored = [v for v in model.graph.initializers.values() if v.const_value is not None
+              and v.const_value.size == vocab * hidden]
+    assert [v.const_value.dtype.name for v in stored] == ["INT8"]
+    assert stored[0].shape.dims == (hidden, vocab)  # the head's layout
+    assert not any(n.op_type == "Gather" and n.inputs[0] is head.table for n in model.graph)
+    assert _float_tables(after, vocab * hidden, tmp_path) == [head.weight.name]  # one fp32 copy after the fold
+    assert "tied embedding/LM head" in store.notes[0]
+
+    comparison = compare_models(source, after, lm_gate_feeds(source), atol=1e9, rtol=0)
+    logits = comparison.outputs[0]
+    assert logits.name == "logits" and logits.cosine > 0.999 and logits.argmax_agreement >= 0.9
+
+
+@pytest.mark.parametrize("which", ["gpt2", "glassllm"])
+def test_tied_table_in_rows_keeps_row_lookups(tmp_path, which):
+    """lookups="rows": stored once in the table's own layout; the lookups gather rows, the head reads a Transpose."""
+    source = (gpt2_folder() if which == "gpt2" else glassllm_folder()) / "onnx" / "model.onnx"
+    model = load_model(source)
+    GemmToMatMulPass()(model)
+    head = find_lm_head(model)
+    store = StoreHeadPass(head, "int8", lookups="rows")
+    store(model)
+    stored = [v for v in model.graph.initializers.values() if v.const_value is not None
+              and v.const_value.size == head.vocab * head.hidden]
+    assert [(v.const_value.dtype.name, tuple(v.shape.dims)) for v in stored] == [("INT8", (head.vocab, head.hidden))]
+    table = next(v for n in model.graph if n.op_type == "DequantizeLinear" for v in n.outputs
+                 if v.name == head.table.name)
+    assert {(n.op_type, n.attributes.get_int("axis", 0)) for n, _ in table.uses()} == {("Gather", 0), ("Transpose", 0)}
+    assert head.matmul.inputs[1].producer().op_type == "Transpose"
+    assert "lookup(s) gather rows" in store.notes[0]
+    after = save_ir(model, tmp_path / "after.onnx")
+    comparison = compare_models(source, after, lm_gate_feeds(source), atol=1e9, rtol=0)
+    assert comparison.outputs[0].cosine > 0.999 and comparison.outputs[0].argmax_agreement >= 0.9
+
+
+def test_untied_head_and_table_each_stored_int8(tmp_path, save_proto):
+    rng = np.random.default_rng(0)
+    vocab, hidden = 50, 32
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    head_w = rng.standard_normal((hidden, vocab)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wte", "input_ids"], ["h"], name="embed"),
+         helper.make_node("Tanh", ["h"], ["t"]),
+         helper.make_node("MatMul", ["t", "lm_head"], ["l0"], name="head"),
+         helper.make_node("Add", ["l0", "bias"], ["logits"])],
+        "untied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", vocab])],
+        [numpy_helper.from_array(table, "wte"), numpy_helper.from_array(head_w, "lm_head"),
+         numpy_helper.from_array(np.zeros(vocab, np.float32), "bias")])
+    source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+    model = load_model(source)
+    head = find_lm_head(model)
+    assert not head.tied and head.table.name == "wte" and head.weight.name == "lm_head"
+    store = StoreHeadPass(head, "int8")
+    store(model)
+    dqs = {n.outputs[0].name: n for n in model.graph if n.op_type == "DequantizeLinear"}
+    assert set(dqs) == {"wte", "lm_head"}
+    assert dqs["wte"].attributes.get_int("axis") == 0 and dqs["lm_head"].attributes.get_int("axis") == 1
+    after = save_ir(model, tmp_path / "after.onnx")
+    feeds = [{"input_ids": rng.integers(0, vocab, (2, 5))}]
+    comparison = compare_models(source, after, feeds, atol=1e9, rtol=0)
+    assert comparison.outputs[0].cosine > 0.999
+
+
+def test_head_that_cannot_be_found_is_a_clear_error(save_proto):
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["input_ids_f"], ["logits"])], "nohead",
+        [helper.make_tensor_value_info("input_ids_f", TensorProto.FLOAT, ["b", "s", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 4])])
+    model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
+    with pytest.raises(InputError, match="cannot find the LM head: output 'logits' is not computed by a MatMul"):
+        find_lm_head(model)

@@ -1,0 +1,108 @@
+"""Language models for the quantize tests: the GPT-2 fixtures and glassllm, a real trained Llama-style LM.
+
+glassllm (PyPI ``glassllm==0.1.0``, MIT) ships NumPy weights, not ONNX: its folder
+(``onnx/model.onnx`` + ``tokenizer.json``) is exported once by tools/glassllm_to_onnx.py
+into .cache/glassllm/<key>/, keyed by the script and the weights, under a lock so that
+parallel test workers export it once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import FIXTURES
+from tests.support.realmodels import real_model
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPORTER = ROOT / "tools" / "glassllm_to_onnx.py"
+CACHE = ROOT / ".cache" / "glassllm"
+TEXT = ROOT / "tools" / "fixture_text.txt"
+
+
+def gpt2_folder(past: bool = True) -> Path:
+    """tests/fixtures/gpt2 (with past) or gpt2_nopast: optimum-style exports of a tiny trained GPT-2."""
+    return FIXTURES / ("gpt2" if past else "gpt2_nopast")
+
+
+def glassllm_folder() -> Path:
+    weights = real_model("glassllm_weights")
+    tokenizer = real_model("glassllm_tokenizer")
+    digest = hashlib.sha256()
+    for path in (EXPORTER, weights, tokenizer):
+        digest.update(path.read_bytes())
+    folder = CACHE / digest.hexdigest()[:16]
+    if (folder / "onnx" / "model.onnx").exists():
+        return folder
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "onnx" / "model.onnx").exists():
+            tmp = folder.with_name(folder.name + ".part")
+            done = subprocess.run([sys.executable, str(EXPORTER), str(weights), str(tokenizer), str(tmp)],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{EXPORTER.name} failed:\n{done.stderr[-3000:]}")
+            tmp.rename(folder)
+    return folder
+
+
+def glassllm_wheel() -> Path:
+    """The glassllm wheel itself (its own tokenizer is importable from it)."""
+    real_model("glassllm_weights")
+    return sorted((real_model("glassllm_weights").parents[1] / "wheels").glob("glassllm-*.whl"))[-1]
+
+
+def prompt_ids(folder: Path, text: str) -> list[int]:
+    from onnxsmith.tasks.lm import load_tokenizer
+
+    return load_tokenizer(folder).encode(text, add_special_tokens=False).ids
+
+
+def lm_gate_feeds(model_path: Path, *, count: int = 2, length: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Feeds for before/after checks of an LM pass: token sequences sampled from the model itself."""
+    from onnxsmith.io.load import load_model
+    from onnxsmith.verify import lm
+
+    ids = lm.sample_sequences(model_path, count=count, length=length, seed=seed)
+    return [lm.lm_feeds(lm.lm_signature(load_model(model_path)), ids)]
+
+
+def prefill_and_decode_feeds(model_path: Path, *, count: int = 2, length: int = 12, tail: int = 3,
+                             seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Feeds that exercise a decoder as generation does: a prefill from an empty cache and, for a model
+    with a KV cache, a step of ``tail`` tokens on top of the cache the prefill returned.
+
+    Sequences are sampled from the model; without a cache both feeds are full-sequence runs.
+    """
+    from onnxsmith.io.load import load_model
+    from onnxsmith.verify import lm, runner
+
+    sig = lm.lm_signature(load_model(model_path))
+    ids = lm.sample_sequences(model_path, count=count, length=length, seed=seed)
+    prefill = lm.lm_feeds(sig, ids[:, :-tail])
+    if not sig.past:
+        return [prefill, lm.lm_feeds(sig, ids)]
+    outputs = runner.run(runner.open_session(model_path), prefill)
+    step = {lm.IDS: ids[:, -tail:].astype(sig.ids)}
+    if sig.mask is not None:
+        step[lm.MASK] = np.ones((count, length), dtype=sig.mask)
+    if sig.positions is not None:
+        step[lm.POSITIONS] = np.tile(np.arange(length - tail, length, dtype=sig.positions), (count, 1))
+    for p in sig.past:
+        step[p.name] = outputs[p.name.replace("past_key_values", "present")]
+    return [prefill, step]
+
+
+def assert_lm_pass_preserves_outputs(source: Path, after, tmp_path: Path, **tolerances) -> None:
+    """Run the source and the rewritten decoder on a prefill and (with a cache) a decode step; assert they agree."""
+    from tests.support.check import assert_pass_preserves_outputs, save_ir
+
+    after_path = save_ir(after, tmp_path / "after.onnx") if not isinstance(after, Path) else after
+    for feeds in prefill_and_decode_feeds(source):  # one at a time: their shapes differ
+        assert_pass_preserves_outputs(source, after_path, tmp_path, feeds=[feeds], **tolerances)

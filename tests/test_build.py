@@ -1,0 +1,143 @@
+"""The build pipeline on a toy model, in-process with a test-only transform: gates, determinism, safety.
+
+(tests/test_example.py builds the bundled example with the real transforms through the CLI.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from onnxsmith.cli.main import main
+from onnxsmith.errors import UsageError
+from onnxsmith.pipeline.build import build, rewrite_card
+from onnxsmith.pipeline.recipe import load_recipe
+from onnxsmith.pipeline.transform import StepReport, Transform, register
+from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
+
+
+@dataclass
+class ShiftOptions:
+    amount: float = field(default=0.0, metadata={"help": "added to the age bias"})
+
+
+@register
+class TestOnlyAgeShift(Transform):
+    """Adds ``amount`` to the age head's bias: within its own loose gate, outside a tight age gate."""
+
+    name = "test-only-age-shift"
+    Options = ShiftOptions
+
+    def apply(self, model, options, context):
+        value = model.graph.initializers["b_age"]
+        value.const_value = ir.tensor(value.const_value.numpy() + np.float32(options.amount), name="b_age")
+        return StepReport(self.name, {"amount": options.amount}, notes=[f"shifted the age bias by {options.amount}"],
+                          runtime={"session.test_entry": "1"} if options.amount == 0 else {})
+
+    def tolerance(self, options):
+        return 1.0, 1.0
+
+
+VARIANTS = """
+[[variants]]
+name = "same"
+steps = [{ pass = "test-only-age-shift" }]
+
+[[variants]]
+name = "drifted"
+file = "drifted-model.onnx"
+steps = [{ pass = "test-only-age-shift", amount = 0.3 }]
+"""
+VALIDATION = """
+[validation]
+task = "faceage"
+data = "images"
+boxes = "images/boxes.txt"
+gates = { max_abs_age_error = 0.01 }
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy-release")
+    source = save_toy_faceage(root / "toy.onnx")
+    images = face_images(root / "images", count=3)
+    (root / "images" / "boxes.txt").write_text(wider_annotations([(n, [b]) for n, b in images]))
+    (root / "LICENSE.txt").write_text("Toy licence: do what you like.\n")
+    (root / "recipe.toml").write_text(recipe_text(
+        source, VARIANTS, validation=VALIDATION, bench="[bench]\nbatch = [1, 2]\nruns = 2\nwarmup = 1",
+        card='[card]\ntitle = "Toy face age"\nlicense_file = "LICENSE.txt"'))
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(project):
+    messages = []
+    result = build(load_recipe(project / "recipe.toml"), project / "release", log=messages.append)
+    return result, messages
+
+
+def test_a_variant_failing_its_gate_is_not_published(built, project):
+    result, messages = built
+    release = project / "release"
+    assert [o.variant.name for o in result.failed] == ["drifted"]
+    assert result.failed[0].reason.startswith("max |Δage| ") and result.failed[0].reason.endswith("> gate 0.01")
+    assert not (release / "drifted-model.onnx").exists()
+    assert sorted(p.name for p in release.iterdir()) == [
+        "README.md", "SHA256SUMS", "measurements.json", "recipe.toml", "report.html", "same.onnx"]
+    assert any("not published[/] drifted: max |Δage|" in m for m in messages)
+    card = (release / "README.md").read_text()
+    assert "### drifted (not published)" in card and "Not published: max |Δage|" in card
+    assert "Toy licence: do what you like." in card
+    assert "`session.test_entry` = `1`" in card  # the runtime options a variant needs
+    assert (release / "SHA256SUMS").read_text().endswith("  same.onnx\n")
+    measured = json.loads((release / "measurements.json").read_text())
+    assert [v["published"] for v in measured["variants"]] == [True, False]
+    assert [r["name"] for r in measured["bench"]["results"]] == ["source", "same"]  # not the failed one
+    massive = measured["ranges"]["massive"]
+    assert massive["channel"] == 5 and massive["absmax"] == pytest.approx(1e5, rel=1e-3)
+
+
+def test_card_command_rewrites_the_same_card_and_refuses_changed_files(built, project, tmp_path, capsys):
+    release = project / "release"
+    before = (release / "README.md").read_bytes()
+    record = rewrite_card(release)
+    assert record.path.read_bytes() == before
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in release.iterdir():
+        copy.joinpath(f.name).write_bytes(f.read_bytes())
+    with open(copy / "same.onnx", "ab") as f:
+        f.write(b"\0")
+    assert main(["card", str(copy)]) == 2
+    assert "same.onnx changed since the build" in capsys.readouterr().err
+
+
+def test_build_refuses_to_replace_a_folder_that_is_not_a_release(project, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="is not an onnxsmith release"):
+        build(load_recipe(project / "recipe.toml"), precious)
+    with pytest.raises(UsageError, match="holds the recipe or the source model"):
+        build(load_recipe(project / "recipe.toml"), project)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_build_exits_1_naming_the_variant_that_failed_its_gate(project, tmp_path, cli):
+    """Through the CLI with the real fp16 transform: no fp16 model is within 1e-9 years of its source."""
+    recipe = project / "strict.toml"
+    recipe.write_text(recipe_text(
+        project / "toy.onnx", '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n',
+        validation=VALIDATION.replace("0.01", "1e-9")))
+    result = cli("build", recipe, "--out", tmp_path / "out")
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("onnxsmith: error: ") and "1 variant(s) failed their gates" in last
+    assert "'half' (max |Δage| " in last and "> gate 1e-09" in last
+    assert not (tmp_path / "out" / "half.onnx").exists()
+    assert "### half (not published)" in (tmp_path / "out" / "README.md").read_text()

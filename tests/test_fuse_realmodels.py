@@ -1,0 +1,63 @@
+"""``fuse`` on other people's models: a BERT encoder fuses; where no rule applies the graph stays equal."""
+
+import numpy as np
+import pytest
+
+from onnxsmith.analysis.graph import all_nodes
+from onnxsmith.io.load import load_model
+from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.transforms.fuse import Fuse
+from onnxsmith.verify.compare import compare_models
+from onnxsmith.verify.inputs import random_inputs
+from tests.support.fusion import op_count
+from tests.support.realmodels import real_model
+
+pytestmark = pytest.mark.realmodel
+
+
+def _contrib_ops(model):
+    return sorted({n.op_type for n in all_nodes(model) if n.domain == "com.microsoft"})
+
+
+def test_minilm_attention_skip_layernorm_and_bias_gelu_fuse(tmp_path):
+    source = real_model("minilm")
+    model = load_model(source)
+    feeds = [random_inputs(model, seed=0)]  # batch 1, sequence 8
+    result = produce_variant(source, tmp_path / "minilm.onnx", [("fuse", Fuse.Options())], feeds=feeds)
+    fused = load_model(tmp_path / "minilm.onnx")
+    assert op_count(fused, "MultiHeadAttention") == 3  # 3 layers
+    assert op_count(fused, "SkipLayerNormalization") == 6  # both residual LayerNorms of each layer
+    assert op_count(fused, "BiasGelu") == 3
+    assert op_count(fused, "Softmax") == 0 and op_count(fused, "Transpose") == 0
+    assert result.nodes_after < result.nodes_before / 3
+    # Batch and sequence both stay dynamic: other sizes than the ones the shapes were evaluated at.
+    other = [random_inputs(model, dims={"batch_size": 2, "sequence_length": 5}, seed=s) for s in range(2)]
+    comparison = compare_models(source, tmp_path / "minilm.onnx", other, atol=1e-4, rtol=1e-3)
+    assert comparison.passed, comparison.failures()
+    assert max(o.max_abs for o in comparison.outputs) < 1e-4
+
+
+def test_ppocr_recogniser_has_nothing_to_fuse_and_stays_equal(tmp_path):
+    source = real_model("ppocr_rec")
+    model = load_model(source)
+    feeds = [random_inputs(model, shapes={"x": (1, 3, 48, 320)}, seed=0)]
+    result = produce_variant(source, tmp_path / "ppocr.onnx", [("fuse", Fuse.Options(static_dims=["x_dim2"]))],
+                             feeds=feeds)
+    assert all(row["matched"] == 0 for row in result.reports[0].tables["rules"])
+    fused = load_model(tmp_path / "ppocr.onnx")
+    assert _contrib_ops(fused) == [] and op_count(fused, "Shape") == 0  # height fixed at 48: shapes fold
+    other = [random_inputs(model, shapes={"x": (2, 3, 48, 160)}, seed=1)]  # batch and width stay free
+    comparison = compare_models(source, tmp_path / "ppocr.onnx", other, atol=1e-5, rtol=1e-4)
+    assert comparison.passed, comparison.failures()
+
+
+def test_silero_vad_has_nothing_to_fuse_and_stays_equal(tmp_path):
+    source = real_model("silero_vad")
+    rng = np.random.default_rng(0)
+    feeds = [{"input": (0.1 * rng.standard_normal((1, 512))).astype(np.float32),
+              "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}]
+    result = produce_variant(source, tmp_path / "vad.onnx", [("fuse", Fuse.Options())], feeds=feeds)
+    assert all(row["matched"] == 0 for row in result.reports[0].tables["rules"])
+    assert _contrib_ops(load_model(tmp_path / "vad.onnx")) == []
+    comparison = compare_models(source, tmp_path / "vad.onnx", feeds, atol=1e-7, rtol=0)
+    assert comparison.passed, comparison.failures()

@@ -1,0 +1,51 @@
+"""The Node.js client (clients/web) on onnxruntime-web's WASM backend generates the tokens Python onnxruntime does.
+
+`make test` installs onnxruntime-web (`npm ci` in clients/web, pinned by its lock file).
+Both sides run the published model with session.disable_quant_qdq=1, as a web page must.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from onnxsmith.cli.quantize_cmd import quantize_folder
+from onnxsmith.tasks.lm import greedy_generate
+from onnxsmith.transforms.quantize import QuantizeOptions
+from tests.support.lm_models import glassllm_folder, gpt2_folder, prompt_ids
+
+CLIENT = Path(__file__).resolve().parents[1] / "clients" / "web"
+FOLD = {"session.disable_quant_qdq": "1"}
+NEW_TOKENS = 24
+
+
+def generate_in_node(model: Path, prompt: list[int], new_tokens: int = NEW_TOKENS) -> dict:
+    assert shutil.which("node"), "node is not on PATH (the web client tests need Node.js >= 18)"
+    assert (CLIENT / "node_modules" / "onnxruntime-web").is_dir(), (
+        "onnxruntime-web is not installed: run `make test` (or `npm ci` in clients/web)")
+    result = subprocess.run(
+        ["node", "generate.mjs", str(model), "--ids", ",".join(map(str, prompt)), "--new-tokens", str(new_tokens)],
+        cwd=CLIENT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("which,prompt", [
+    ("gpt2", "The keeper climbed the stairs"),  # with a KV cache, last-position logits
+    ("glassllm", "Alice was beginning to get very tired of sitting by her sister"),  # no cache: whole sequence per token
+])
+def test_node_generates_what_python_onnxruntime_generates(tmp_path, which, prompt):
+    folder = gpt2_folder() if which == "gpt2" else glassllm_folder()
+    quantize_folder(folder, tmp_path / "q4", QuantizeOptions(), gate_samples=2, gate_length=16)
+    model = tmp_path / "q4" / "onnx" / "model_q4.onnx"
+    ids = prompt_ids(folder, prompt)
+    expected = greedy_generate(model, ids, NEW_TOKENS, config=FOLD)
+    got = generate_in_node(model, ids)
+    assert got["ids"] == expected
+    assert len(got["ms"]) == NEW_TOKENS
+    assert len(set(expected)) > 3  # real text, not one token repeated
