@@ -16,7 +16,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxsmith.analysis.graph import FLOAT_TYPES, infer_types, node_label
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.verify import runner
 from onnxsmith.verify.fp16_storage import ROUNDING_MARK, emulate_fp16_storage, has_fp16
 from onnxsmith.verify.inputs import adapt_feeds
@@ -213,6 +213,8 @@ def measure_ranges(
             entry = stats.setdefault(tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0})
             value = float(array)
             entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
+    del session  # it reads the weights' maps: free it before unmapping them
+    release_weights(model)
     if outputs is not None:
         outputs.update({name: np.stack(values) for name, values in collected.items()})
     if derive_movement:

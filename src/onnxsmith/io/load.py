@@ -60,6 +60,19 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     return model
 
 
+def release_weights(model: ir.Model) -> None:
+    """Unmap every weight of ``model`` read from its files (onnx-ir maps one on first read).
+
+    A model's graph holds reference cycles, so its maps would otherwise stay until the
+    garbage collector runs: with a big model, another model's worth of resident memory.
+    The model stays usable (a released weight is mapped again when next read).
+    """
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value.release()
+
+
 def _check_header(proto: onnx.ModelProto, path: Path) -> None:
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise InputError("not an ONNX model (no graph or IR version in the file)", path)

@@ -53,7 +53,7 @@ def emulate_fp16_storage(model: ir.Model) -> int:
     rounded = 0
     for graph in list(model.graphs()):
         is_main = graph is model.graph
-        _widen_constants(graph)
+        _widen_constants(graph, is_main)
         for value in list(graph.inputs):
             if value.dtype != F16:
                 continue
@@ -70,34 +70,28 @@ def emulate_fp16_storage(model: ir.Model) -> int:
     return rounded
 
 
-def _widen_constants(graph: ir.Graph) -> None:
-    """fp16 weights become fp32 (exactly: every fp16 value is an fp32 value).
+def _widen_constants(graph: ir.Graph, is_main: bool) -> None:
+    """fp16 weights are read as fp32 (exactly: every fp16 value is an fp32 value).
 
-    Initializers are widened when written (a lazy tensor), so emulating a big model
-    never holds all its fp32 weights in memory at once.
+    The main graph's weights stay fp16 and get a Cast to fp32, so a big model's weights
+    are never held twice: verify/runner.py feeds them to onnxruntime as they are stored,
+    and each Cast's output lives only while its node runs. A subgraph's (small) weights
+    and Constant nodes are widened in place.
     """
-    for value in graph.initializers.values():
-        if value.dtype == F16 and value.const_value is not None:
-            value.const_value = _widened(value.const_value, value.name)
+    for value in list(graph.initializers.values()):
+        if value.dtype != F16 or value.const_value is None:
+            continue
+        if is_main:
+            wide = _cast(graph, value, F32, name=f"{value.name}/fp32", after=None)
+            _redirect_uses(value, wide, skip=wide.producer())
+        else:
+            value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
             value.dtype = F32
     for node in graph:
         for key, attr in list(node.attributes.items()):
             if attr.type == ir.AttributeType.TENSOR and attr.value.dtype == F16:
                 wide = ir.tensor(attr.value.numpy().astype(np.float32), name=attr.value.name)
                 node.attributes[key] = ir.AttrTensor(key, wide)
-
-
-def _widened(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
-    def widen() -> ir.TensorProtocol:
-        wide = tensor.numpy().astype(np.float32)
-        if isinstance(tensor, ir.ExternalTensor):
-            try:  # unmap the fp16 pages once read
-                tensor.release()
-            except BufferError:
-                pass
-        return ir.tensor(wide, name=name)
-
-    return ir.LazyTensor(widen, dtype=F32, shape=tensor.shape, name=name)
 
 
 def _round(graph: ir.Graph, node: ir.Node, out: ir.Value, is_main: bool) -> None:

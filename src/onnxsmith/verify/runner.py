@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxsmith.errors import InputError
-from onnxsmith.io.save import save_model
 
 CPU = ["CPUExecutionProvider"]
+
+#: Initializers at least this big are fed to onnxruntime as input arrays (see open_session).
+FED_BYTES = 64 * 1024
+#: Their dtypes: those numpy and onnxruntime share (4-bit and bfloat16 weights stay in the protobuf).
+_FED_DTYPES = frozenset({
+    ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.INT8, ir.DataType.UINT8,
+    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
+    ir.DataType.UINT64, ir.DataType.BOOL,
+})
 
 
 def session_options(*, optimize: bool = True, threads: int | None = None, config: dict[str, str] | None = None):
@@ -35,20 +43,60 @@ def open_session(
     options: ort.SessionOptions | None = None,
     label: str | os.PathLike | None = None,
 ) -> ort.InferenceSession:
-    """An onnxruntime session; an in-memory model is written to a temporary file first."""
+    """An onnxruntime session on a file or on an in-memory model.
+
+    An in-memory model is never written out. Its big weights go to onnxruntime as inputs
+    that :func:`run` feeds with the weights' own arrays: onnxruntime reads input arrays in
+    place, while it copies every initializer it is given (``add_initializer`` and
+    ``add_external_initializers`` both do, as does loading a protobuf). A weight still
+    memory-mapped from the source file is then never copied, and a 1 GB model costs no
+    1 GB write, parse and copy per session. The cost: onnxruntime does not fold what it
+    computes from those weights (a Cast or Transpose of one runs in every call), which
+    the few runs a check makes do not notice.
+    """
     providers = providers or CPU
     options = options or session_options()
     if isinstance(model, ir.Model):
-        with tempfile.TemporaryDirectory(prefix="onnxsmith-run-") as tmp:
-            path = Path(tmp) / "model.onnx"
-            save_model(model, path)
-            return _session(path, options, providers, label or "<in-memory model>")
-    return _session(Path(model), options, providers, label or model)
+        proto, weights = _weights_as_inputs(model)
+        session = _session(proto.SerializeToString(), options, providers, label or "<in-memory model>")
+        session._onnxsmith_weights = weights  # fed by run()
+        return session
+    return _session(os.fspath(Path(model)), options, providers, label or model)
 
 
-def _session(path: Path, options, providers, label) -> ort.InferenceSession:
+def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model's protobuf with its big main-graph weights turned into inputs, and those weights by name."""
+    weights: dict[str, np.ndarray] = {}
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
-        return ort.InferenceSession(os.fspath(path), sess_options=options, providers=providers)
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or tensor.dtype not in _FED_DTYPES or tensor.nbytes < FED_BYTES:
+                continue
+            weights[value.name] = tensor.numpy()
+            swapped.append((value, tensor))
+            # A placeholder, so serialising reads no data; the initializer is dropped below.
+            value.const_value = ir.ExternalTensor("onnxsmith-fed", offset=0, length=tensor.nbytes,
+                                                  dtype=tensor.dtype, shape=tensor.shape, name=value.name)
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+    if weights:
+        graph = proto.graph
+        kept = [init for init in graph.initializer if init.name not in weights]
+        declared = {i.name for i in graph.input}
+        inputs = [onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                  for init in graph.initializer if init.name in weights and init.name not in declared]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        graph.input.extend(inputs)
+    return proto, weights
+
+
+def _session(model: str | bytes, options, providers, label) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(model, sess_options=options, providers=providers)
     except Exception as err:  # onnxruntime raises its own exception types
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"onnxruntime cannot load the model: {message}", label) from None
@@ -63,6 +111,7 @@ def run(
 ) -> dict[str, np.ndarray]:
     """Outputs by name."""
     names = outputs or [o.name for o in session.get_outputs()]
+    feeds = {**feeds, **getattr(session, "_onnxsmith_weights", {})}
     try:
         values = session.run(names, feeds)
     except Exception as err:
