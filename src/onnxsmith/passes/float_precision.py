@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import infer_types, node_label
+from onnxsmith.analysis.graph import infer_types, node_label, subgraphs_of
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS, Limits, policy_reason, unsafe_constant
 from onnxsmith.analysis.type_rules import Signature, opset_of, signature
 
@@ -83,20 +83,10 @@ class PrecisionResult:
     unknown_ops: list[str] = field(default_factory=list)  # "domain::Op" left fp32
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.value)
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.value)
-    return graphs
-
-
 def _graphs_parent_first(graph: ir.Graph):
     yield graph
     for node in graph:
-        for sub in _subgraphs(node):
+        for sub in subgraphs_of(node):
             yield from _graphs_parent_first(sub)
 
 
@@ -111,7 +101,7 @@ def _captured(graph: ir.Graph) -> list[ir.Value]:
     for node in graph:
         own.update(node.outputs)
         reads.extend(v for v in node.inputs if v is not None)
-        for sub in _subgraphs(node):
+        for sub in subgraphs_of(node):
             reads.extend(_captured(sub))
     return [v for v in reads if v not in own]
 
@@ -210,14 +200,14 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             category = SHAPE
         else:
             reads = [v for v in node.inputs if v is not None]
-            for sub in _subgraphs(node):
+            for sub in subgraphs_of(node):
                 reads.extend(_captured(sub))
             category = max((self._category.get(v, DATA) for v in reads), default=CONST)
-            if _subgraphs(node) and node.op_type != "If":
+            if subgraphs_of(node) and node.op_type != "If":
                 category = DATA  # Loop/Scan iterate: treat what they make as data
         for out in node.outputs:
             self._category[out] = category
-        for sub in _subgraphs(node):
+        for sub in subgraphs_of(node):
             for value in sub.inputs:
                 self._category[value] = DATA if node.op_type != "If" else category
 
@@ -253,7 +243,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         result = self.result
         if _is_constant_node(node):
             return  # a weight: decided from its readers in _apply
-        if _subgraphs(node):
+        if subgraphs_of(node):
             self._slots[node] = NodeSlots(free_inputs=set())
             return  # control flow keeps its interface; its subgraphs are converted on their own
         sig = self._signature(node)
