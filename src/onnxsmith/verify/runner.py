@@ -65,33 +65,30 @@ def open_session(
 
 
 def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The model's protobuf with its big main-graph weights turned into inputs, and those weights by name."""
-    weights: dict[str, np.ndarray] = {}
-    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    """The model's protobuf with its big main-graph weights turned into inputs, and those weights by name.
+
+    The model is changed only while it is serialised, and restored exactly (initializer order included).
+    """
+    graph = model.graph
+    initializers = list(graph.initializers.values())
+    fed = [value for value in initializers
+           if value.const_value is not None and value.const_value.dtype in _FED_DTYPES
+           and value.const_value.nbytes >= FED_BYTES]
+    if not fed:
+        return ir.serde.serialize_model(model), {}
+    inputs = len(graph.inputs)
     try:
-        for value in model.graph.initializers.values():
-            tensor = value.const_value
-            if tensor is None or tensor.dtype not in _FED_DTYPES or tensor.nbytes < FED_BYTES:
-                continue
-            weights[value.name] = tensor.numpy()
-            swapped.append((value, tensor))
-            # A placeholder, so serialising reads no data; the initializer is dropped below.
-            value.const_value = ir.ExternalTensor("onnxsmith-fed", offset=0, length=tensor.nbytes,
-                                                  dtype=tensor.dtype, shape=tensor.shape, name=value.name)
+        for value in fed:
+            if not value.is_graph_input():
+                graph.inputs.append(value)
+            del graph.initializers[value.name]
         proto = ir.serde.serialize_model(model)
     finally:
-        for value, tensor in swapped:
-            value.const_value = tensor
-    if weights:
-        graph = proto.graph
-        kept = [init for init in graph.initializer if init.name not in weights]
-        declared = {i.name for i in graph.input}
-        inputs = [onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-                  for init in graph.initializer if init.name in weights and init.name not in declared]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-        graph.input.extend(inputs)
-    return proto, weights
+        del graph.inputs[inputs:]
+        graph.initializers.clear()
+        for value in initializers:
+            graph.initializers.add(value)
+    return proto, {value.name: value.const_value.numpy() for value in fed}
 
 
 def _session(model: str | bytes, options, providers, label) -> ort.InferenceSession:
