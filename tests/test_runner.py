@@ -19,6 +19,7 @@ def test_an_in_memory_model_runs_like_its_file_and_is_left_as_it_was(tmp_path):
     big = [v.name for v in model.graph.initializers.values() if v.const_value.nbytes >= runner.FED_BYTES]
     assert big, "the test needs a weight that is fed as an input"
     before = ir.serde.serialize_model(model).SerializeToString()
+    roles = {v.name: (v.is_initializer(), v.is_graph_input(), v.graph) for v in model.graph.initializers.values()}
 
     session = runner.open_session(model)
     # The big weights are inputs of the session, fed by runner.run with the weights' own arrays.
@@ -30,7 +31,9 @@ def test_an_in_memory_model_runs_like_its_file_and_is_left_as_it_was(tmp_path):
     for name, value in from_file.items():
         np.testing.assert_array_equal(in_memory[name], value)
 
-    # The model is unchanged: same initializers, same bytes when saved.
+    # The model is unchanged: same initializers in the same roles, same bytes when saved.
+    assert {v.name: (v.is_initializer(), v.is_graph_input(), v.graph) for v in model.graph.initializers.values()} \
+        == roles
     assert ir.serde.serialize_model(model).SerializeToString() == before
     save_model(model, tmp_path / "again.onnx")
     assert load_model(tmp_path / "again.onnx").graph.initializers.keys() == model.graph.initializers.keys()

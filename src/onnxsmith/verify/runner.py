@@ -84,7 +84,8 @@ def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.n
             del graph.initializers[value.name]
         proto = ir.serde.serialize_model(model)
     finally:
-        del graph.inputs[inputs:]
+        while len(graph.inputs) > inputs:
+            graph.inputs.pop()  # one by one: onnx-ir's slice deletion leaves values marked as inputs
         graph.initializers.clear()
         for value in initializers:
             graph.initializers.add(value)
