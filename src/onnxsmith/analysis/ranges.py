@@ -186,7 +186,8 @@ def measure_ranges(
     A third of a transformer's tensors are such copies: measuring is that much faster.
     """
     model = load_model(model_path)
-    original = load_model(model_path)
+    # Instrumenting adds outputs and emulation keeps the interface: the inputs stay the model's own.
+    own = [v.name for v in model.graph.outputs] if outputs is not None else []
     if fp16_storage is None:
         fp16_storage = has_fp16(model)
     if fp16_storage:
@@ -201,11 +202,10 @@ def measure_ranges(
     options = runner.session_options(optimize=False)
     options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     session = runner.open_session(model, options=options, label=model_path)
-    own = [v.name for v in original.graph.outputs] if outputs is not None else []
     stats: dict[str, dict[str, float]] = {}
     collected: dict[str, list[np.ndarray]] = {}
     for feeds in feeds_list:
-        results = runner.run(session, adapt_feeds(feeds, original), own + names, label=model_path)
+        results = runner.run(session, adapt_feeds(feeds, model), own + names, label=model_path)
         for name in own:
             collected.setdefault(name, []).append(results.pop(name))
         for name, array in results.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -148,30 +149,34 @@ def produce_variant(
     output = Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
-    nodes_before = count_nodes(model)
-    context = TransformContext(source_path=source, feeds=feeds, progress=progress)
-    reports: list[StepReport] = []
-    tolerances = []
-    judge: tuple[Transform, Any] | None = None  # the last step with a gate of its own
-    for name, options in steps:
-        transform = get_transform(name)
-        if type(transform).verify is not Transform.verify:
-            judge = (transform, options)
-        progress(f"{name}: {transform.summary or 'running'}")
-        reports.append(transform.apply(model, options, context))
-        tolerances.append(transform.tolerance(options))
-    nodes_after = count_nodes(model)
+    # The provenance stamp needs the source's sha256: hash it beside the transforms (hashlib
+    # releases the GIL), not after them; a 1 GB source takes a second.
+    with ThreadPoolExecutor(max_workers=1) as hashing:
+        source_sha256 = hashing.submit(sha256_file, source)
+        nodes_before = count_nodes(model)
+        context = TransformContext(source_path=source, feeds=feeds, progress=progress)
+        reports: list[StepReport] = []
+        tolerances = []
+        judge: tuple[Transform, Any] | None = None  # the last step with a gate of its own
+        for name, options in steps:
+            transform = get_transform(name)
+            if type(transform).verify is not Transform.verify:
+                judge = (transform, options)
+            progress(f"{name}: {transform.summary or 'running'}")
+            reports.append(transform.apply(model, options, context))
+            tolerances.append(transform.tolerance(options))
+        nodes_after = count_nodes(model)
+        provenance = Provenance(
+            source_name=source.name,
+            source_sha256=source_sha256.result(),
+            steps=[{"name": r.step, "options": r.options} for r in reports],
+        )
     # A chain is as loose as its loosest step.
     step_atol = max((t[0] for t in tolerances), default=1e-4)
     step_rtol = max((t[1] for t in tolerances), default=1e-3)
     atol = step_atol if atol is None else atol
     rtol = step_rtol if rtol is None else rtol
 
-    provenance = Provenance(
-        source_name=source.name,
-        source_sha256=sha256_file(source),
-        steps=[{"name": r.step, "options": r.options} for r in reports],
-    )
     progress(f"writing {output.name}")
     with staged_model(model, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
         progress("verifying against the source")
