@@ -30,11 +30,6 @@ def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
     return graphs
 
 
-def all_graphs(model: ir.Model) -> Iterator[ir.Graph]:
-    """The main graph and every subgraph, depth first."""
-    yield from model.graphs()
-
-
 @dataclass
 class ConstantTensor:
     """A weight, wherever the exporter put it."""

@@ -134,12 +134,12 @@ def unsafe_constant(tensor: ir.TensorProtocol, limits: Limits) -> str | None:
         if array.size == 0:
             return None
         flat = array.reshape(-1)
-        finite = np.isfinite(flat)
-        if not finite.all():
-            flat = flat[finite]
+        peak = max(float(flat.max()), -float(flat.min()))  # NaN or inf anywhere shows here
+        if not np.isfinite(peak):  # rare: look at the finite values only
+            flat = flat[np.isfinite(flat)]
             if flat.size == 0:
                 return None
-        peak = max(float(flat.max()), -float(flat.min()))
+            peak = max(float(flat.max()), -float(flat.min()))
         if peak > limits.finite_max:
             return f"holds {peak:.3g}, beyond the type's largest finite value {limits.finite_max:,.0f}"
         if limits.min_normal is None:

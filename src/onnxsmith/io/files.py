@@ -89,12 +89,3 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> FileRecord:
         staged.write_text(text, encoding="utf-8")
         commit_files([(staged, path)])
     return FileRecord.of(path)
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> FileRecord:
-    path = Path(path)
-    with staging_dir(path.parent) as tmp:
-        staged = tmp / path.name
-        staged.write_bytes(data)
-        commit_files([(staged, path)])
-    return FileRecord.of(path)

@@ -27,8 +27,6 @@ from onnxscript.rewriter._basics import MatchResult
 
 from onnxsmith.rules.constants import constant, fresh_name
 
-INT64_MAX = np.iinfo(np.int64).max
-
 
 class PrefixRotary(pattern.RewriteRuleClassBase):
     """``split``: how the prefix is cut off: "split" (one Split), "slices" (two Slices) or "none" (P = 0)."""
