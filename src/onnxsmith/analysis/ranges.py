@@ -49,14 +49,22 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
     """
     graph = model.graph
     added = []
+    # The three numbers every measurement compares with: one Constant each, first in the graph.
+    shared = [_const(np.float32(number), f"onnxsmith::const_{name}") for name, number in
+              (("inf", np.inf), ("zero", 0.0), ("fp16_min_normal", FP16_MIN_NORMAL))]
+    if len(graph):
+        graph.insert_before(next(iter(graph)), [v.producer() for v in shared])
+    else:
+        graph.extend([v.producer() for v in shared])
+    infinity, zero, min_normal = shared
     for value in values:
         block: list[ir.Node] = []
 
         def add(op, inputs, attributes=None, *, name=None):
-            return _append(graph, op, inputs, attributes, name=name, block=block)
-
-        def const(number):
-            return _const(graph, np.float32(number), block=block)
+            node = ir.node(op, inputs, attributes=attributes or {}, num_outputs=1)
+            block.append(node)  # placed by _place
+            node.outputs[0].name = name or f"onnxsmith::{op}_{len(graph) + len(block)}"
+            return node.outputs[0]
 
         def count(mask):
             return add("ReduceSum", [add("Cast", [mask], {"to": int(ir.DataType.FLOAT)})], {"keepdims": 0})
@@ -65,8 +73,7 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
         if value.dtype != ir.DataType.FLOAT:
             x = add("Cast", [x], {"to": int(ir.DataType.FLOAT)})
         absolute = add("Abs", [x])
-        finite = add("Less", [absolute, const(np.inf)])  # false for NaN and inf alike
-        zero = const(0.0)
+        finite = add("Less", [absolute, infinity])  # false for NaN and inf alike
         # max |x| over the finite values (NaN/inf counted separately)
         clean = add("Where", [finite, absolute, zero])
         absmax = add("ReduceMax", [clean], {"keepdims": 0}, name=f"{value.name}::absmax")
@@ -74,7 +81,7 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
         size = add("Cast", [elements], {"to": int(ir.DataType.FLOAT)})
         nonfinite = add("Sub", [size, count(finite)], name=f"{value.name}::nonfinite")
         nonzero_count = add("Identity", [count(add("Greater", [clean, zero]))], name=f"{value.name}::nonzero")
-        below = count(add("Less", [clean, const(FP16_MIN_NORMAL)]))  # zeros (and NaN/inf) included
+        below = count(add("Less", [clean, min_normal]))  # zeros (and NaN/inf) included
         # tiny = below - zeros = below - (size - nonzero)
         tiny_count = add("Add", [add("Sub", [below, size]), nonzero_count], name=f"{value.name}::tiny")
         _place(graph, value, block)
@@ -84,27 +91,9 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
     return added
 
 
-def _append(graph: ir.Graph, op: str, inputs, attributes=None, *, name: str | None = None,
-            block: list[ir.Node] | None = None) -> ir.Value:
-    node = ir.node(op, inputs, attributes=attributes or {}, num_outputs=1)
-    out = node.outputs[0]
-    if block is None:
-        graph.append(node)
-        out.name = name or f"onnxsmith::{op}_{len(graph)}"
-    else:  # placed later, by _place
-        block.append(node)
-        out.name = name or f"onnxsmith::{op}_{len(graph) + len(block)}"
-    return out
-
-
-def _const(graph: ir.Graph, value: np.generic, *, block: list[ir.Node] | None = None) -> ir.Value:
+def _const(value: np.generic, name: str) -> ir.Value:
     node = ir.node("Constant", [], attributes={"value": ir.tensor(np.asarray(value))}, num_outputs=1)
-    if block is None:
-        graph.append(node)
-        node.outputs[0].name = f"onnxsmith::const_{len(graph)}"
-    else:
-        block.append(node)
-        node.outputs[0].name = f"onnxsmith::const_{len(graph) + len(block)}"
+    node.outputs[0].name = name
     return node.outputs[0]
 
 

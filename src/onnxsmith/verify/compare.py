@@ -133,13 +133,15 @@ def run_mode(model: ir.Model, fp16_mode: str) -> str:
 
 
 def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None):
-    """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode)."""
+    """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode).
+
+    ``model`` is what the session runs: emulated when it is, with the file's inputs and outputs either way.
+    """
     model = load_model(path)
     mode = run_mode(model, fp16_mode)
     if mode == FAITHFUL and not providers:
-        emulated = load_model(path)
-        emulate_fp16_storage(emulated)
-        session = runner.open_session(emulated, label=path)
+        emulate_fp16_storage(model)  # keeps the interface: feeds are made for the file's inputs
+        session = runner.open_session(model, label=path)
     else:
         session = runner.open_session(path, providers=providers, label=path)
     return session, model, mode
