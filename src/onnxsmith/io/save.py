@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -93,16 +94,25 @@ class StagedModel:
         self.external = external
         self._data = tmp / data_file_name(final)
         self._protect = protect
+        self._records: Future[list[FileRecord]] | None = None
         self.committed: list[FileRecord] | None = None
 
-    def commit(self) -> list[FileRecord]:
-        final_data = self.final.with_name(data_file_name(self.final))
-        pairs = [(self._data, final_data)] if self.external else []
+    def _pairs(self) -> list[tuple[Path, Path]]:
+        """(staged, final) for each file, the data file first (a model must never precede its data)."""
+        pairs = [(self._data, self.final.with_name(data_file_name(self.final)))] if self.external else []
         pairs.append((self.path, self.final))
+        return pairs
+
+    def commit(self) -> list[FileRecord]:
+        pairs = self._pairs()
+        staged = self._records.result() if self._records is not None else [FileRecord.of(p) for p, _ in pairs]
         commit_files(pairs)
+        final_data = self.final.with_name(data_file_name(self.final))
         if not self.external and final_data.exists() and not _is_protected(final_data, self._protect):
             final_data.unlink()  # a data file left by an earlier external save of this name
-        self.committed = [FileRecord.of(p) for _, p in reversed(pairs)]
+        # The renames keep the bytes: the records hashed while staged hold for the final paths.
+        self.committed = [FileRecord(final, record.bytes, record.sha256)
+                          for record, (_, final) in reversed(list(zip(staged, pairs)))]
         return self.committed
 
 
@@ -134,7 +144,7 @@ def staged_model(
             "limit for one file; save with external data",
             path,
         )
-    with staging_dir(path.parent) as tmp:
+    with staging_dir(path.parent) as tmp, ThreadPoolExecutor(max_workers=1) as hashing:
         staged = StagedModel(tmp, path, external_data, protect)
         if external_data:
             # onnx-ir streams tensors into the data file with bounded memory.
@@ -142,6 +152,8 @@ def staged_model(
         else:
             with open(staged.path, "wb") as f:
                 write_single_file(model, f)
+        # Hash what was written while the caller verifies it (hashlib releases the GIL).
+        staged._records = hashing.submit(lambda: [FileRecord.of(p) for p, _ in staged._pairs()])
         yield staged
 
 
