@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -14,24 +13,7 @@ from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head
 from tests.support.check import save_ir
-from tests.support.lm_models import assert_lm_pass_preserves_outputs, glassllm_folder, gpt2_folder
-
-FOLD = {"session.disable_quant_qdq": "1"}
-
-
-def _loaded_float_tables(path, size: int, scratch) -> dict[str, list[int]]:
-    """Float initializers of ``size`` elements onnxruntime holds after loading ``path`` with the fold on."""
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(scratch / f"optimized-{path.stem}.onnx")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.log_severity_level = 3
-    for key, value in FOLD.items():
-        options.add_session_config_entry(key, value)
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(options.optimized_model_filepath)
-    return {t.name: list(t.dims) for t in optimized.graph.initializer
-            if int(np.prod(t.dims)) == size and t.data_type == TensorProto.FLOAT}
-
+from tests.support.lm_models import assert_lm_pass_preserves_outputs, float_tables_after_load, glassllm_folder, gpt2_folder
 
 def _stored(which: str, lookups: str):
     folder = {"gpt2": lambda: gpt2_folder(), "gpt2_nopast": lambda: gpt2_folder(past=False),
@@ -58,7 +40,7 @@ def test_head_weight_gets_a_unit_dim_and_outputs_do_not_change(tmp_path, which, 
     assert_lm_pass_preserves_outputs(quantized, after, tmp_path, atol=1e-5, rtol=1e-5)
 
     # what onnxruntime holds after folding the DequantizeLinear (and the Transpose of the rows layout)
-    tables = _loaded_float_tables(after, head.vocab * head.hidden, tmp_path)
+    tables = float_tables_after_load(after, head.vocab * head.hidden, tmp_path)
     if lookups == "columns":  # one fp32 copy, 3-D: the lookups read it too
         assert list(tables.values()) == [[1, head.hidden, head.vocab]]
         assert "lookup(s) gather along the next axis" in gemv.how

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -14,24 +12,7 @@ from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head
 from onnxsmith.verify.compare import compare_models
 from tests.support.check import save_ir
-from tests.support.lm_models import glassllm_folder, gpt2_folder, lm_gate_feeds
-
-FOLD = {"session.disable_quant_qdq": "1"}
-
-
-def _float_tables(path, size: int, scratch) -> list[str]:
-    """Float initializers of ``size`` elements that onnxruntime holds after loading ``path`` (fold on)."""
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(scratch / f"optimized-{path.stem}.onnx")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.log_severity_level = 3
-    for key, value in FOLD.items():
-        options.add_session_config_entry(key, value)
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(options.optimized_model_filepath)
-    return [t.name for t in optimized.graph.initializer
-            if int(np.prod(t.dims)) == size and t.data_type == TensorProto.FLOAT]
-
+from tests.support.lm_models import float_tables_after_load, glassllm_folder, gpt2_folder, lm_gate_feeds
 
 @pytest.mark.parametrize("which", ["gpt2", "glassllm"])
 def test_tied_head_is_found_and_stored_once(tmp_path, which):
@@ -45,7 +26,7 @@ def test_tied_head_is_found_and_stored_once(tmp_path, which):
     else:  # TorchScript folded E.T into a second initializer equal to the table's transpose
         assert "constant" in head.how and head.table.name == "p.E"
     vocab, hidden = head.vocab, head.hidden
-    fp32 = _float_tables(source, vocab * hidden, tmp_path)
+    fp32 = list(float_tables_after_load(source, vocab * hidden, tmp_path))
     assert len(fp32) == 2  # the source holds the table and its transposed copy
 
     store = StoreHeadPass(head, "int8")
@@ -56,7 +37,7 @@ def test_tied_head_is_found_and_stored_once(tmp_path, which):
     assert [v.const_value.dtype.name for v in stored] == ["INT8"]
     assert stored[0].shape.dims == (hidden, vocab)  # the head's layout
     assert not any(n.op_type == "Gather" and n.inputs[0] is head.table for n in model.graph)
-    assert _float_tables(after, vocab * hidden, tmp_path) == [head.weight.name]  # one fp32 copy after the fold
+    assert list(float_tables_after_load(after, vocab * hidden, tmp_path)) == [head.weight.name]  # one fp32 copy after the fold
     assert "tied embedding/LM head" in store.notes[0]
 
     comparison = compare_models(source, after, lm_gate_feeds(source), atol=1e9, rtol=0)

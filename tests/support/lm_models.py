@@ -106,3 +106,23 @@ def assert_lm_pass_preserves_outputs(source: Path, after, tmp_path: Path, **tole
     after_path = save_ir(after, tmp_path / "after.onnx") if not isinstance(after, Path) else after
     for feeds in prefill_and_decode_feeds(source):  # one at a time: their shapes differ
         assert_pass_preserves_outputs(source, after_path, tmp_path, feeds=[feeds], **tolerances)
+
+
+def float_tables_after_load(path, size: int, scratch) -> dict[str, list[int]]:
+    """fp32 initializers of ``size`` elements that onnxruntime holds after loading ``path``, by name: their dims.
+
+    Loaded as onnxruntime-web loads a q4 model (``session.disable_quant_qdq=1``: the
+    DequantizeLinear nodes fold into fp32 tables at load), read back from the optimised model.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(Path(scratch) / f"optimized-{Path(path).stem}.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    return {t.name: list(t.dims) for t in optimized.graph.initializer
+            if int(np.prod(t.dims)) == size and t.data_type == onnx.TensorProto.FLOAT}

@@ -9,7 +9,8 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from onnxsmith.cli.common import err, human_bytes, out
+from onnxsmith.cli.common import err, out
+from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.io.load import load_model

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.summary import summarize
-from onnxsmith.cli.common import human_bytes, out, print_json
+from onnxsmith.cli.common import out, print_json
+from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import bytes_table
 from onnxsmith.io.load import load_model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from onnxsmith.cli.common import human_bytes
+from onnxsmith.io.files import human_bytes
 from onnxsmith.verify.compare import Comparison
 
 

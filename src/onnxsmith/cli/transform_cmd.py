@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from onnxsmith.cli.common import add_input_options, err, feeds_from_args, human_bytes, out
+from onnxsmith.cli.common import add_input_options, err, feeds_from_args, out
+from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.io.load import load_model

@@ -32,6 +32,15 @@ class FileRecord:
         return {"path": name.as_posix(), "bytes": self.bytes, "sha256": self.sha256}
 
 
+def human_bytes(n: float) -> str:
+    """A byte count as people read it: 512 B, 1.5 KB, 598.7 MB."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

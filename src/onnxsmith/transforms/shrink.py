@@ -26,6 +26,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.summary import ModelSummary, summarize
+from onnxsmith.io.files import human_bytes
 from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
@@ -43,14 +44,6 @@ def parse_bytes(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"'{text}' is not a size (examples: 0, 4096, 512KB, 1MB, 2GB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 @register
@@ -83,9 +76,9 @@ class Shrink(Transform):
             fp64(model)
             if fp64.narrowed:
                 saved = sum(c.nbytes_before // 2 for c in fp64.narrowed)
-                report.notes.append(f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({_human(saved)} saved)")
+                report.notes.append(f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({human_bytes(saved)} saved)")
             changes += [
-                {"change": "fp64 -> fp32", "where": c.name, "bytes": _human(c.nbytes_before // 2),
+                {"change": "fp64 -> fp32", "where": c.name, "bytes": human_bytes(c.nbytes_before // 2),
                  "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)"}
                 for c in fp64.narrowed
             ]
@@ -96,7 +89,7 @@ class Shrink(Transform):
             report.notes.append(_fold_note(fold))
             changes += [
                 {"change": "kept computed", "where": f"{r.node} ({r.op_type})",
-                 "bytes": "?" if r.output_bytes is None else _human(r.output_bytes), "why": r.reason}
+                 "bytes": "?" if r.output_bytes is None else human_bytes(r.output_bytes), "why": r.reason}
                 for r in fold.refused
             ]
         if options.narrow_int64:
@@ -110,7 +103,7 @@ class Shrink(Transform):
                 changes.append({
                     "change": "int64 -> int32" if r.narrowed else "int64 kept",
                     "where": where,
-                    "bytes": _human(r.saved_bytes + r.saved_runtime_bytes),
+                    "bytes": human_bytes(r.saved_bytes + r.saved_runtime_bytes),
                     "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
                     + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
                     + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
@@ -120,9 +113,9 @@ class Shrink(Transform):
             dedup(model)
             if dedup.removed:
                 saved = sum(d.nbytes for d in dedup.removed)
-                report.notes.append(f"merged {len(dedup.removed)} duplicate constant(s) ({_human(saved)})")
+                report.notes.append(f"merged {len(dedup.removed)} duplicate constant(s) ({human_bytes(saved)})")
             changes += [
-                {"change": "duplicate merged", "where": d.name, "bytes": _human(d.nbytes), "why": f"identical to {d.kept}"}
+                {"change": "duplicate merged", "where": d.name, "bytes": human_bytes(d.nbytes), "why": f"identical to {d.kept}"}
                 for d in dedup.removed
             ]
         RemoveUnusedNodesPass()(model)
@@ -146,8 +139,8 @@ def _fold_note(fold: FoldConstantsGuardedPass) -> str:
     if big:
         largest = max(big, key=lambda r: r.output_bytes)
         note += (f"; kept {len(big)} computed at run time that would have stored "
-                 f"{_human(sum(r.output_bytes for r in big))} (largest: {largest.node}, {largest.op_type}, "
-                 f"{_human(largest.output_bytes)})")
+                 f"{human_bytes(sum(r.output_bytes for r in big))} (largest: {largest.node}, {largest.op_type}, "
+                 f"{human_bytes(largest.output_bytes)})")
     return note
 
 
@@ -156,8 +149,8 @@ def _narrow_notes(narrow: NarrowInt64Pass) -> list[str]:
     notes = []
     if done:
         notes.append(
-            f"{len(done)} int64 index region(s) born int32: {_human(sum(r.saved_bytes for r in done))} less stored, "
-            f"{_human(sum(r.saved_runtime_bytes for r in done))} less computed at run time"
+            f"{len(done)} int64 index region(s) born int32: {human_bytes(sum(r.saved_bytes for r in done))} less stored, "
+            f"{human_bytes(sum(r.saved_runtime_bytes for r in done))} less computed at run time"
         )
     kept = [r for r in narrow.reports if not r.narrowed]
     if kept:
@@ -166,15 +159,15 @@ def _narrow_notes(narrow: NarrowInt64Pass) -> list[str]:
 
 
 def _before_after(before: ModelSummary, after: ModelSummary) -> dict[str, tuple[str, str]]:
-    rows = {"stored bytes": (_human(sum(before.bytes_by_dtype.values())), _human(sum(after.bytes_by_dtype.values())))}
+    rows = {"stored bytes": (human_bytes(sum(before.bytes_by_dtype.values())), human_bytes(sum(after.bytes_by_dtype.values())))}
     for dtype in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype)):
-        rows[f"  {dtype}"] = (_human(before.bytes_by_dtype.get(dtype, 0)), _human(after.bytes_by_dtype.get(dtype, 0)))
+        rows[f"  {dtype}"] = (human_bytes(before.bytes_by_dtype.get(dtype, 0)), human_bytes(after.bytes_by_dtype.get(dtype, 0)))
     return rows
 
 
 def _by_dtype(before: ModelSummary, after: ModelSummary) -> list[dict]:
     return [
-        {"dtype": d, "before": _human(before.bytes_by_dtype.get(d, 0)), "after": _human(after.bytes_by_dtype.get(d, 0))}
+        {"dtype": d, "before": human_bytes(before.bytes_by_dtype.get(d, 0)), "after": human_bytes(after.bytes_by_dtype.get(d, 0))}
         for d in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype))
     ]
 
@@ -186,5 +179,5 @@ def _ops(before: ModelSummary, after: ModelSummary) -> list[dict]:
 
 
 def _largest(summary: ModelSummary) -> list[dict]:
-    return [{"name": t.name, "dtype": t.dtype, "shape": "x".join(map(str, t.shape)), "bytes": _human(t.bytes),
+    return [{"name": t.name, "dtype": t.dtype, "shape": "x".join(map(str, t.shape)), "bytes": human_bytes(t.bytes),
              "read by": ", ".join(t.readers[:3])} for t in summary.largest[:5]]
