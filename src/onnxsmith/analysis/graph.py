@@ -88,6 +88,21 @@ def infer_types(model: ir.Model) -> None:
             return
 
 
+def ensure_types(model: ir.Model) -> None:
+    """:func:`infer_types`, unless every value that is read already has a dtype.
+
+    Exporters write every value's type, and so does onnxsmith: inference then adds
+    nothing a reader of dtypes needs, and on a big model it takes a while (a third of a
+    second per call on ViT-L). Shapes are not completed: callers that need them use
+    :func:`infer_types`.
+    """
+    for graph in model.graphs():
+        for node in graph:
+            if any(out.dtype is None and (out.uses() or out.is_graph_output()) for out in node.outputs):
+                infer_types(model)
+                return
+
+
 def _type_unknown_op_outputs(model: ir.Model) -> bool:
     changed = False
     for graph in model.graphs():

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
-from onnxsmith.analysis.graph import FLOAT_TYPES, infer_types, node_label
+from onnxsmith.analysis.graph import FLOAT_TYPES, ensure_types, node_label
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.verify import runner
 from onnxsmith.verify.fp16_storage import ROUNDING_MARK, emulate_fp16_storage, has_fp16
@@ -182,7 +182,7 @@ def measure_ranges(
     if fp16_storage:
         emulate_fp16_storage(model)
     else:
-        infer_types(model)
+        ensure_types(model)
     targets = measurable_values(model, skip_movement=derive_movement)
     names = instrument(model, [v for v, _, _ in targets])
     # Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip

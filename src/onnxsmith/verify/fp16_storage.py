@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import infer_types
+from onnxsmith.analysis.graph import ensure_types
 
 #: Marks the Cast nodes this module inserts (node.meta), so measurements can see through them.
 ROUNDING_MARK = "onnxsmith.fp16_rounding"
@@ -49,7 +49,7 @@ def has_fp16(model: ir.Model) -> bool:
 
 def emulate_fp16_storage(model: ir.Model) -> int:
     """Rewrite ``model`` in place so fp16 storage is emulated on CPU; return the number of rounding points."""
-    infer_types(model)
+    ensure_types(model)
     rounded = 0
     for graph in list(model.graphs()):
         is_main = graph is model.graph
