@@ -120,6 +120,24 @@ def test_rescaled_residual_stream_lets_its_writers_run_fp16(tmp_path):
     assert result.comparison.passed
 
 
+def test_fp16_after_fuse_in_one_chain_calibrates_the_fused_graph(tmp_path):
+    """A chain's fp16 step measures what the step before it made, not the source's tensors."""
+    from onnxsmith.transforms.fuse import Fuse
+
+    source = FIXTURES / "faceage_dynamo.onnx"
+    calibration = [random_inputs(load_model(source), seed=0)]
+    result = produce_variant(source, tmp_path / "chain.onnx",
+                             [("fuse", Fuse.Options(precision="fp32")), ("fp16", Options())], feeds=calibration)
+    assert result.comparison.passed  # measured on the source's names, the fused stream went fp16: NaN
+    assert result.comparison.modes["candidate"] == FAITHFUL
+    low = result.reports[1].stats["low_nodes"]
+    assert low["MultiHeadAttention"] >= 3 and low["MatMul"] >= 20  # the fused graph's ops, converted
+    # Every tensor the fused graph carries over fp16's range stays fp32 in the variant.
+    variant = {v.name: v for node in load_model(tmp_path / "chain.onnx").graph for v in node.outputs}
+    over = [r["tensor"] for r in result.reports[1].tables["fp32 islands"] if r["kept for"] == "over range"]
+    assert over and all(variant[name].dtype == ir.DataType.FLOAT for name in over)
+
+
 def _overflow_later() -> onnx.ModelProto:
     """y = Softmax(Relu(x @ W) - 60000), W = 1000 I: x = 0.01 is fine in fp16, x = 100 overflows (1e5)."""
     w = numpy_helper.from_array((np.eye(4) * 1000).astype(np.float32), "w")

@@ -13,8 +13,11 @@ and only then move it into place. A failed gate writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from onnxsmith.analysis.graph import all_nodes
 from onnxsmith.errors import GateFailed, UsageError
 from onnxsmith.io.files import FileRecord, sha256_file
 from onnxsmith.io.load import load_model
-from onnxsmith.io.save import Provenance, staged_model
+from onnxsmith.io.save import Provenance, save_model, staged_model
 from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.diagnose import first_nonfinite
 
@@ -46,6 +49,24 @@ class TransformContext:
     #: Input sets to measure the source on (calibration) — random from the input spec unless given.
     feeds: list[dict[str, np.ndarray]]
     progress: Progress = _quiet
+    #: Whether the model a step receives is still the source as loaded (the first step of a chain).
+    model_is_source: bool = True
+
+    @contextlib.contextmanager
+    def model_file(self, model: ir.Model) -> Iterator[Path]:
+        """A file holding ``model`` as it is now, for a measurement that runs it.
+
+        The source file itself while the model is still the source (nothing written);
+        after an earlier step of a chain, a temporary copy of what that step made: a
+        calibration must see the tensors of the graph it converts.
+        """
+        if self.model_is_source:
+            yield self.source_path
+            return
+        with tempfile.TemporaryDirectory(prefix="onnxsmith-step-") as tmp:
+            path = Path(tmp) / self.source_path.name
+            save_model(model, path)
+            yield path
 
 
 @dataclass
@@ -158,7 +179,8 @@ def produce_variant(
         reports: list[StepReport] = []
         tolerances = []
         judge: tuple[Transform, Any] | None = None  # the last step with a gate of its own
-        for name, options in steps:
+        for index, (name, options) in enumerate(steps):
+            context.model_is_source = index == 0
             transform = get_transform(name)
             if type(transform).verify is not Transform.verify:
                 judge = (transform, options)

@@ -245,9 +245,12 @@ class Fp16(Transform):
         weight_bytes_before = _float_weight_bytes(model)
         context.progress(f"fp16: measuring activation ranges on {len(context.feeds)} input set(s)")
         outputs: dict[str, np.ndarray] = {}
-        ranges = measure_ranges(source, context.feeds, outputs=outputs, derive_movement=True)
-        # The calibration run computed the source's outputs: the gate compares with them.
-        self._reference = (context.feeds, outputs, FAITHFUL if has_fp16(model) else NATIVE)
+        with context.model_file(model) as measured:
+            ranges = measure_ranges(measured, context.feeds, outputs=outputs, derive_movement=True)
+        # Calibrating the source computed its outputs: the gate compares with them (after an
+        # earlier step of a chain they are that step's outputs, not the source's: not reused).
+        self._reference = (context.feeds, outputs, FAITHFUL if has_fp16(model) else NATIVE) \
+            if context.model_is_source else None
         context.progress("fp16: converting")
         result = convert_precision(
             model, ranges, dtype=dtype, headroom=options.headroom, rescale=options.rescale_residual,

@@ -105,7 +105,9 @@ class Fuse(Transform):
         if options.precision == "fp16":
             # Before anything renames a value: the stream is found by its Adds and measured by name.
             context.progress("fuse: measuring activation ranges of the source")
-            report.notes.extend(_rescale_residual_streams(model, measure_ranges(context.source_path, context.feeds)))
+            with context.model_file(model) as path:
+                ranges = measure_ranges(path, context.feeds)
+            report.notes.extend(_rescale_residual_streams(model, ranges))
 
         context.progress("fuse: folding shape computations")
         fold, noop = prepare_shapes(model, dims, context.feeds[0], progress=context.progress)
