@@ -37,3 +37,21 @@ def test_an_in_memory_model_runs_like_its_file_and_is_left_as_it_was(tmp_path):
     assert ir.serde.serialize_model(model).SerializeToString() == before
     save_model(model, tmp_path / "again.onnx")
     assert load_model(tmp_path / "again.onnx").graph.initializers.keys() == model.graph.initializers.keys()
+
+
+def test_an_in_memory_model_with_small_external_weights_runs(tmp_path):
+    """Weights of any size may live in a data file: none may reach onnxruntime as a file path."""
+    import onnx
+
+    proto = mlp(hidden=16, out=4)
+    onnx.save(proto, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=0)
+    model = load_model(tmp_path / "ext.onnx")
+    assert all(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    assert all(v.const_value.nbytes < runner.FED_BYTES for v in model.graph.initializers.values())
+    feeds = random_inputs(model, dims={"batch": 2}, seed=3)
+    in_memory = runner.run(runner.open_session(model), feeds)
+    from_file = runner.run(runner.open_session(tmp_path / "ext.onnx"), feeds)
+    for name, value in from_file.items():
+        np.testing.assert_array_equal(in_memory[name], value)
+    assert all(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())

@@ -67,17 +67,27 @@ def open_session(
 def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model's protobuf with its big main-graph weights turned into inputs, and those weights by name.
 
-    The model is changed only while it is serialised, and restored exactly (initializer order included).
+    Fed: every weight of at least :data:`FED_BYTES` whose dtype numpy and onnxruntime
+    share. Any other weight kept in a file (small, 4-bit or bfloat16, or in a subgraph)
+    is read into the protobuf: one loaded from bytes cannot point into files. The model
+    is changed only while it is serialised, and restored exactly (initializer order included).
     """
     graph = model.graph
     initializers = list(graph.initializers.values())
     fed = [value for value in initializers
            if value.const_value is not None and value.const_value.dtype in _FED_DTYPES
            and value.const_value.nbytes >= FED_BYTES]
-    if not fed:
+    fed_set = set(fed)
+    inlined = [value for g in model.graphs() for value in g.initializers.values()
+               if value not in fed_set and isinstance(value.const_value, ir.ExternalTensor)]
+    if not fed and not inlined:
         return ir.serde.serialize_model(model), {}
     inputs = len(graph.inputs)
+    file_tensors: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
+        for value in inlined:
+            file_tensors.append((value, value.const_value))
+            value.const_value = ir.Tensor(value.const_value.numpy(), dtype=value.const_value.dtype, name=value.name)
         for value in fed:
             if not value.is_graph_input():
                 graph.inputs.append(value)
@@ -89,6 +99,8 @@ def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.n
         graph.initializers.clear()
         for value in initializers:
             graph.initializers.add(value)
+        for value, tensor in file_tensors:
+            value.const_value = tensor
     return proto, {value.name: value.const_value.numpy() for value in fed}
 
 
