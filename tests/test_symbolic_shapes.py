@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, named_dim, same
 from onnxsmith.io.load import load_model
-from tests.support.lm_models import glassllm_folder, gpt2_folder
+from tests.support.lm_models import lm_folder
 
 
 def _unknowns(dims) -> set[str]:
@@ -20,8 +20,7 @@ def _unknowns(dims) -> set[str]:
 
 @pytest.mark.parametrize("which", ["gpt2", "gpt2_nopast", "glassllm"])
 def test_every_dim_of_the_exports_is_known_in_their_input_dims(which):
-    folder = {"gpt2": lambda: gpt2_folder(), "gpt2_nopast": lambda: gpt2_folder(past=False),
-              "glassllm": glassllm_folder}[which]()
+    folder = lm_folder(which)
     model = load_model(folder / "onnx" / "model.onnx")
     infer_types(model)
     shapes = SymbolicShapes(model.graph)

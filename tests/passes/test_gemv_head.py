@@ -13,11 +13,10 @@ from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head
 from tests.support.check import save_ir
-from tests.support.lm_models import assert_lm_pass_preserves_outputs, float_tables_after_load, glassllm_folder, gpt2_folder
+from tests.support.lm_models import assert_lm_pass_preserves_outputs, float_tables_after_load, lm_folder
 
 def _stored(which: str, lookups: str):
-    folder = {"gpt2": lambda: gpt2_folder(), "gpt2_nopast": lambda: gpt2_folder(past=False),
-              "glassllm": glassllm_folder}[which]()
+    folder = lm_folder(which)
     source = folder / "onnx" / "model.onnx"
     model = load_model(source)
     GemmToMatMulPass()(model)

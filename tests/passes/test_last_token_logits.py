@@ -13,13 +13,12 @@ from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
 from onnxsmith.passes.tied_head import find_lm_head
 from onnxsmith.verify import runner
 from tests.support.check import save_ir
-from tests.support.lm_models import glassllm_folder, gpt2_folder, lm_gate_feeds
+from tests.support.lm_models import lm_folder, lm_gate_feeds
 
 
 @pytest.mark.parametrize("which", ["gpt2", "gpt2_nopast", "glassllm"])
 def test_logits_are_the_last_row_of_the_source(tmp_path, which):
-    folder = {"gpt2": lambda: gpt2_folder(), "gpt2_nopast": lambda: gpt2_folder(past=False),
-              "glassllm": glassllm_folder}[which]()
+    folder = lm_folder(which)
     source = folder / "onnx" / "model.onnx"
     model = load_model(source)
     infer_types(model)

@@ -11,7 +11,7 @@ from onnxsmith.analysis.graph import const_array, infer_types
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from tests.support.check import assert_pass_preserves_outputs
-from tests.support.lm_models import assert_lm_pass_preserves_outputs, glassllm_folder, gpt2_folder
+from tests.support.lm_models import assert_lm_pass_preserves_outputs, lm_folder
 
 
 def _computed_targets(model) -> int:
@@ -20,8 +20,7 @@ def _computed_targets(model) -> int:
 
 @pytest.mark.parametrize("which", ["gpt2", "gpt2_nopast", "glassllm"])
 def test_shape_chains_become_constants(tmp_path, which):
-    folder = {"gpt2": lambda: gpt2_folder(), "gpt2_nopast": lambda: gpt2_folder(past=False),
-              "glassllm": glassllm_folder}[which]()
+    folder = lm_folder(which)
     source = folder / "onnx" / "model.onnx"
     model = load_model(source)
     infer_types(model)

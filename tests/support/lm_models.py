@@ -30,6 +30,15 @@ def gpt2_folder(past: bool = True) -> Path:
     return FIXTURES / ("gpt2" if past else "gpt2_nopast")
 
 
+#: The language models the LM passes are tested on, by parametrize id.
+LM_MODELS = ("gpt2", "gpt2_nopast", "glassllm")
+
+
+def lm_folder(which: str) -> Path:
+    """The folder of one of :data:`LM_MODELS` (glassllm is exported on first use)."""
+    return {"gpt2": gpt2_folder, "gpt2_nopast": lambda: gpt2_folder(past=False), "glassllm": glassllm_folder}[which]()
+
+
 def glassllm_folder() -> Path:
     weights = real_model("glassllm_weights")
     tokenizer = real_model("glassllm_tokenizer")

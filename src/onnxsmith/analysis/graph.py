@@ -64,6 +64,15 @@ def node_label(node: ir.Node) -> str:
     return f"{node.op_type}->{first}"
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken``, which records it."""
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
 def const_array(value: ir.Value | None):
     """The numpy value of a constant (initializer or Constant node output), else None."""
     if value is None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import infer_types, node_label, subgraphs_of
+from onnxsmith.analysis.graph import infer_types, node_label, subgraphs_of, unique_name
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS, Limits, policy_reason, unsafe_constant
 from onnxsmith.analysis.type_rules import Signature, opset_of, signature
 
@@ -413,15 +413,8 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             else:
                 graph.extend(casts)
 
-    def _unique(self, name: str) -> str:
-        candidate, n = name, 1
-        while candidate in self._names:
-            candidate, n = f"{name}_{n}", n + 1
-        self._names.add(candidate)
-        return candidate
-
     def _new_cast(self, value: ir.Value, to: ir.DataType) -> ir.Node:
-        out_name = self._unique(f"{value.name}/{_suffix(to)}")
+        out_name = unique_name(f"{value.name}/{_suffix(to)}", self._names)
         cast = ir.node("Cast", [value], attributes={"to": int(to)}, num_outputs=1, name=f"{out_name}/cast")
         out = cast.outputs[0]
         out.name = out_name
@@ -433,7 +426,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
     def _cast_output(self, graph: ir.Graph, index: int, value: ir.Value, want: ir.DataType) -> None:
         """Cast a graph output to ``want`` keeping its name (the interface)."""
         name = value.name
-        value.name = self._unique(f"{name}/{_suffix(value.dtype)}")
+        value.name = unique_name(f"{name}/{_suffix(value.dtype)}", self._names)
         cast = self._new_cast(value, want)
         cast.outputs[0].name = name
         producer = value.producer()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import node_label
+from onnxsmith.analysis.graph import node_label, unique_name
 from onnxsmith.analysis.intervals import Bounds, Interval, fits_int32, hull, static_size
 
 INT64 = ir.DataType.INT64
@@ -308,7 +308,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         if value.is_graph_output():
             # The graph output keeps its name and int64 type; the int32 value is renamed.
             name = value.name
-            value.name = self._fresh(f"{name}_int32")
+            value.name = unique_name(f"{name}_int32", self._names)
             wide.name = name
             for i, out in enumerate(graph.outputs):
                 if out is value:
@@ -327,7 +327,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
     def _cast_after(self, graph: ir.Graph, value: ir.Value, to: ir.DataType, suffix: str) -> ir.Value:
         node = ir.node("Cast", [value], attributes={"to": to}, num_outputs=1)
         out = node.outputs[0]
-        out.name = self._fresh(f"{value.name}_{suffix}")
+        out.name = unique_name(f"{value.name}_{suffix}", self._names)
         out.dtype = to
         out.shape = value.shape
         producer = value.producer()
@@ -340,13 +340,6 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
             else:
                 graph.insert_before(first, node)
         return out
-
-    def _fresh(self, base: str) -> str:
-        name, i = base, 1
-        while name in self._names:
-            name, i = f"{base}_{i}", i + 1
-        self._names.add(name)
-        return name
 
 
 def _not_bigger(outputs, value: ir.Value) -> bool:
