@@ -24,6 +24,8 @@ example: setup
 	$(VENV)/bin/onnxsmith build examples/faceage/recipe.toml --out release/faceage
 
 test: setup clients/web/node_modules
+	$(VENV)/bin/ruff check src tests tools benchmarks
+	$(VENV)/bin/ruff format --check src tests tools benchmarks
 	tools/setup-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -122,25 +122,31 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fp16-bench-") as tmp:
         ours, theirs = Path(tmp) / "onnxsmith.onnx", Path(tmp) / "onnxconverter.onnx"
         results["onnxsmith fp16"] = measure(
-            [python, "-m", "onnxsmith", "fp16", str(args.model), str(ours), "--samples", "1"])
+            [python, "-m", "onnxsmith", "fp16", str(args.model), str(ours), "--samples", "1"]
+        )
         results["onnxsmith fp16"]["output_bytes"] = ours.stat().st_size if ours.exists() else None
         results["onnxconverter-common"] = measure([python, "-c", ONNXCONVERTER, str(args.model), str(theirs)])
         results["onnxconverter-common"]["output_bytes"] = theirs.stat().st_size if theirs.exists() else None
         for name, path in (("onnxsmith fp16", ours), ("onnxconverter-common", theirs)):
             if path.exists():  # not timed: what each variant gives, storage-faithfully
-                check = subprocess.run([python, "-c", CHECK, str(args.model), str(path)], capture_output=True,
-                                       text=True, cwd=REPO)
+                check = subprocess.run(
+                    [python, "-c", CHECK, str(args.model), str(path)], capture_output=True, text=True, cwd=REPO
+                )
                 results[name]["storage_faithful_nonfinite"] = (
-                    json.loads(check.stdout.strip().splitlines()[-1])["nonfinite"] if check.returncode == 0
-                    else check.stderr.strip().splitlines()[-1:])
+                    json.loads(check.stdout.strip().splitlines()[-1])["nonfinite"]
+                    if check.returncode == 0
+                    else check.stderr.strip().splitlines()[-1:]
+                )
     print(f"model: {args.model} ({results['bytes'] / 1e9:.2f} GB), {results['cpus']} CPUs")
     print("| tool | wall (s) | peak RSS (GB) | output (MB) | NaN/inf outputs (storage-faithful fp16) |")
     print("|---|---:|---:|---:|---|")
     for name in ("onnxsmith fp16", "onnxconverter-common"):
         r = results[name]
         size = f"{r['output_bytes'] / 2**20:.0f}" if r.get("output_bytes") else "-"
-        print(f"| {name} | {r['wall_s']:.1f} | {r['peak_rss_gb']:.2f} | {size} | "
-              f"{r.get('storage_faithful_nonfinite', r['tail'])} |")
+        print(
+            f"| {name} | {r['wall_s']:.1f} | {r['peak_rss_gb']:.2f} | {size} | "
+            f"{r.get('storage_faithful_nonfinite', r['tail'])} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0 if results["onnxsmith fp16"]["exit"] == 0 else 1

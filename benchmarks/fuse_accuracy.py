@@ -59,8 +59,10 @@ def main(argv=None) -> int:
             produce_variant(args.model, path, [("fuse", Fuse.Options(precision=precision))], feeds=calibration)
             print(f"built {path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     ref_age, ref_gender, _ = ages(args.model, faces)
-    print(f"{len(ref_age)} random faces (N(0,1), seeds 100..), ages of the source: "
-          f"mean {ref_age.mean():.2f}, std {ref_age.std():.2f} years\n")
+    print(
+        f"{len(ref_age)} random faces (N(0,1), seeds 100..), ages of the source: "
+        f"mean {ref_age.mean():.2f}, std {ref_age.std():.2f} years\n"
+    )
     print("| variant | run as | mean \\|Δage\\| (years) | max \\|Δage\\| | gender identical |")
     print("|---|---|---:|---:|---|")
     for name, path in variants.items():

@@ -41,7 +41,8 @@ from onnxsmith.transforms.fuse import Fuse  # noqa: E402
 from onnxsmith.verify.inputs import random_inputs  # noqa: E402
 
 DEFAULT_MODEL = Path(os.environ.get("ONNXSMITH_VITL_CACHE", Path.home() / ".cache" / "onnxsmith" / "vitl")) / (
-    "faceage_vitl_dynamo.onnx")
+    "faceage_vitl_dynamo.onnx"
+)
 CONTRIB = ("MultiHeadAttention", "Attention", "RotaryEmbedding", "SkipLayerNormalization", "BiasGelu", "Gelu")
 
 
@@ -62,8 +63,13 @@ def main(argv=None) -> int:
     if not (args.reuse and fused.exists()):
         t0 = time.perf_counter()
         model = load_model(args.model)
-        produce_variant(args.model, fused, [("fuse", Fuse.Options(precision="fp32"))],
-                        feeds=[random_inputs(model, seed=0)], progress=lambda m: print(f"  fuse: {m}", file=sys.stderr))
+        produce_variant(
+            args.model,
+            fused,
+            [("fuse", Fuse.Options(precision="fp32"))],
+            feeds=[random_inputs(model, seed=0)],
+            progress=lambda m: print(f"  fuse: {m}", file=sys.stderr),
+        )
         del model
         print(f"fuse fp32 written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     ort_opt = args.work / "ort_optimizer.onnx"
@@ -97,30 +103,41 @@ def main(argv=None) -> int:
             ages[name] = np.concatenate([ages[name], (1 / (1 + np.exp(-logits))).sum(-1)])
         order = list(sessions)
         for r in range(args.rounds):
-            for name in order[r % len(order):] + order[: r % len(order)]:
+            for name in order[r % len(order) :] + order[: r % len(order)]:
                 t0 = time.perf_counter()
                 sessions[name].run(None, {"face": x})
                 times[(name, batch)].append((time.perf_counter() - t0) * 1000)
-        print(f"batch {batch}: " + ", ".join(f"{n} {statistics.median(times[(n, batch)]):.0f} ms" for n in order),
-              file=sys.stderr)
+        print(
+            f"batch {batch}: " + ", ".join(f"{n} {statistics.median(times[(n, batch)]):.0f} ms" for n in order),
+            file=sys.stderr,
+        )
 
-    print(f"ORT {ort.__version__}, CPU: {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} logical cores, {args.rounds} interleaved runs per cell (median)\n")
+    print(
+        f"ORT {ort.__version__}, CPU: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} logical cores, {args.rounds} interleaved runs per cell (median)\n"
+    )
     print("| batch | source ms | fuse fp32 ms | ORT optimizer ms | fuse fp32 speedup | ORT optimizer speedup |")
     print("|---:|---:|---:|---:|---:|---:|")
     for batch in batches:
         med = {n: statistics.median(times[(n, batch)]) for n in sessions}
-        print(f"| {batch} | {med['source']:.0f} | {med['fuse fp32']:.0f} | {med['ORT optimizer']:.0f} | "
-              f"{med['source'] / med['fuse fp32']:.2f}x | {med['source'] / med['ORT optimizer']:.2f}x |")
+        print(
+            f"| {batch} | {med['source']:.0f} | {med['fuse fp32']:.0f} | {med['ORT optimizer']:.0f} | "
+            f"{med['source'] / med['fuse fp32']:.2f}x | {med['source'] / med['ORT optimizer']:.2f}x |"
+        )
     print("\n| variant | nodes | " + " | ".join(CONTRIB) + " | Shape |")
     print("|---|---:|" + "---:|" * (len(CONTRIB) + 1))
     for name, c in counts.items():
-        print(f"| {name} | {sum(c.values())} | " + " | ".join(str(c.get(op, 0)) for op in CONTRIB)
-              + f" | {c.get('Shape', 0)} |")
+        print(
+            f"| {name} | {sum(c.values())} | "
+            + " | ".join(str(c.get(op, 0)) for op in CONTRIB)
+            + f" | {c.get('Shape', 0)} |"
+        )
     for name in ("fuse fp32", "ORT optimizer"):
         delta = np.abs(ages[name] - ages["source"])
-        print(f"\n{name} vs source on {len(delta)} random faces: mean |Δage| {delta.mean():.2e} years, "
-              f"max {delta.max():.2e}")
+        print(
+            f"\n{name} vs source on {len(delta)} random faces: mean |Δage| {delta.mean():.2e} years, "
+            f"max {delta.max():.2e}"
+        )
     if ort_stats:
         print(f"\nORT optimizer fusions: {ort_stats}")
     return 0

@@ -34,14 +34,24 @@ import onnxruntime as ort
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 DEFAULT_MODEL = Path(os.environ.get("ONNXSMITH_VITL_CACHE", Path.home() / ".cache" / "onnxsmith" / "vitl")) / (
-    "faceage_vitl_dynamo.onnx")
+    "faceage_vitl_dynamo.onnx"
+)
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 def gpu_name() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         return out[0] if out else "unknown GPU"
     except (OSError, subprocess.SubprocessError):
         return "unknown GPU (nvidia-smi not found)"
@@ -55,8 +65,10 @@ def build(source: Path, work: Path, plain: Path | None, fused: Path | None) -> t
 
     work.mkdir(parents=True, exist_ok=True)
     feeds = None
-    for path, step, label in ((plain, ("fp16", get_transform("fp16").Options()), "plain_fp16.onnx"),
-                              (fused, ("fuse", get_transform("fuse").Options(precision="fp16")), "fused_fp16.onnx")):
+    for path, step, label in (
+        (plain, ("fp16", get_transform("fp16").Options()), "plain_fp16.onnx"),
+        (fused, ("fuse", get_transform("fuse").Options(precision="fp16")), "fused_fp16.onnx"),
+    ):
         if path is not None:
             continue
         target = work / label
@@ -141,12 +153,16 @@ def main(argv=None) -> int:
         for name, r in runners.items():
             age, gender = r.ages(x)
             delta = np.abs(age - ref_age)
-            lines.append(f"{name} vs source (fp32, CUDA) on 16 random faces: mean |Δage| {delta.mean():.4f} years, "
-                         f"max {delta.max():.4f}, gender identical: {bool((gender == ref_gender).all())}")
+            lines.append(
+                f"{name} vs source (fp32, CUDA) on 16 random faces: mean |Δage| {delta.mean():.4f} years, "
+                f"max {delta.max():.4f}, gender identical: {bool((gender == ref_gender).all())}"
+            )
         accuracy = "\n".join(lines)
 
-    print(f"GPU: {gpu_name()}; onnxruntime {ort.__version__}; CUDAExecutionProvider, I/O binding, "
-          f"median of {args.runs} interleaved runs\n")
+    print(
+        f"GPU: {gpu_name()}; onnxruntime {ort.__version__}; CUDAExecutionProvider, I/O binding, "
+        f"median of {args.runs} interleaved runs\n"
+    )
     print("| batch | plain fp16 ms | fused fp16 ms | speedup |")
     print("|---:|---:|---:|---:|")
     for batch, p, f in rows:

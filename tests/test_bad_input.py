@@ -6,8 +6,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxsmith.io.save import save_model
 from onnxsmith.io.load import load_model
+from onnxsmith.io.save import save_model
 from tests.conftest import assert_one_line_error
 from tests.support.models import mlp
 
@@ -34,11 +34,18 @@ def _bad_files(tmp_path, save_proto):
     future.ir_version = onnx.IR_VERSION + 5
     files["future IR"] = (save_proto(future, "future.onnx"), f"IR version {onnx.IR_VERSION + 5}")
 
-    cyclic = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["b"], ["a"], name="r1"), helper.make_node("Relu", ["a"], ["b"], name="r2"),
-         helper.make_node("Add", ["x", "a"], ["y"], name="add")],
-        "cyclic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    cyclic = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Relu", ["b"], ["a"], name="r1"),
+                helper.make_node("Relu", ["a"], ["b"], name="r2"),
+                helper.make_node("Add", ["x", "a"], ["y"], name="add"),
+            ],
+            "cyclic",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+    )
     files["cycle"] = (save_proto(cyclic, "cyclic.onnx"), "not a DAG")
 
     dangling = mlp()

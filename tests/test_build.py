@@ -35,8 +35,12 @@ class TestOnlyAgeShift(Transform):
     def apply(self, model, options, context):
         value = model.graph.initializers["b_age"]
         value.const_value = ir.tensor(value.const_value.numpy() + np.float32(options.amount), name="b_age")
-        return StepReport(self.name, {"amount": options.amount}, notes=[f"shifted the age bias by {options.amount}"],
-                          runtime={"session.test_entry": "1"} if options.amount == 0 else {})
+        return StepReport(
+            self.name,
+            {"amount": options.amount},
+            notes=[f"shifted the age bias by {options.amount}"],
+            runtime={"session.test_entry": "1"} if options.amount == 0 else {},
+        )
 
     def tolerance(self, options):
         return 1.0, 1.0
@@ -68,9 +72,15 @@ def project(tmp_path_factory):
     images = face_images(root / "images", count=3)
     (root / "images" / "boxes.txt").write_text(wider_annotations([(n, [b]) for n, b in images]))
     (root / "LICENSE.txt").write_text("Toy licence: do what you like.\n")
-    (root / "recipe.toml").write_text(recipe_text(
-        source, VARIANTS, validation=VALIDATION, bench="[bench]\nbatch = [1, 2]\nruns = 2\nwarmup = 1",
-        card='[card]\ntitle = "Toy face age"\nlicense_file = "LICENSE.txt"'))
+    (root / "recipe.toml").write_text(
+        recipe_text(
+            source,
+            VARIANTS,
+            validation=VALIDATION,
+            bench="[bench]\nbatch = [1, 2]\nruns = 2\nwarmup = 1",
+            card='[card]\ntitle = "Toy face age"\nlicense_file = "LICENSE.txt"',
+        )
+    )
     return root
 
 
@@ -88,7 +98,13 @@ def test_a_variant_failing_its_gate_is_not_published(built, project):
     assert result.failed[0].reason.startswith("max |Δage| ") and result.failed[0].reason.endswith("> gate 0.01")
     assert not (release / "drifted-model.onnx").exists()
     assert sorted(p.name for p in release.iterdir()) == [
-        "README.md", "SHA256SUMS", "measurements.json", "recipe.toml", "report.html", "same.onnx"]
+        "README.md",
+        "SHA256SUMS",
+        "measurements.json",
+        "recipe.toml",
+        "report.html",
+        "same.onnx",
+    ]
     assert any("not published[/] drifted: max |Δage|" in m for m in messages)
     card = (release / "README.md").read_text()
     assert "### drifted (not published)" in card and "Not published: max |Δage|" in card
@@ -131,9 +147,13 @@ def test_build_refuses_to_replace_a_folder_that_is_not_a_release(project, tmp_pa
 def test_build_exits_1_naming_the_variant_that_failed_its_gate(project, tmp_path, cli):
     """Through the CLI with the real fp16 transform: no fp16 model is within 1e-9 years of its source."""
     recipe = project / "strict.toml"
-    recipe.write_text(recipe_text(
-        project / "toy.onnx", '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n',
-        validation=VALIDATION.replace("0.01", "1e-9")))
+    recipe.write_text(
+        recipe_text(
+            project / "toy.onnx",
+            '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n',
+            validation=VALIDATION.replace("0.01", "1e-9"),
+        )
+    )
     result = cli("build", recipe, "--out", tmp_path / "out")
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import onnx
 
+from onnxsmith.io.load import load_model
 from onnxsmith.verify.compare import compare_models, diff_output
 from onnxsmith.verify.inputs import random_inputs
-from onnxsmith.io.load import load_model
 from tests.support.models import mlp
 
 
@@ -18,8 +18,8 @@ def test_identical_models_pass_and_perturbed_fail(cli, save_proto):
     b = save_proto(mlp(), "b.onnx")
     perturbed = mlp()
     perturbed.graph.initializer[3].raw_data = (
-        onnx.numpy_helper.to_array(perturbed.graph.initializer[3]) + np.float32(0.01)
-    ).astype(np.float32).tobytes()
+        (onnx.numpy_helper.to_array(perturbed.graph.initializer[3]) + np.float32(0.01)).astype(np.float32).tobytes()
+    )
     c = save_proto(perturbed, "c.onnx")
     ok = cli("compare", a, b, "--shape", "batch=3", "--json")
     assert ok.returncode == 0, ok.stderr

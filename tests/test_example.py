@@ -35,7 +35,8 @@ def release(tmp_path_factory):
 def test_the_example_release_has_every_variant_and_pins_it(release):
     out, result = release
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["README.md", "SHA256SUMS", "measurements.json", "recipe.toml", "report.html", *VARIANT_FILES])
+        ["README.md", "SHA256SUMS", "measurements.json", "recipe.toml", "report.html", *VARIANT_FILES]
+    )
     sums = dict(reversed(line.split("  ")) for line in (out / "SHA256SUMS").read_text().splitlines())
     card = (out / "README.md").read_text()
     for name in VARIANT_FILES:
@@ -67,7 +68,7 @@ def test_the_card_reports_what_was_done_and_measured(release):
     bench = measured["bench"]["results"]
     assert [r["name"] for r in bench] == ["source", "fp16", "fused-fp16", "fused-fp32"]
     assert all([b["batch"] for b in r["batches"]] == [1, 5, 10] for r in bench)
-    timed = card[card.index("<!-- timed -->"):card.index("<!-- /timed -->")]
+    timed = card[card.index("<!-- timed -->") : card.index("<!-- /timed -->")]
     assert "| fused-fp32 | 1 |" in timed and "| 10 |" in timed
     assert re.search(r"\| onnxruntime \| \d+\.\d+", card)
 
@@ -104,4 +105,3 @@ def test_rebuilding_gives_byte_identical_files(release, tmp_path, cli):
     first, second = (json.loads((d / "measurements.json").read_text()) for d in (out, again))
     assert first.pop("bench") is not None and second.pop("bench") is None
     assert first == second
-

@@ -38,8 +38,11 @@ def test_piece_between_named_tensors(cli, save_proto, tmp_path):
     result = cli("extract", source, out, "--inputs", "b,d", "--outputs", "y", "--report", tmp_path / "r.json")
     assert result.returncode == 0, result.stderr
     # Typed inputs with the shapes inference gave (the symbolic batch kept); checker-clean.
-    assert _io(out) == {"b": (TensorProto.FLOAT, ["batch", 8]), "d": (TensorProto.FLOAT, ["batch", 8]),
-                        "y": (TensorProto.FLOAT, ["batch", 8])}
+    assert _io(out) == {
+        "b": (TensorProto.FLOAT, ["batch", 8]),
+        "d": (TensorProto.FLOAT, ["batch", 8]),
+        "y": (TensorProto.FLOAT, ["batch", 8]),
+    }
     onnx.checker.check_model(onnx.load(out), full_check=True)
     piece = onnx.load(out)
     assert [n.op_type for n in piece.graph.node] == ["Add", "Tanh"] and not piece.graph.initializer
@@ -127,10 +130,17 @@ def test_bad_cuts_are_one_line_exit_2_and_write_nothing(cli, save_proto, tmp_pat
 
 def test_a_piece_that_does_not_match_is_not_written(cli, save_proto, tmp_path):
     """RandomNormalLike in the piece: it cannot reproduce the source's values, so the gate refuses it."""
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("RandomNormalLike", ["a"], ["noise"]),
-             helper.make_node("Add", ["a", "noise"], ["y"])]
-    graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("RandomNormalLike", ["a"], ["noise"]),
+        helper.make_node("Add", ["a", "noise"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "noisy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
     source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "noisy.onnx")
     result = cli("extract", source, tmp_path / "out" / "piece.onnx", "--inputs", "a", "--outputs", "y")
     assert_one_line_error(result, "piece.onnx", "verification failed, piece not written", "output 'y'", code=1)

@@ -112,8 +112,9 @@ def test_faceage_never_nan_and_accurate_where_onnxconverter_common_fails(exporte
 def test_rescaled_residual_stream_lets_its_writers_run_fp16(tmp_path):
     source = FIXTURES / "faceage_dynamo.onnx"
     calibration = [random_inputs(load_model(source), seed=0)]
-    result = produce_variant(source, tmp_path / "rescaled.onnx", [("fp16", Options(rescale_residual=True))],
-                             feeds=calibration)
+    result = produce_variant(
+        source, tmp_path / "rescaled.onnx", [("fp16", Options(rescale_residual=True))], feeds=calibration
+    )
     stats = result.reports[0].stats
     assert stats["residual_streams"][0]["scale"] == 1 / 32  # 2.97e5 down to 9.3e3, under 65,504 / 4
     assert stats["low_nodes"]["MatMul"] == 32 and stats["unsafe_tensors"] == 0
@@ -126,8 +127,12 @@ def test_fp16_after_fuse_in_one_chain_calibrates_the_fused_graph(tmp_path):
 
     source = FIXTURES / "faceage_dynamo.onnx"
     calibration = [random_inputs(load_model(source), seed=0)]
-    result = produce_variant(source, tmp_path / "chain.onnx",
-                             [("fuse", Fuse.Options(precision="fp32")), ("fp16", Options())], feeds=calibration)
+    result = produce_variant(
+        source,
+        tmp_path / "chain.onnx",
+        [("fuse", Fuse.Options(precision="fp32")), ("fp16", Options())],
+        feeds=calibration,
+    )
     assert result.comparison.passed  # measured on the source's names, the fused stream went fp16: NaN
     assert result.comparison.modes["candidate"] == FAITHFUL
     low = result.reports[1].stats["low_nodes"]
@@ -142,12 +147,19 @@ def _overflow_later() -> onnx.ModelProto:
     """y = Softmax(Relu(x @ W) - 60000), W = 1000 I: x = 0.01 is fine in fp16, x = 100 overflows (1e5)."""
     w = numpy_helper.from_array((np.eye(4) * 1000).astype(np.float32), "w")
     c = numpy_helper.from_array(np.array(60000.0, np.float32), "c")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="matmul"),
-             helper.make_node("Relu", ["a"], ["b"], name="relu"),
-             helper.make_node("Sub", ["b", "c"], ["d"], name="sub"),
-             helper.make_node("Softmax", ["d"], ["y"], name="softmax")]
-    graph = helper.make_graph(nodes, "late", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w, c])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="matmul"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),
+        helper.make_node("Sub", ["b", "c"], ["d"], name="sub"),
+        helper.make_node("Softmax", ["d"], ["y"], name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "late",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w, c],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -173,16 +185,22 @@ def test_cli_gate_failure_exits_1_and_writes_nothing(cli, save_proto, tmp_path):
 
 
 def _int_only() -> onnx.ModelProto:
-    graph = helper.make_graph([helper.make_node("Add", ["a", "a"], ["b"])], "ints",
-                              [helper.make_tensor_value_info("a", TensorProto.INT64, [2])],
-                              [helper.make_tensor_value_info("b", TensorProto.INT64, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "a"], ["b"])],
+        "ints",
+        [helper.make_tensor_value_info("a", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("b", TensorProto.INT64, [2])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _custom_op() -> onnx.ModelProto:
-    graph = helper.make_graph([helper.make_node("Mystery", ["x"], ["y"], domain="acme.ops", name="mystery")],
-                              "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Mystery", ["x"], ["y"], domain="acme.ops", name="mystery")],
+        "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme.ops", 1)])
 
 
@@ -194,11 +212,19 @@ def test_bad_input_is_a_clear_message(save_proto, tmp_path):
     with pytest.raises(InputError, match="already float16"):
         produce_variant(half, tmp_path / "o.onnx", [("fp16", Options())], feeds=[{"x": np.ones((1, 4), np.float16)}])
     with pytest.raises(UsageError, match="--rescale-residual: no pre-LN residual stream"):
-        produce_variant(save_proto(mlp(), "mlp.onnx"), tmp_path / "o.onnx", [("fp16", Options(rescale_residual=True))],
-                        feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))])
+        produce_variant(
+            save_proto(mlp(), "mlp.onnx"),
+            tmp_path / "o.onnx",
+            [("fp16", Options(rescale_residual=True))],
+            feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))],
+        )
     with pytest.raises(UsageError, match="--dtype bf16: a bf16 variant cannot be verified"):
-        produce_variant(tmp_path / "mlp.onnx", tmp_path / "o.onnx", [("fp16", Options(dtype="bf16"))],
-                        feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))])
+        produce_variant(
+            tmp_path / "mlp.onnx",
+            tmp_path / "o.onnx",
+            [("fp16", Options(dtype="bf16"))],
+            feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))],
+        )
     assert not (tmp_path / "o.onnx").exists()
 
 
@@ -221,8 +247,11 @@ def test_real_models_convert_and_pass_the_gate(tmp_path):
     ppocr = real_model("ppocr_rec")  # every weight in a Constant node
     feeds = [random_inputs(load_model(ppocr), shapes={"x": (1, 3, 48, 160)}, seed=0)]
     produce_variant(ppocr, tmp_path / "ppocr.onnx", [("fp16", Options())], feeds=feeds)
-    constants = [n.attributes["value"].value for n in load_model(tmp_path / "ppocr.onnx").graph
-                 if n.op_type == "Constant" and "value" in n.attributes]
+    constants = [
+        n.attributes["value"].value
+        for n in load_model(tmp_path / "ppocr.onnx").graph
+        if n.op_type == "Constant" and "value" in n.attributes
+    ]
     half = sum(t.nbytes for t in constants if t.dtype == F16)
     assert half > 0.9 * sum(t.nbytes for t in constants if t.dtype in (F16, ir.DataType.FLOAT))
 
@@ -233,14 +262,22 @@ def test_cli_silero_vad_with_if_subgraphs_calibrated_on_a_folder(cli, tmp_path):
     calib.mkdir()
     rng = np.random.default_rng(0)
     for i in range(2):
-        np.savez(calib / f"{i}.npz", input=(0.1 * rng.standard_normal((1, 512))).astype(np.float32),
-                 state=np.zeros((2, 1, 128), np.float32), sr=np.array(16000, np.int64))
+        np.savez(
+            calib / f"{i}.npz",
+            input=(0.1 * rng.standard_normal((1, 512))).astype(np.float32),
+            state=np.zeros((2, 1, 128), np.float32),
+            sr=np.array(16000, np.int64),
+        )
     out = tmp_path / "vad.onnx"
     result = cli("fp16", real_model("silero_vad"), out, "--calib", calib)
     assert result.returncode == 0, result.stderr
     assert "2 input set(s)" in result.stdout
-    branches = [attr.value for n in load_model(out).graph for attr in n.attributes.values()
-                if attr.type == ir.AttributeType.GRAPH]
+    branches = [
+        attr.value
+        for n in load_model(out).graph
+        for attr in n.attributes.values()
+        if attr.type == ir.AttributeType.GRAPH
+    ]
     weights = [v.dtype for g in branches for v in g.initializers.values() if v.dtype in (F16, ir.DataType.FLOAT)]
     weights += [n.outputs[0].dtype for g in branches for n in g if n.op_type == "Conv"]
     assert weights and F16 in weights

@@ -30,7 +30,9 @@ def test_in_range_values_are_unchanged(save_proto):
     x = np.array([[0.5, 0.01, 2, 3]], np.float16)
     plain = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     session, _, _ = prepare_session(path)
-    np.testing.assert_allclose(runner.run(session, {"x": x})["y"].astype(np.float32), plain.astype(np.float32), atol=1e-3)
+    np.testing.assert_allclose(
+        runner.run(session, {"x": x})["y"].astype(np.float32), plain.astype(np.float32), atol=1e-3
+    )
 
 
 def test_first_nonfinite_names_the_culprit(save_proto):

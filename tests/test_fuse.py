@@ -103,7 +103,9 @@ def test_fp16_fused_keeps_the_residual_stream_fp32(exporter, tmp_path):
 
 
 def test_cli_report_and_the_same_bytes_as_the_library(cli, tmp_path):
-    result = cli("fuse", FACEAGE["dynamo"], tmp_path / "cli.onnx", "--samples", "1", "--report", tmp_path / "report.json")
+    result = cli(
+        "fuse", FACEAGE["dynamo"], tmp_path / "cli.onnx", "--samples", "1", "--report", tmp_path / "report.json"
+    )
     assert result.returncode == 0, result.stderr
     assert "MultiHeadAttention" in result.stdout and "why not" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
@@ -117,7 +119,11 @@ def test_cli_report_and_the_same_bytes_as_the_library(cli, tmp_path):
 
 def test_unknown_static_dim_is_a_usage_error(tmp_path):
     model = load_model(FACEAGE["dynamo"])
-    with pytest.raises(UsageError, match="no symbolic input dim height .*batch"):
-        produce_variant(FACEAGE["dynamo"], tmp_path / "out.onnx", [("fuse", Fuse.Options(static_dims=["height"]))],
-                        feeds=[random_inputs(model)])
+    with pytest.raises(UsageError, match=r"no symbolic input dim height .*batch"):
+        produce_variant(
+            FACEAGE["dynamo"],
+            tmp_path / "out.onnx",
+            [("fuse", Fuse.Options(static_dims=["height"]))],
+            feeds=[random_inputs(model)],
+        )
     assert not (tmp_path / "out.onnx").exists()

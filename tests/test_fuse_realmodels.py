@@ -41,8 +41,9 @@ def test_ppocr_recogniser_has_nothing_to_fuse_and_stays_equal(tmp_path):
     source = real_model("ppocr_rec")
     model = load_model(source)
     feeds = [random_inputs(model, shapes={"x": (1, 3, 48, 320)}, seed=0)]
-    result = produce_variant(source, tmp_path / "ppocr.onnx", [("fuse", Fuse.Options(static_dims=["x_dim2"]))],
-                             feeds=feeds)
+    result = produce_variant(
+        source, tmp_path / "ppocr.onnx", [("fuse", Fuse.Options(static_dims=["x_dim2"]))], feeds=feeds
+    )
     assert all(row["matched"] == 0 for row in result.reports[0].tables["rules"])
     fused = load_model(tmp_path / "ppocr.onnx")
     assert _contrib_ops(fused) == [] and op_count(fused, "Shape") == 0  # height fixed at 48: shapes fold
@@ -54,8 +55,13 @@ def test_ppocr_recogniser_has_nothing_to_fuse_and_stays_equal(tmp_path):
 def test_silero_vad_has_nothing_to_fuse_and_stays_equal(tmp_path):
     source = real_model("silero_vad")
     rng = np.random.default_rng(0)
-    feeds = [{"input": (0.1 * rng.standard_normal((1, 512))).astype(np.float32),
-              "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}]
+    feeds = [
+        {
+            "input": (0.1 * rng.standard_normal((1, 512))).astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
+    ]
     result = produce_variant(source, tmp_path / "vad.onnx", [("fuse", Fuse.Options())], feeds=feeds)
     assert all(row["matched"] == 0 for row in result.reports[0].tables["rules"])
     assert _contrib_ops(load_model(tmp_path / "vad.onnx")) == []

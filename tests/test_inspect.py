@@ -39,7 +39,8 @@ def test_weights_in_constant_nodes_are_counted(save_proto):
     w = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Constant", [], ["wc"], value=w), helper.make_node("MatMul", ["x", "wc"], ["y"], name="mm")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
     )
     summary = summarize(load_model(save_proto(helper.make_model(graph))))
@@ -51,10 +52,14 @@ def test_warns_about_big_int64_and_bloat_chains_and_size(save_proto, monkeypatch
     shape = numpy_helper.from_array(np.array([64, 1024, 1024], np.int64), "shape")
     row = numpy_helper.from_array(np.arange(1024, dtype=np.int64), "row")
     graph = helper.make_graph(
-        [helper.make_node("Expand", ["row", "shape"], ["grid"], name="grid_expand"),
-         helper.make_node("GatherElements", ["x", "grid"], ["y"], axis=2, name="gather")],
-        "bloat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1024, 1024])], [shape, row],
+        [
+            helper.make_node("Expand", ["row", "shape"], ["grid"], name="grid_expand"),
+            helper.make_node("GatherElements", ["x", "grid"], ["y"], axis=2, name="gather"),
+        ],
+        "bloat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1024, 1024])],
+        [shape, row],
     )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
     from onnxsmith.analysis.graph import infer_types
@@ -87,7 +92,11 @@ def test_compare_on_real_models(cli, tmp_path):
     minilm = real_model("minilm")
     assert cli("compare", minilm, minilm, "--shape", "sequence_length=12").returncode == 0
     silero = real_model("silero_vad")
-    np.savez(tmp_path / "vad.npz", input=np.zeros((1, 512), np.float32), state=np.zeros((2, 1, 128), np.float32),
-             sr=np.array(16000, np.int64))
+    np.savez(
+        tmp_path / "vad.npz",
+        input=np.zeros((1, 512), np.float32),
+        state=np.zeros((2, 1, 128), np.float32),
+        sr=np.array(16000, np.int64),
+    )
     result = cli("compare", silero, silero, "--inputs", tmp_path / "vad.npz", "--json")
     assert result.returncode == 0, result.stderr

@@ -50,7 +50,11 @@ def test_save_is_deterministic(save_proto, tmp_path):
     digests = set()
     for name in ("a.onnx", "b.onnx"):
         model = load_model(source)
-        records = save_model(model, tmp_path / name, provenance=Provenance("mlp.onnx", sha256_file(source), [{"name": "x", "options": {"k": 1}}]))
+        records = save_model(
+            model,
+            tmp_path / name,
+            provenance=Provenance("mlp.onnx", sha256_file(source), [{"name": "x", "options": {"k": 1}}]),
+        )
         digests.add(records[0].sha256)
     assert len(digests) == 1
 
@@ -58,7 +62,11 @@ def test_save_is_deterministic(save_proto, tmp_path):
 def test_provenance_is_stamped(save_proto, tmp_path):
     source = save_proto(mlp())
     model = load_model(source)
-    save_model(model, tmp_path / "out.onnx", provenance=Provenance("model.onnx", sha256_file(source), [{"name": "fp16", "options": {}}]))
+    save_model(
+        model,
+        tmp_path / "out.onnx",
+        provenance=Provenance("model.onnx", sha256_file(source), [{"name": "fp16", "options": {}}]),
+    )
     proto = onnx.load(tmp_path / "out.onnx")
     assert proto.producer_name == "onnxsmith"
     stamp = json.loads({p.key: p.value for p in proto.metadata_props}[PROVENANCE_KEY])

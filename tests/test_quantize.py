@@ -71,8 +71,11 @@ def test_gpt2_folder_is_laid_out_for_transformers_js(gpt2_q4):
     full = onnx.load(gpt2_q4 / "onnx" / "model_q4_full.onnx")
     assert {o.domain or "": o.version for o in published.opset_import}[""] == 21
     assert 10 <= published.ir_version <= 13  # onnxruntime-web 1.31 reads IR versions up to 13
-    logits = [[d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in published.graph.output
-              if o.name == "logits"][0]
+    logits = next(
+        [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+        for o in published.graph.output
+        if o.name == "logits"
+    )
     assert logits[1:] == [1, 1001]
     assert [d.dim_param for d in full.graph.output[0].type.tensor_type.shape.dim][1] == "sequence_length"
     ops = [n.op_type for n in published.graph.node]
@@ -125,8 +128,9 @@ def test_gpt2_without_past(tmp_path):
 
 def test_graph_passes_can_be_turned_off(tmp_path):
     """The ablation: --no-simplify --no-gemv-head leaves the source's shape arithmetic and a 2-D head."""
-    _, results, report = quantize_folder(gpt2_folder(), tmp_path / "off",
-                                         QuantizeOptions(simplify=False, gemv_head=False, last_token=False))
+    _, results, report = quantize_folder(
+        gpt2_folder(), tmp_path / "off", QuantizeOptions(simplify=False, gemv_head=False, last_token=False)
+    )
     assert results[0][1].comparison.passed
     assert not any("graph simplified" in n or "[1, 64, 1001]" in n for n in report["notes"])
     model = onnx.load(tmp_path / "off" / "onnx" / "model_q4.onnx")
@@ -136,8 +140,9 @@ def test_graph_passes_can_be_turned_off(tmp_path):
 
 
 def test_nbits_format_keeps_the_opset_and_runs_matmulnbits(tmp_path):
-    _, results, report = quantize_folder(gpt2_folder(), tmp_path / "nbits",
-                                         QuantizeOptions(format="nbits", accuracy_level=4, last_token=False))
+    _, results, report = quantize_folder(
+        gpt2_folder(), tmp_path / "nbits", QuantizeOptions(format="nbits", accuracy_level=4, last_token=False)
+    )
     model = onnx.load(tmp_path / "nbits" / "onnx" / "model_q4.onnx")
     fused = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     assert len(fused) == 8 and all(n.domain == "com.microsoft" for n in fused)
@@ -172,25 +177,33 @@ def _lm_without_weights(save_proto):
     """input_ids -> embedding -> logits through the tied head, and no other weight."""
     table = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["wte", "input_ids"], ["h"]),
-         helper.make_node("Transpose", ["wte"], ["wte_t"], perm=[1, 0]),
-         helper.make_node("MatMul", ["h", "wte_t"], ["logits"])],
-        "noweights", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+        [
+            helper.make_node("Gather", ["wte", "input_ids"], ["h"]),
+            helper.make_node("Transpose", ["wte"], ["wte_t"], perm=[1, 0]),
+            helper.make_node("MatMul", ["h", "wte_t"], ["logits"]),
+        ],
+        "noweights",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 16])],
-        [numpy_helper.from_array(table, "wte")])
+        [numpy_helper.from_array(table, "wte")],
+    )
     return save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "noweights.onnx")
 
 
 def _lm_without_head(save_proto):
     w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
-         helper.make_node("Expand", ["f", "shape"], ["x"]),
-         helper.make_node("MatMul", ["x", "w"], ["h"]),
-         helper.make_node("Softmax", ["h"], ["logits"])],
-        "nohead", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s", 1])],
+        [
+            helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+            helper.make_node("Expand", ["f", "shape"], ["x"]),
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Softmax", ["h"], ["logits"]),
+        ],
+        "nohead",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s", 1])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 16])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 1, 32], np.int64), "shape")])
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 1, 32], np.int64), "shape")],
+    )
     return save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "nohead.onnx")
 
 
@@ -224,8 +237,19 @@ def test_failed_gate_exits_1_and_leaves_the_output_as_it_was(capsys, tmp_path):
 
 def test_eval_lm_reports_loss_kl_and_top1(capsys, gpt2_q4, tmp_path):
     source = gpt2_folder() / "onnx" / "model.onnx"
-    result = run_main(capsys, "eval-lm", source, gpt2_q4 / "onnx" / "model_q4_full.onnx", "--text", TEXT,
-                      "--window", 64, "--json", "--session-config", "session.disable_quant_qdq=1")
+    result = run_main(
+        capsys,
+        "eval-lm",
+        source,
+        gpt2_q4 / "onnx" / "model_q4_full.onnx",
+        "--text",
+        TEXT,
+        "--window",
+        64,
+        "--json",
+        "--session-config",
+        "session.disable_quant_qdq=1",
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["session_config"] == FOLD
@@ -242,8 +266,16 @@ def test_eval_lm_bad_input(capsys, gpt2_q4, tmp_path, save_proto):
     (lone / "onnx" / "model.onnx").write_bytes((gpt2_folder() / "onnx" / "model.onnx").read_bytes())
     result = run_main(capsys, "eval-lm", lone / "onnx" / "model.onnx", "--text", TEXT)
     assert_one_line_error(result, "no tokenizer.json here")
-    result = run_main(capsys, "eval-lm", gpt2_folder() / "onnx" / "model.onnx", gpt2_q4 / "onnx" / "model_q4.onnx",
-                      "--text", TEXT, "--window", 32)
+    result = run_main(
+        capsys,
+        "eval-lm",
+        gpt2_folder() / "onnx" / "model.onnx",
+        gpt2_q4 / "onnx" / "model_q4.onnx",
+        "--text",
+        TEXT,
+        "--window",
+        32,
+    )
     assert_one_line_error(result, "returns logits for the last position only", "model_q4.onnx")
     result = run_main(capsys, "eval-lm", gpt2_folder() / "onnx" / "model.onnx", "--text", tmp_path / "nope.txt")
     assert_one_line_error(result, "nope.txt: no such file")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 import pytest
+import tomllib
 
 from onnxsmith.errors import InputError
 from onnxsmith.pipeline.recipe import RecipeError, key_lines, load_recipe
@@ -38,11 +38,11 @@ class TestOnlyOffset(Transform):
 
 def test_key_lines_cover_tables_arrays_inline_tables_and_dotted_keys():
     text = (
-        "# a comment\n[source]\npath = \"a.onnx\"  # trailing\n\n"
-        "[[variants]]\nname = \"x\"\nsteps = [\n  { pass = \"fp16\", keep = true },\n"
-        "  {pass='fuse', \"precision\" = \"fp32\"},\n]\n"
-        "[[variants]]\nname = \"y\"\n[[variants.steps]]\npass = \"a\"\n[[variants.steps]]\npass = \"b\"\n"
-        "opt.sub = 3\n[validation]\ngates = { max = 0.1, min = 1 }\ntext = \"\"\"two\nlines\"\"\"\nafter = 1\n"
+        '# a comment\n[source]\npath = "a.onnx"  # trailing\n\n'
+        '[[variants]]\nname = "x"\nsteps = [\n  { pass = "fp16", keep = true },\n'
+        '  {pass=\'fuse\', "precision" = "fp32"},\n]\n'
+        '[[variants]]\nname = "y"\n[[variants.steps]]\npass = "a"\n[[variants.steps]]\npass = "b"\n'
+        'opt.sub = 3\n[validation]\ngates = { max = 0.1, min = 1 }\ntext = """two\nlines"""\nafter = 1\n'
     )
     tomllib.loads(text)  # valid TOML
     lines = key_lines(text)
@@ -76,8 +76,15 @@ def _load(tmp_path, text):
 
 def test_a_good_recipe(setup):
     tmp_path, source = setup
-    recipe = _load(tmp_path, recipe_text(source, VARIANT, validation=VALIDATION + "gates = { max_abs_age_error = 0.2 }",
-                                         bench="[bench]\nbatch = [1, 4]\nruns = 3"))
+    recipe = _load(
+        tmp_path,
+        recipe_text(
+            source,
+            VARIANT,
+            validation=VALIDATION + "gates = { max_abs_age_error = 0.2 }",
+            bench="[bench]\nbatch = [1, 4]\nruns = 3",
+        ),
+    )
     assert recipe.source == source
     assert [(s.name, s.options.amount) for s in recipe.variants[0].steps] == [("test-only-offset", 0.5)]
     assert recipe.variants[0].file == "v.onnx"
@@ -86,25 +93,45 @@ def test_a_good_recipe(setup):
     assert recipe.bench.batches == [1, 4] and recipe.bench.runs == 3
 
 
-@pytest.mark.parametrize("variants, validation, line, needle", [
-    ('[[variants]]\nname = "v"\nsteps = [{ pass = "nope" }]\n', "", 7, "unknown pass 'nope'"),
-    ('[[variants]]\nname = "v"\nsteps = [\n  { pass = "test-only-offset" },\n  { pass = "test-only-offset", '
-     'amout = 1 },\n]\n', "", 9, "step 2 (test-only-offset): unknown option 'amout'"),
-    ('[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", mode = "mul" }]\n', "", 7,
-     "option 'mode' must be one of add, sub"),
-    ('[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", amount = "big" }]\n', "", 7,
-     "option 'amount' expects float"),
-    ('[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", amount = -1 }]\n', "", 7,
-     "amount must be >= 0"),
-    ('[[variants]]\nname = "v"\nstep = []\n', "", 7, "unknown key 'step'"),
-    (VARIANT + VARIANT, "", 9, "two variants are named 'v'"),
-    (VARIANT, '[validation]\ntask = "faceage"\ndata = "imagez"\n', 11, "data: no such file or folder 'imagez'"),
-    (VARIANT, VALIDATION + "gates = { max_age = 1 }\n", 13, "task 'faceage' has no metric 'max_age'"),
-    (VARIANT, VALIDATION + "min_face = -3\n", 13, "min_face must be >= 0"),
-    (VARIANT, '[validation]\ntask = "ageface"\n', 10, "unknown task 'ageface'"),
-    (VARIANT, "[bench]\nbatch = [1, 0]\n", 10, "batch must be a list of positive integers"),
-    (VARIANT, "[benchmark]\nruns = 1\n", 9, "unknown section or key 'benchmark'"),
-])
+@pytest.mark.parametrize(
+    "variants, validation, line, needle",
+    [
+        ('[[variants]]\nname = "v"\nsteps = [{ pass = "nope" }]\n', "", 7, "unknown pass 'nope'"),
+        (
+            '[[variants]]\nname = "v"\nsteps = [\n  { pass = "test-only-offset" },\n  { pass = "test-only-offset", '
+            "amout = 1 },\n]\n",
+            "",
+            9,
+            "step 2 (test-only-offset): unknown option 'amout'",
+        ),
+        (
+            '[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", mode = "mul" }]\n',
+            "",
+            7,
+            "option 'mode' must be one of add, sub",
+        ),
+        (
+            '[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", amount = "big" }]\n',
+            "",
+            7,
+            "option 'amount' expects float",
+        ),
+        (
+            '[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset", amount = -1 }]\n',
+            "",
+            7,
+            "amount must be >= 0",
+        ),
+        ('[[variants]]\nname = "v"\nstep = []\n', "", 7, "unknown key 'step'"),
+        (VARIANT + VARIANT, "", 9, "two variants are named 'v'"),
+        (VARIANT, '[validation]\ntask = "faceage"\ndata = "imagez"\n', 11, "data: no such file or folder 'imagez'"),
+        (VARIANT, VALIDATION + "gates = { max_age = 1 }\n", 13, "task 'faceage' has no metric 'max_age'"),
+        (VARIANT, VALIDATION + "min_face = -3\n", 13, "min_face must be >= 0"),
+        (VARIANT, '[validation]\ntask = "ageface"\n', 10, "unknown task 'ageface'"),
+        (VARIANT, "[bench]\nbatch = [1, 0]\n", 10, "batch must be a list of positive integers"),
+        (VARIANT, "[benchmark]\nruns = 1\n", 9, "unknown section or key 'benchmark'"),
+    ],
+)
 def test_recipe_errors_name_their_line(setup, variants, validation, line, needle):
     tmp_path, source = setup
     text = recipe_text(source, variants, validation=validation)
@@ -143,7 +170,8 @@ def test_invalid_toml_and_missing_recipe(setup):
 def test_build_reports_a_bad_recipe_in_one_line_and_writes_nothing(setup, cli):
     tmp_path, source = setup
     (tmp_path / "recipe.toml").write_text(
-        recipe_text(source, '[[variants]]\nname = "v"\nsteps = [{ pass = "no-such-pass" }]\n'))
+        recipe_text(source, '[[variants]]\nname = "v"\nsteps = [{ pass = "no-such-pass" }]\n')
+    )
     result = cli("build", tmp_path / "recipe.toml", "--out", tmp_path / "out")
     assert_one_line_error(result, "recipe.toml:7:", "unknown pass 'no-such-pass'", code=2)
     assert not (tmp_path / "out").exists()
@@ -160,5 +188,7 @@ def test_a_bad_option_of_a_real_transform_in_the_example_recipe(tmp_path):
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "fp8" in t)
     with pytest.raises(RecipeError) as err:
         load_recipe(recipe)
-    assert f"recipe.toml:{line}: variant 'fused-fp32' step 1 (fuse): option 'precision' must be one of" \
+    assert (
+        f"recipe.toml:{line}: variant 'fused-fp32' step 1 (fuse): option 'precision' must be one of"
         in err.value.one_line()
+    )

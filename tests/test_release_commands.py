@@ -12,7 +12,6 @@ import onnx
 import pytest
 
 from onnxsmith.cli.main import main
-
 from tests.support.release import EXAMPLE, REPO, face_images, save_toy_faceage, toy_faceage, wider_annotations
 
 
@@ -52,27 +51,29 @@ def test_validate_prints_metrics_writes_json_and_gates(toy, cli, run):
     max_error = next(m for m in report["metrics"] if m["name"] == "max_abs_age_error")
     assert report["passed"] and report["samples"] == 3 and 0 < max_error["value"] < 0.5
 
-    code, out, _ = run_main("validate", source, shifted, *data, "--gate",
-                            f"max_abs_age_error={max_error['value'] / 2}")
+    code, out, _ = run_main("validate", source, shifted, *data, "--gate", f"max_abs_age_error={max_error['value'] / 2}")
     assert code == 1
     assert "gate failed: max |Δage|" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--task", "generic", "--boxes", "boxes.txt"], "--boxes is not an option of task 'generic'"),
-    (["--task", "faceage", "--data", "images", "--gate", "max_age=1"], "task 'faceage' has no metric 'max_age'"),
-    (["--task", "faceage", "--data", "images", "--gate", "max_abs_age_error"], "expected METRIC=NUMBER"),
-    (["--task", "faceage", "--data", "images", "--min-face", "big"], "--min-face expects int, got 'big'"),
-    (["--task", "faceage", "--data", "images", "--padding", "2"], "padding must be between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "generic", "--boxes", "boxes.txt"], "--boxes is not an option of task 'generic'"),
+        (["--task", "faceage", "--data", "images", "--gate", "max_age=1"], "task 'faceage' has no metric 'max_age'"),
+        (["--task", "faceage", "--data", "images", "--gate", "max_abs_age_error"], "expected METRIC=NUMBER"),
+        (["--task", "faceage", "--data", "images", "--min-face", "big"], "--min-face expects int, got 'big'"),
+        (["--task", "faceage", "--data", "images", "--padding", "2"], "padding must be between 0 and 1"),
+    ],
+)
 def test_validate_usage_errors(toy, run, args, message):
-    tmp_path, source, shifted = toy
+    _tmp_path, source, shifted = toy
     code, _, err = run("validate", source, shifted, *args)
     assert code == 2 and err.startswith("onnxsmith: error: ") and message in err
 
 
 def test_predict_a_face_by_hand(toy, cli, run):
-    tmp_path, source, _ = toy
+    _tmp_path, source, _ = toy
     image = EXAMPLE / "images" / "astronaut.png"
     text = cli("predict", "--task", "faceage", source, image, "--box", "180,70,95,94")
     assert text.returncode == 0, text.stderr
@@ -88,8 +89,21 @@ def test_predict_a_face_by_hand(toy, cli, run):
 
 def test_bench_side_by_side_with_json_and_plot(toy, cli, run):
     tmp_path, source, shifted = toy
-    result = cli("bench", source, shifted, "--batch", "1,3", "--runs", "3", "--warmup", "1",
-                 "--json", tmp_path / "bench.json", "--plot", tmp_path / "bench.svg")
+    result = cli(
+        "bench",
+        source,
+        shifted,
+        "--batch",
+        "1,3",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+        tmp_path / "bench.json",
+        "--plot",
+        tmp_path / "bench.svg",
+    )
     assert result.returncode == 0, result.stderr
     assert "toy.onnx" in result.stdout and "shifted.onnx" in result.stdout
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -123,8 +137,12 @@ def test_the_web_lm_example_recipe_is_valid():
 
     recipe = load_recipe(REPO / "examples" / "gpt2-web" / "recipe.toml")
     assert [v.file for v in recipe.variants] == ["onnx/model_q4.onnx", "onnx/model_quantized.onnx"]
-    assert [p.name for p in recipe.include] == ["config.json", "generation_config.json", "tokenizer.json",
-                                                 "tokenizer_config.json"]
+    assert [p.name for p in recipe.include] == [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert recipe.validation.task.name == "lm" and recipe.validation.gates == {"kl": 0.1, "top1": 0.85}
 
 

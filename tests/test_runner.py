@@ -32,8 +32,9 @@ def test_an_in_memory_model_runs_like_its_file_and_is_left_as_it_was(tmp_path):
         np.testing.assert_array_equal(in_memory[name], value)
 
     # The model is unchanged: same initializers in the same roles, same bytes when saved.
-    assert {v.name: (v.is_initializer(), v.is_graph_input(), v.graph) for v in model.graph.initializers.values()} \
-        == roles
+    assert {
+        v.name: (v.is_initializer(), v.is_graph_input(), v.graph) for v in model.graph.initializers.values()
+    } == roles
     assert ir.serde.serialize_model(model).SerializeToString() == before
     save_model(model, tmp_path / "again.onnx")
     assert load_model(tmp_path / "again.onnx").graph.initializers.keys() == model.graph.initializers.keys()
@@ -44,8 +45,14 @@ def test_an_in_memory_model_with_small_external_weights_runs(tmp_path):
     import onnx
 
     proto = mlp(hidden=16, out=4)
-    onnx.save(proto, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-              location="ext.onnx.data", size_threshold=0)
+    onnx.save(
+        proto,
+        tmp_path / "ext.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
     model = load_model(tmp_path / "ext.onnx")
     assert all(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
     assert all(v.const_value.nbytes < runner.FED_BYTES for v in model.graph.initializers.values())

@@ -41,9 +41,16 @@ def test_explain_says_what_changed_and_why(cli, save_proto, tmp_path):
     out = tmp_path / "small.onnx"
     result = cli("shrink", source, out, "--explain", "--report", tmp_path / "report.json")
     assert result.returncode == 0, result.stderr
-    for needle in ("kept computed", "expand (Expand)", "over the 1048576-byte limit", "int64 -> int32",
-                   "values in 0..7: static bounds", "stored bytes by dtype", "nodes by op (changed)",
-                   "largest stored tensors after"):
+    for needle in (
+        "kept computed",
+        "expand (Expand)",
+        "over the 1048576-byte limit",
+        "int64 -> int32",
+        "values in 0..7: static bounds",
+        "stored bytes by dtype",
+        "nodes by op (changed)",
+        "largest stored tensors after",
+    ):
         assert needle in result.stdout, needle
     report = json.loads((tmp_path / "report.json").read_text())
     outputs = {o["name"]: o for o in report["verification"]["outputs"]}
@@ -120,8 +127,13 @@ def test_hitnet_bloat_full_size(cli, save_proto, tmp_path, heavy):
     source = save_proto(hitnet_bloat(**shape), "hitnet.onnx")
 
     slim_out = tmp_path / "slim.onnx"
-    slim = subprocess.run([sys.executable, "-m", "onnxslim", str(source), str(slim_out)], capture_output=True,
-                          text=True, timeout=300, preexec_fn=_limit_memory)
+    slim = subprocess.run(
+        [sys.executable, "-m", "onnxslim", str(source), str(slim_out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_memory,
+    )
     assert slim.returncode != 0 or _written_bytes(slim_out) > 2**31, (slim.returncode, _written_bytes(slim_out))
     for leftover in tmp_path.glob("slim.onnx*"):
         leftover.unlink()

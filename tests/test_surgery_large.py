@@ -45,8 +45,11 @@ def test_extract_and_shrink_over_2gb_in_bounded_memory(tmp_path):
     piece, shrunk, report = tmp_path / "piece.onnx", tmp_path / "shrunk.onnx", tmp_path / "report"
     try:
         with open(tmp_path / "log", "w") as log:
-            child = subprocess.run([sys.executable, "-c", _SCRIPT, source, piece, shrunk, feeds, report],
-                                   stdout=log, stderr=subprocess.STDOUT)
+            child = subprocess.run(
+                [sys.executable, "-c", _SCRIPT, source, piece, shrunk, feeds, report],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         output = (tmp_path / "log").read_text()
         assert child.returncode == 0, output
         peak = int(output.split("VmHWM")[-1].split()[0])

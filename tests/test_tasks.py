@@ -33,12 +33,15 @@ def test_wider_face_format_with_flags_zero_faces_and_invalid(tmp_path):
     assert boxes[2].line == 10 and boxes[2].id == "c.png#0"
 
 
-@pytest.mark.parametrize("text, line, needle", [
-    ("a.jpg\ntwo\n", 2, "number of faces"),
-    ("a.jpg\n2\n1 2 3 4\n", 3, "announces 2 faces"),
-    ("a.jpg\n1\n1 2 x 4\n", 3, "must be numbers"),
-    ("a.jpg\n1\n1 2 3\n", 3, "at least 'x y w h'"),
-])
+@pytest.mark.parametrize(
+    "text, line, needle",
+    [
+        ("a.jpg\ntwo\n", 2, "number of faces"),
+        ("a.jpg\n2\n1 2 3 4\n", 3, "announces 2 faces"),
+        ("a.jpg\n1\n1 2 x 4\n", 3, "must be numbers"),
+        ("a.jpg\n1\n1 2 3\n", 3, "at least 'x y w h'"),
+    ],
+)
 def test_wider_face_errors_name_the_line(tmp_path, text, line, needle):
     path = tmp_path / "gt.txt"
     path.write_text(text)
@@ -68,8 +71,9 @@ def test_face_crop_takes_the_padded_box_with_bicubic_resize():
     x = face_tensor(crop)
     centre = x[0, :, 112, 112]
     edge = x[0, :, 0, 0]
-    np.testing.assert_allclose(centre, (np.array([200, 100, 50]) / 255 - [0.485, 0.456, 0.406])
-                               / [0.229, 0.224, 0.225], rtol=1e-5)
+    np.testing.assert_allclose(
+        centre, (np.array([200, 100, 50]) / 255 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225], rtol=1e-5
+    )
     assert np.all(edge < centre)  # the 2 px black margin inside the padded crop
 
 
@@ -112,10 +116,14 @@ def test_faceage_samples_filter_small_faces_and_evaluate(tmp_path):
 def test_faceage_counts_nonfinite_outputs_and_fails_the_gate():
     task = get_task("faceage")
     options = task.Options()
-    reference = [{"age_logits": np.zeros((1, 100), np.float32), "gender_logits": np.array([[0.0, 1.0]], np.float32)}
-                 for _ in range(2)]
-    candidate = [dict(reference[0]), {"age_logits": np.full((1, 100), np.nan, np.float32),
-                                      "gender_logits": np.array([[np.inf, 1.0]], np.float32)}]
+    reference = [
+        {"age_logits": np.zeros((1, 100), np.float32), "gender_logits": np.array([[0.0, 1.0]], np.float32)}
+        for _ in range(2)
+    ]
+    candidate = [
+        dict(reference[0]),
+        {"age_logits": np.full((1, 100), np.nan, np.float32), "gender_logits": np.array([[np.inf, 1.0]], np.float32)},
+    ]
     samples = [Sample(str(i), {}) for i in range(2)]
     evaluation = task.evaluate(reference, candidate, samples, options)
     assert evaluation.values["nonfinite"] == 101

@@ -26,19 +26,29 @@ NEW_TOKENS = 24
 def generate_in_node(model: Path, prompt: list[int], new_tokens: int = NEW_TOKENS) -> dict:
     assert shutil.which("node"), "node is not on PATH (the web client tests need Node.js >= 18)"
     assert (CLIENT / "node_modules" / "onnxruntime-web").is_dir(), (
-        "onnxruntime-web is not installed: run `make test` (or `npm ci` in clients/web)")
+        "onnxruntime-web is not installed: run `make test` (or `npm ci` in clients/web)"
+    )
     result = subprocess.run(
         ["node", "generate.mjs", str(model), "--ids", ",".join(map(str, prompt)), "--new-tokens", str(new_tokens)],
-        cwd=CLIENT, capture_output=True, text=True, timeout=300,
+        cwd=CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 
 
-@pytest.mark.parametrize("which,prompt", [
-    ("gpt2", "The keeper climbed the stairs"),  # with a KV cache, last-position logits
-    ("glassllm", "Alice was beginning to get very tired of sitting by her sister"),  # no cache: whole sequence per token
-])
+@pytest.mark.parametrize(
+    "which,prompt",
+    [
+        ("gpt2", "The keeper climbed the stairs"),  # with a KV cache, last-position logits
+        (
+            "glassllm",
+            "Alice was beginning to get very tired of sitting by her sister",
+        ),  # no cache: whole sequence per token
+    ],
+)
 def test_node_generates_what_python_onnxruntime_generates(tmp_path, which, prompt):
     folder = gpt2_folder() if which == "gpt2" else glassllm_folder()
     quantize_folder(folder, tmp_path / "q4", QuantizeOptions(), gate_samples=2, gate_length=16)

@@ -17,6 +17,7 @@ for taking the .npz path and seeding the tracing input, so the export is repeata
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -65,8 +66,8 @@ def export_onnx(weights: Path, out: Path) -> None:
             x = P["E"][input_ids]
             c, s = self.cos[:n], self.sin[:n]
             mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
-            for l in range(L):
-                g = lambda name: P[f"blocks_{l}_{name}"]  # noqa: E731
+            for layer in range(L):
+                g = lambda name, layer=layer: P[f"blocks_{layer}_{name}"]  # noqa: E731
                 h = rms(x, g("norm1_gamma"))
                 q = (h @ g("attn_W_Q")).reshape(b, n, H, dk).transpose(1, 2)
                 k = (h @ g("attn_W_K")).reshape(b, n, HKV, dk).transpose(1, 2)
@@ -86,9 +87,16 @@ def export_onnx(weights: Path, out: Path) -> None:
     m = GlassLM().eval()
     ids = torch.randint(0, cfg["vocab_size"], (2, 24))
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(m, (ids,), str(out), input_names=["input_ids"], output_names=["logits"],
-                      dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
-                      opset_version=17, dynamo=False)
+    torch.onnx.export(
+        m,
+        (ids,),
+        str(out),
+        input_names=["input_ids"],
+        output_names=["logits"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+        opset_version=17,
+        dynamo=False,
+    )
 
 
 def tokenizer_json(glass_tokenizer: Path) -> str:
@@ -117,7 +125,7 @@ def glass_encode(glass_tokenizer: Path, text: str) -> list[int]:
     for chunk in re.findall(_CHUNK, unicodedata.normalize("NFC", text).replace(" ", SPACE)):
         symbols = list(chunk)
         while len(symbols) > 1:
-            ranked = [(ranks[p], j) for j, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]
+            ranked = [(ranks[p], j) for j, p in enumerate(itertools.pairwise(symbols)) if p in ranks]
             if not ranked:
                 break
             best = min(ranked)[0]

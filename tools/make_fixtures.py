@@ -338,7 +338,7 @@ def build_faceage(spec: FaceAgeSpec, log_fn=log):
 
     # ---- 1. random, non-trivial weights (std 1/sqrt(fan_in) so signals keep O(1) scale) ----
     with torch.no_grad():
-        for name, mod in model.named_modules():
+        for _name, mod in model.named_modules():
             if isinstance(mod, (nn.Linear, nn.Conv2d)):
                 fan_in = mod.weight[0].numel()
                 gain = spec.embed_gain if isinstance(mod, nn.Conv2d) else 1.0
@@ -372,10 +372,12 @@ def build_faceage(spec: FaceAgeSpec, log_fn=log):
     # ---- 3. calibrate: one manual forward, block by block ----
     # calibration set: half N(0,1) noise, half natural-ish images (different seeds from the checks)
     n_rand = spec.calib_images - spec.calib_images // 2
-    calib = torch.cat([
-        random_faces(n_rand, seed=spec.seed + 1, size=spec.image),
-        torch.from_numpy(natural_images(spec.calib_images // 2, seed=spec.seed + 2, size=spec.image)),
-    ])
+    calib = torch.cat(
+        [
+            random_faces(n_rand, seed=spec.seed + 1, size=spec.image),
+            torch.from_numpy(natural_images(spec.calib_images // 2, seed=spec.seed + 2, size=spec.image)),
+        ]
+    )
     facts = {"layernorm_calibrated": []}
     with torch.no_grad():
         h = bb.embeddings(calib)
@@ -497,11 +499,15 @@ def export_faceage(model, spec: FaceAgeSpec, path: Path, exporter: str) -> dict:
             raise ValueError(exporter)
     info = {"exporter": exporter, "export_seconds": round(time.time() - t0, 1)}
     if exporter == "dynamo":
-        info.update(torch_onnx_call="torch.onnx.export(model, (x,), dynamo=True, opset_version=18, "
-                    "dynamic_shapes=({0: Dim('batch')},), optimize=True) then .save(path, external_data=False)")
+        info.update(
+            torch_onnx_call="torch.onnx.export(model, (x,), dynamo=True, opset_version=18, "
+            "dynamic_shapes=({0: Dim('batch')},), optimize=True) then .save(path, external_data=False)"
+        )
     else:
-        info.update(torch_onnx_call="torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, "
-                    "dynamic_axes={'face': {0: 'batch'}, ...}, do_constant_folding=True)")
+        info.update(
+            torch_onnx_call="torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, "
+            "dynamic_axes={'face': {0: 'batch'}, ...}, do_constant_folding=True)"
+        )
     return info
 
 
@@ -646,12 +652,14 @@ def naive_fp16_check(path: Path, spec: FaceAgeSpec) -> dict:
     import onnxruntime as ort
     from onnxconverter_common import float16
 
-    res = {"conversion": f"onnxconverter_common {onnxconverter_common.__version__} "
-           "float16.convert_float_to_float16(model, keep_io_types=True), onnxruntime CPU"}
+    res = {
+        "conversion": f"onnxconverter_common {onnxconverter_common.__version__} "
+        "float16.convert_float_to_float16(model, keep_io_types=True), onnxruntime CPU"
+    }
     try:
         with quiet():
             m16 = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+    except Exception as e:
         res["result"] = f"conversion raised {type(e).__name__}: {e}"
         return res
     so = ort.SessionOptions()
@@ -659,7 +667,7 @@ def naive_fp16_check(path: Path, spec: FaceAgeSpec) -> dict:
     try:
         sess = ort.InferenceSession(m16.SerializeToString(), so, providers=["CPUExecutionProvider"])
         a, g = sess.run(None, {"face": random_faces(4, seed=2024, size=spec.image).numpy()})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res["result"] = f"onnxruntime raised {type(e).__name__}: {str(e)[:300]}"
         return res
     res["age_logits_nan_fraction"] = float(np.isnan(a).mean())
@@ -692,12 +700,8 @@ def graph_facts(path: Path) -> dict:
         "op_counts_main_graph": main_graph_op_counts(m),
         "op_counts_with_subgraphs": op_counts(m),
         "num_initializers": len(m.graph.initializer),
-        "inputs": {
-            i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input
-        },
-        "outputs": {
-            o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output
-        },
+        "inputs": {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input},
+        "outputs": {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output},
     }
     # how do Cos / Sin get their angles?
     producers = {o: n for n in m.graph.node for o in n.output}
@@ -718,7 +722,9 @@ def graph_facts(path: Path) -> dict:
     # largest |value| in any float initializer or Constant (onnxconverter_common's fp16 conversion
     # clamps constants to max_finite_val=1e4 by default)
     biggest = ("", 0.0)
-    for t in list(m.graph.initializer) + [a.t for n in m.graph.node if n.op_type == "Constant" for a in n.attribute if a.t.dims or a.t.data_type]:
+    for t in list(m.graph.initializer) + [
+        a.t for n in m.graph.node if n.op_type == "Constant" for a in n.attribute if a.t.dims or a.t.data_type
+    ]:
         if t.data_type != onnx.TensorProto.FLOAT:
             continue
         arr = onnx.numpy_helper.to_array(t)
@@ -762,16 +768,21 @@ def make_faceage(out: Path) -> dict:
         "patch_count": spec.patches,
         "token_count": spec.tokens,
         "token_layout": "[CLS, 4 registers, 196 patches]",
-        "rope": {"theta": 100.0, "angle_table_shape": [spec.patches, spec.head_dim],
-                 "applied_to": "patch tokens only (q,k of tokens 5..200)"},
+        "rope": {
+            "theta": 100.0,
+            "angle_table_shape": [spec.patches, spec.head_dim],
+            "applied_to": "patch tokens only (q,k of tokens 5..200)",
+        },
         "attn_implementation": model.backbone.config._attn_implementation,
         "hidden_act": "gelu (exact, erf)",
         "layer_norm_eps": 1e-5,
         "neck": f"LayerNorm({spec.hidden}) -> Linear({spec.hidden},{spec.neck_dim}) -> GELU on last_hidden_state[:,0] "
         "(DINOv3ViTModel's last_hidden_state is already final-normed)",
         "neck_dim": spec.neck_dim,
-        "heads": {"age_logits": "Linear -> 100 CORAL logits; age_years = sum(sigmoid(age_logits))",
-                  "gender_logits": "Linear -> 2"},
+        "heads": {
+            "age_logits": "Linear -> 100 CORAL logits; age_years = sum(sigmoid(age_logits))",
+            "gender_logits": "Linear -> 2",
+        },
         "input": {"name": "face", "shape": ["batch", 3, spec.image, spec.image], "dtype": "float32"},
         "outputs": {"age_logits": ["batch", 100], "gender_logits": ["batch", 2]},
         "massive_activation": {
@@ -841,7 +852,7 @@ def check_faceage(f: dict, spec: FaceAgeSpec) -> None:
         problems.append("non-finite outputs")
     if s["age_std"] < 0.5:
         problems.append(f"age std {s['age_std']} < 0.5")
-    if not (0 < s["age_min"] and s["age_max"] < 100) or s["age_min"] < 2 or s["age_max"] > 98:
+    if not (s["age_min"] > 0 and s["age_max"] < 100) or s["age_min"] < 2 or s["age_max"] > 98:
         problems.append("age saturated")
     if min(s["gender_argmax_counts"]) == 0:
         problems.append("gender argmax constant")
@@ -1062,17 +1073,26 @@ def deduplicate_tied_lm_head(path: Path) -> dict:
         t = m.graph.initializer[idx]
         if name == ref or list(t.dims) != [ref_arr.shape[1], ref_arr.shape[0]]:
             continue
-        if t.data_type == m.graph.initializer[inits[ref]].data_type and np.array_equal(ref_arr.T, numpy_helper.to_array(t)):
+        if t.data_type == m.graph.initializer[inits[ref]].data_type and np.array_equal(
+            ref_arr.T, numpy_helper.to_array(t)
+        ):
             out_name = f"{ref}_transposed"
             first = next(i for i, n in enumerate(m.graph.node) if name in n.input)
-            node = onnx.helper.make_node("Transpose", name=f"Transpose_{len(m.graph.node) + 1}", inputs=[ref], outputs=[out_name])
+            node = onnx.helper.make_node(
+                "Transpose", name=f"Transpose_{len(m.graph.node) + 1}", inputs=[ref], outputs=[out_name]
+            )
             m.graph.node.insert(first, node)
             for n in m.graph.node:
                 for j, x in enumerate(n.input):
                     if x == name:
                         n.input[j] = out_name
             m.graph.initializer.pop(idx)
-            removed = {"removed_initializer": name, "shape": list(t.dims), "transpose_node": node.name, "output": out_name}
+            removed = {
+                "removed_initializer": name,
+                "shape": list(t.dims),
+                "transpose_node": node.name,
+                "output": out_name,
+            }
             break
     if removed is None:
         raise RuntimeError("tied lm_head: no transposed duplicate of transformer.wte.weight found")
@@ -1137,13 +1157,20 @@ def export_gpt2(model, path: Path, use_past: bool) -> dict:
             do_constant_folding=True,
         )
     dedup = deduplicate_tied_lm_head(path)
-    return {"inputs": inputs, "outputs": outputs,
-            "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in axes.items()},
-            "tied_weight_deduplication": dedup}
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in axes.items()},
+        "tied_weight_deduplication": dedup,
+    }
 
 
 def _np_inputs(n_layer, n_head, hd, ids, mask, pos, past=None):
-    feed = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64), "position_ids": pos.astype(np.int64)}
+    feed = {
+        "input_ids": ids.astype(np.int64),
+        "attention_mask": mask.astype(np.int64),
+        "position_ids": pos.astype(np.int64),
+    }
     if past is not None:
         for i in range(n_layer):
             feed[f"past_key_values.{i}.key"] = past[2 * i]
@@ -1168,8 +1195,12 @@ def verify_gpt2(model, past_path: Path, nopast_path: Path, tok) -> dict:
     mask = np.ones((B, T), np.int64)
     pos = np.tile(np.arange(T), (B, 1))
     with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                    position_ids=torch.from_numpy(pos), use_cache=False).logits.numpy()
+        ref = model(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            position_ids=torch.from_numpy(pos),
+            use_cache=False,
+        ).logits.numpy()
     (nopast_logits,) = s_nopast.run(None, _np_inputs(n_layer, n_head, hd, ids, mask, pos))
     diff_nopast = float(np.abs(nopast_logits - ref).max())
     # with-past model, full prompt with an empty past (past_sequence_length 0)
@@ -1181,7 +1212,9 @@ def verify_gpt2(model, past_path: Path, nopast_path: Path, tok) -> dict:
     step_logits = [out[0]]
     past = out[1:]
     for t in range(5, T):
-        out = s_past.run(None, _np_inputs(n_layer, n_head, hd, ids[:, t : t + 1], mask[:, : t + 1], pos[:, t : t + 1], past))
+        out = s_past.run(
+            None, _np_inputs(n_layer, n_head, hd, ids[:, t : t + 1], mask[:, : t + 1], pos[:, t : t + 1], past)
+        )
         step_logits.append(out[0])
         past = out[1:]
     stepped = np.concatenate(step_logits, axis=1)
@@ -1191,7 +1224,9 @@ def verify_gpt2(model, past_path: Path, nopast_path: Path, tok) -> dict:
     one = [out[0]]
     past = out[1:]
     for t in range(1, T):
-        out = s_past.run(None, _np_inputs(n_layer, n_head, hd, ids[:, t : t + 1], mask[:, : t + 1], pos[:, t : t + 1], past))
+        out = s_past.run(
+            None, _np_inputs(n_layer, n_head, hd, ids[:, t : t + 1], mask[:, : t + 1], pos[:, t : t + 1], past)
+        )
         one.append(out[0])
         past = out[1:]
     diff_one = float(np.abs(np.concatenate(one, axis=1) - nopast_logits).max())
@@ -1202,8 +1237,12 @@ def verify_gpt2(model, past_path: Path, nopast_path: Path, tok) -> dict:
     pad_mask[1, :3] = 0
     pad_pos = np.clip(np.cumsum(pad_mask, -1) - 1, 0, None)
     with torch.no_grad():
-        ref_pad = model(input_ids=torch.from_numpy(pad_ids), attention_mask=torch.from_numpy(pad_mask),
-                        position_ids=torch.from_numpy(pad_pos), use_cache=False).logits.numpy()
+        ref_pad = model(
+            input_ids=torch.from_numpy(pad_ids),
+            attention_mask=torch.from_numpy(pad_mask),
+            position_ids=torch.from_numpy(pad_pos),
+            use_cache=False,
+        ).logits.numpy()
     (o_pad,) = s_nopast.run(None, _np_inputs(n_layer, n_head, hd, pad_ids, pad_mask, pad_pos))
     diff_pad = float(np.abs(o_pad[pad_mask.astype(bool)] - ref_pad[pad_mask.astype(bool)]).max())
 
@@ -1270,8 +1309,12 @@ def write_hf_files(folder: Path, model, tok) -> list[str]:
         "tokenizer_class": "GPT2Tokenizer",
         "added_tokens_decoder": {
             str(tok.token_to_id(EOT)): {
-                "content": EOT, "lstrip": False, "normalized": False, "rstrip": False,
-                "single_word": False, "special": True,
+                "content": EOT,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
             }
         },
     }
@@ -1303,8 +1346,7 @@ def gpt2_graph_facts(path: Path) -> dict:
             head["rhs"] = {"initializer": rhs, "shape": inits[rhs]}
         elif rhs in producers:
             p = producers[rhs]
-            head["rhs"] = {"node": p.op_type, "reads": list(p.input),
-                           "reads_shapes": [inits.get(x) for x in p.input]}
+            head["rhs"] = {"node": p.op_type, "reads": list(p.input), "reads_shapes": [inits.get(x) for x in p.input]}
     facts["lm_head"] = head
     gather = [n for n in m.graph.node if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]]) == 2]
     facts["embedding_gathers"] = {n.input[0]: inits[n.input[0]] for n in gather}
@@ -1327,12 +1369,27 @@ def make_gpt2(out: Path) -> dict:
         "why_not_optimum": "optimum-onnx 0.1.0 (latest on PyPI) pins transformers<4.58; the export is mimicked: "
         "torch.onnx.export(dynamo=False, opset_version=18, do_constant_folding=True), optimum's input order, "
         "names, dynamic axes and dummy shapes (batch 2, seq 16, past 16), and its DynamicLayer.update/sdpa patches",
-        "config": {k: getattr(model.config, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
-                                                          "activation_function", "bos_token_id", "eos_token_id",
-                                                          "tie_word_embeddings")},
+        "config": {
+            k: getattr(model.config, k)
+            for k in (
+                "vocab_size",
+                "n_positions",
+                "n_embd",
+                "n_layer",
+                "n_head",
+                "activation_function",
+                "bos_token_id",
+                "eos_token_id",
+                "tie_word_embeddings",
+            )
+        },
         "attn_implementation": model.config._attn_implementation,
-        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": tok.get_vocab_size(),
-                      "special": {EOT: tok.token_to_id(EOT)}, "trained_on": "tools/fixture_text.txt"},
+        "tokenizer": {
+            "type": "byte-level BPE (tokenizers)",
+            "vocab_size": tok.get_vocab_size(),
+            "special": {EOT: tok.token_to_id(EOT)},
+            "trained_on": "tools/fixture_text.txt",
+        },
         "training": train,
         "params": sum(p.numel() for p in model.parameters()),
         "folders": {},
@@ -1351,8 +1408,9 @@ def make_gpt2(out: Path) -> dict:
             **io_info,
             **gpt2_graph_facts(onnx_path),
         }
-    info["verification"] = verify_gpt2(model, out / "gpt2" / "onnx" / "model.onnx",
-                                       out / "gpt2_nopast" / "onnx" / "model.onnx", tok)
+    info["verification"] = verify_gpt2(
+        model, out / "gpt2" / "onnx" / "model.onnx", out / "gpt2_nopast" / "onnx" / "model.onnx", tok
+    )
     log(f"  verified: {json.dumps({k: v for k, v in info['verification'].items() if k.startswith('max')})}")
     log(f"  greedy: {GPT2_PROMPT!r} -> {info['verification']['greedy_40_text']!r}")
     (out / "gpt2_info.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -1412,14 +1470,20 @@ def make_vitl(cache_dir: Path, exporter: str = "dynamo", force: bool = False, st
     log(f"exporting {path.name} ({exporter})")
     ex = export_faceage(model, spec, tmp, exporter)
     log(f"  exported in {ex['export_seconds']}s, {tmp.stat().st_size / 1e9:.3f} GB")
-    x_meas = np.concatenate([random_faces(1, seed=2024, size=spec.image).numpy(), natural_images(1, seed=7, size=spec.image)])
+    x_meas = np.concatenate(
+        [random_faces(1, seed=2024, size=spec.image).numpy(), natural_images(1, seed=7, size=spec.image)]
+    )
     t0 = time.time()
     peaks = onnx_residual_peaks(tmp, spec, x_meas)
-    log(f"  residual peaks per block (ORT fp32): {[round(b['peak_abs']) for b in peaks['blocks']]} ({time.time() - t0:.0f}s)")
+    log(
+        f"  residual peaks per block (ORT fp32): {[round(b['peak_abs']) for b in peaks['blocks']]} ({time.time() - t0:.0f}s)"
+    )
     t0 = time.time()
     stats = output_stats(tmp, spec, n=stats_images)
-    log(f"  outputs: age std {stats['age_std']} over {stats_images} noise images, gender {stats['gender_argmax_counts']}, "
-        f"natural ages {stats['natural_ages']} ({time.time() - t0:.0f}s)")
+    log(
+        f"  outputs: age std {stats['age_std']} over {stats_images} noise images, gender {stats['gender_argmax_counts']}, "
+        f"natural ages {stats['natural_ages']} ({time.time() - t0:.0f}s)"
+    )
     facts = graph_facts(tmp)
     del model
     os.replace(tmp, path)
@@ -1432,8 +1496,11 @@ def make_vitl(cache_dir: Path, exporter: str = "dynamo", force: bool = False, st
         "recipe": recipe,
         "params": build["params_total"],
         "params_in_onnx": build["params_without_mask_token"],
-        "massive_activation": {"channel": spec.massive_channel, "planted_value": spec.massive_value,
-                               "layernorms_calibrated": len(build["layernorm_calibrated"])},
+        "massive_activation": {
+            "channel": spec.massive_channel,
+            "planted_value": spec.massive_value,
+            "layernorms_calibrated": len(build["layernorm_calibrated"]),
+        },
         **ex,
         **facts,
         "residual": peaks,
@@ -1444,8 +1511,10 @@ def make_vitl(cache_dir: Path, exporter: str = "dynamo", force: bool = False, st
     }
     check_faceage({**manifest, "max_abs_diff_vs_torch": 0.0}, spec)
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-    log(f"built {path} in {manifest['build_seconds_total']}s ({manifest['bytes'] / 1e9:.3f} GB, "
-        f"{manifest['params'] / 1e6:.2f}M params)")
+    log(
+        f"built {path} in {manifest['build_seconds_total']}s ({manifest['bytes'] / 1e9:.3f} GB, "
+        f"{manifest['params'] / 1e6:.2f}M params)"
+    )
     return manifest
 
 
@@ -1453,16 +1522,37 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", action="append", choices=["faceage", "gpt2"])
-    ap.add_argument("--vitl", nargs="?", const=str(DEFAULT_VITL_CACHE), metavar="CACHE_DIR",
-                    help=f"build the full-size ViT-L face-age model into CACHE_DIR (default {DEFAULT_VITL_CACHE}, "
-                    "or $ONNXSMITH_VITL_CACHE) instead of the fixtures")
+    ap.add_argument(
+        "--vitl",
+        nargs="?",
+        const=str(DEFAULT_VITL_CACHE),
+        metavar="CACHE_DIR",
+        help=f"build the full-size ViT-L face-age model into CACHE_DIR (default {DEFAULT_VITL_CACHE}, "
+        "or $ONNXSMITH_VITL_CACHE) instead of the fixtures",
+    )
     ap.add_argument("--exporter", choices=["dynamo", "torchscript"], default="dynamo", help="for --vitl")
     ap.add_argument("--force", action="store_true", help="for --vitl: rebuild even if the cached file matches")
     args = ap.parse_args(argv)
     if args.vitl:
         m = make_vitl(Path(args.vitl), args.exporter, args.force)
-        print(json.dumps({k: m[k] for k in ("file", "bytes", "sha256", "params", "residual_peak_per_block",
-                                            "build_seconds_total", "reused") if k in m}, indent=2))
+        print(
+            json.dumps(
+                {
+                    k: m[k]
+                    for k in (
+                        "file",
+                        "bytes",
+                        "sha256",
+                        "params",
+                        "residual_peak_per_block",
+                        "build_seconds_total",
+                        "reused",
+                    )
+                    if k in m
+                },
+                indent=2,
+            )
+        )
         return 0
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,9 @@ def _messy() -> onnx.ModelProto:
         helper.make_node("Sqrt", ["sum"], ["out_s"], name="sqrt"),
     ]
     graph = helper.make_graph(
-        nodes, "messy", [helper.make_tensor_value_info("x", F32, [4])],
+        nodes,
+        "messy",
+        [helper.make_tensor_value_info("x", F32, [4])],
         [helper.make_tensor_value_info("out_s", F32, [4]), helper.make_tensor_value_info("out_n", F32, [4])],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -82,8 +84,9 @@ def test_a_model_without_casts_is_unchanged(save_proto):
 
 def test_float_to_int_casts_are_left_alone(save_proto):
     nodes = [_cast("x", "x_h", F16), _cast("x_h", "x_i", TensorProto.INT32), _cast("x_i", "y", F32)]
-    graph = helper.make_graph(nodes, "int", [helper.make_tensor_value_info("x", F32, [3])],
-                              [helper.make_tensor_value_info("y", F32, [3])])
+    graph = helper.make_graph(
+        nodes, "int", [helper.make_tensor_value_info("x", F32, [3])], [helper.make_tensor_value_info("y", F32, [3])]
+    )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
     infer_types(model)
     CastHygienePass()(model)

@@ -16,7 +16,6 @@ from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.realmodels import real_model
 
-
 # atol=0 asks for bit-identical outputs; compare's relative error then divides 0 by 0 where both are 0.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 
@@ -30,13 +29,18 @@ def _repeated() -> onnx.ModelProto:
     table = np.arange(64, dtype=np.float32).reshape(8, 8)
     other = table + 1
     nodes = [
-        _constant("c1", table), _constant("c2", table), _constant("c3", other),
-        helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["b"]),
-        helper.make_node("MatMul", ["b", "c1"], ["c"]), helper.make_node("MatMul", ["c", "c2"], ["d"]),
+        _constant("c1", table),
+        _constant("c2", table),
+        _constant("c3", other),
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("MatMul", ["a", "w2"], ["b"]),
+        helper.make_node("MatMul", ["b", "c1"], ["c"]),
+        helper.make_node("MatMul", ["c", "c2"], ["d"]),
         helper.make_node("MatMul", ["d", "c3"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "repeated",
+        nodes,
+        "repeated",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
         [numpy_helper.from_array(table, "w1"), numpy_helper.from_array(table, "w2")],
@@ -83,9 +87,13 @@ def test_real_models_keep_their_outputs(name, tmp_path):
     assert sum(1 for _ in constant_tensors(model)) == before - len(dedup.removed)
     rng = np.random.default_rng(0)
     feeds = [
-        {"x": rng.standard_normal((1, 3, 48, 320)).astype(np.float32)} if name == "ppocr_rec" else
-        {"input": rng.standard_normal((1, 512)).astype(np.float32), "state": np.zeros((2, 1, 128), np.float32),
-         "sr": np.array(16000, np.int64)}
+        {"x": rng.standard_normal((1, 3, 48, 320)).astype(np.float32)}
+        if name == "ppocr_rec"
+        else {
+            "input": rng.standard_normal((1, 512)).astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
     ]
     assert_pass_preserves_outputs(source, model, tmp_path, feeds=feeds, atol=0, rtol=1e-7)
 
@@ -93,8 +101,14 @@ def test_real_models_keep_their_outputs(name, tmp_path):
 def test_graph_outputs_are_not_merged(save_proto):
     table = numpy_helper.from_array(np.ones((4,), np.float32), "t1")
     graph = helper.make_graph(
-        [_constant("t2", np.ones((4,), np.float32))], "outs", [],
-        [helper.make_tensor_value_info("t1", TensorProto.FLOAT, [4]),
-         helper.make_tensor_value_info("t2", TensorProto.FLOAT, [4])], [table])
+        [_constant("t2", np.ones((4,), np.float32))],
+        "outs",
+        [],
+        [
+            helper.make_tensor_value_info("t1", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("t2", TensorProto.FLOAT, [4]),
+        ],
+        [table],
+    )
     model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert not DeduplicateConstantsPass()(model).modified

@@ -83,13 +83,16 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
     ]
     rng = np.random.default_rng(3)
     graph = helper.make_graph(
-        nodes, "shape_arith",
+        nodes,
+        "shape_arith",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        [numpy_helper.from_array(np.array(1, np.int64), "one"),
-         numpy_helper.from_array(np.array(0.0, np.float32), "zero_f"),
-         numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
-         numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "w")],
+        [
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero_f"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+            numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "w"),
+        ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -110,7 +113,9 @@ def test_shape_arithmetic_and_range_stay_as_they_are(save_proto, tmp_path):
 def test_weights_inside_if_branches_are_converted_interface_kept(save_proto, tmp_path):
     source = save_proto(with_if_subgraph())
     model, _ = _convert(source)
-    branches = [attr.value for n in model.graph for attr in n.attributes.values() if attr.type == ir.AttributeType.GRAPH]
+    branches = [
+        attr.value for n in model.graph for attr in n.attributes.values() if attr.type == ir.AttributeType.GRAPH
+    ]
     assert len(branches) == 2
     for branch in branches:
         assert [v.dtype for v in branch.initializers.values()] == [F16]
@@ -132,8 +137,12 @@ def _constant_node_model() -> onnx.ModelProto:
         helper.make_node("Relu", ["h"], ["r"]),
         helper.make_node("Div", ["r", "big"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "consts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 8])])
+    graph = helper.make_graph(
+        nodes,
+        "consts",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 8])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -153,8 +162,13 @@ def _contrib_model() -> onnx.ModelProto:
     rng = np.random.default_rng(5)
     hidden = 16
     nodes = [
-        helper.make_node("SkipLayerNormalization", ["x", "skip", "gamma", "beta"], ["normed", "mean", "inv_std"],
-                         domain="com.microsoft", epsilon=1e-5),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["x", "skip", "gamma", "beta"],
+            ["normed", "mean", "inv_std"],
+            domain="com.microsoft",
+            epsilon=1e-5,
+        ),
         helper.make_node("BiasGelu", ["normed", "bias"], ["act"], domain="com.microsoft"),
         helper.make_node("MatMul", ["act", "w"], ["y"]),
         helper.make_node("ReduceMax", ["mean"], ["mean_max"], keepdims=0),
@@ -166,14 +180,21 @@ def _contrib_model() -> onnx.ModelProto:
         numpy_helper.from_array(rng.standard_normal((hidden, 4)).astype(np.float32), "w"),
     ]
     graph = helper.make_graph(
-        nodes, "contrib",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, hidden]),
-         helper.make_tensor_value_info("skip", TensorProto.FLOAT, [2, 5, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4]),
-         helper.make_tensor_value_info("mean_max", TensorProto.FLOAT, [])],
+        nodes,
+        "contrib",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, hidden]),
+            helper.make_tensor_value_info("skip", TensorProto.FLOAT, [2, 5, hidden]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4]),
+            helper.make_tensor_value_info("mean_max", TensorProto.FLOAT, []),
+        ],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def test_contrib_ops_follow_their_type_rules(save_proto, tmp_path):
@@ -193,10 +214,15 @@ def test_contrib_ops_follow_their_type_rules(save_proto, tmp_path):
 
 def test_unknown_custom_op_stays_fp32_with_a_note():
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mystery", ["r"], ["y"], domain="acme.ops")]
-    graph = helper.make_graph(nodes, "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = ir.serde.deserialize_model(helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme.ops", 1)]))
+    graph = helper.make_graph(
+        nodes,
+        "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = ir.serde.deserialize_model(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme.ops", 1)])
+    )
     conversion = FloatPrecisionPass()
     conversion(model)
     assert conversion.result.unknown_ops == ["acme.ops::Mystery"]

@@ -13,7 +13,6 @@ from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.surgery_models import hitnet_bloat
 
-
 # atol=0 asks for bit-identical outputs; compare's relative error then divides 0 by 0 where both are 0.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 
@@ -64,10 +63,13 @@ def _nonzero_and_big_input() -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "table_t"], ["y"], name="matmul"),
     ]
     graph = helper.make_graph(
-        nodes, "unknowns",
+        nodes,
+        "unknowns",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128]),
-         helper.make_tensor_value_info("where", TensorProto.INT64, [2, None])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128]),
+            helper.make_tensor_value_info("where", TensorProto.INT64, [2, None]),
+        ],
         [mask, table],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -35,8 +35,9 @@ def test_no_shape_arithmetic_left_for_a_fixed_image_size(exporter, tmp_path):
     save_model(model, tmp_path / "folded.onnx")
     for batch in (1, 3):  # the batch stays dynamic
         feeds = [random_inputs(model, dims={"batch": batch}, seed=7)]
-        assert_pass_preserves_outputs(FACEAGE[exporter], tmp_path / "folded.onnx", tmp_path, feeds=feeds,
-                                      atol=5e-3, rtol=1e-3)
+        assert_pass_preserves_outputs(
+            FACEAGE[exporter], tmp_path / "folded.onnx", tmp_path, feeds=feeds, atol=5e-3, rtol=1e-3
+        )
 
 
 def test_torchscript_rope_angles_are_evaluated_for_224x224():
@@ -60,11 +61,18 @@ def test_a_size_the_model_cannot_run_at_folds_nothing(save_proto):
     import onnx
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "fixed"], ["y"]),
-             helper.make_node("Reshape", ["y", "s"], ["z"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "width"])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, "width"])],
-                              [onnx.numpy_helper.from_array(np.array([4, 2], np.int64), "fixed")])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Reshape", ["x", "fixed"], ["y"]),
+        helper.make_node("Reshape", ["y", "s"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "width"])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, "width"])],
+        [onnx.numpy_helper.from_array(np.array([4, 2], np.int64), "fixed")],
+    )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
     fold = FoldShapesPass({"width": 4})
     assert not fold(model).modified

@@ -26,8 +26,11 @@ def _gemm_model(*, trans_a=0, trans_b=0, alpha=1.0, beta=1.0, with_c=True, const
     else:
         inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape)))
     gemm_inputs = ["a", "b", "c"] if with_c else ["a", "b"]
-    nodes = [helper.make_node("Gemm", gemm_inputs, ["y"], name="gemm", alpha=alpha, beta=beta,
-                              transA=trans_a, transB=trans_b)]
+    nodes = [
+        helper.make_node(
+            "Gemm", gemm_inputs, ["y"], name="gemm", alpha=alpha, beta=beta, transA=trans_a, transB=trans_b
+        )
+    ]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])]
     if shared_b:  # a second Gemm reads the same weight the same way
         nodes.append(helper.make_node("Gemm", ["a", "b"], ["z"], name="gemm2", transA=trans_a, transB=trans_b))
@@ -36,11 +39,20 @@ def _gemm_model(*, trans_a=0, trans_b=0, alpha=1.0, beta=1.0, with_c=True, const
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("case", [
-    {}, {"trans_b": 1}, {"trans_a": 1}, {"alpha": 0.5, "beta": 2.0}, {"with_c": False},
-    {"trans_b": 1, "constant_b": False}, {"trans_b": 1, "alpha": 3.0}, {"trans_b": 1, "shared_b": True},
-    {"alpha": 0.5, "constant_b": False},
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {},
+        {"trans_b": 1},
+        {"trans_a": 1},
+        {"alpha": 0.5, "beta": 2.0},
+        {"with_c": False},
+        {"trans_b": 1, "constant_b": False},
+        {"trans_b": 1, "alpha": 3.0},
+        {"trans_b": 1, "shared_b": True},
+        {"alpha": 0.5, "constant_b": False},
+    ],
+)
 def test_every_gemm_form_becomes_matmul_with_the_same_outputs(tmp_path, save_proto, case):
     before = save_proto(_gemm_model(**case))
     model = load_model(before)
@@ -75,4 +87,7 @@ def test_a_graph_without_gemm_is_unchanged(tmp_path, save_proto):
     path = save_proto(mlp())
     model = load_model(path)
     assert not GemmToMatMulPass()(model).modified
-    assert save_ir(model, tmp_path / "after.onnx").read_bytes() == save_ir(load_model(path), tmp_path / "again.onnx").read_bytes()
+    assert (
+        save_ir(model, tmp_path / "after.onnx").read_bytes()
+        == save_ir(load_model(path), tmp_path / "again.onnx").read_bytes()
+    )

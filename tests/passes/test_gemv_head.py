@@ -15,6 +15,7 @@ from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head
 from tests.support.check import save_ir
 from tests.support.lm_models import assert_lm_pass_preserves_outputs, float_tables_after_load, lm_folder
 
+
 def _stored(which: str, lookups: str):
     folder = lm_folder(which)
     source = folder / "onnx" / "model.onnx"
@@ -26,10 +27,11 @@ def _stored(which: str, lookups: str):
     return source, model, head
 
 
-@pytest.mark.parametrize("which, lookups", [("gpt2", "columns"), ("glassllm", "columns"),
-                                            ("gpt2_nopast", "rows"), ("glassllm", "rows")])
+@pytest.mark.parametrize(
+    "which, lookups", [("gpt2", "columns"), ("glassllm", "columns"), ("gpt2_nopast", "rows"), ("glassllm", "rows")]
+)
 def test_head_weight_gets_a_unit_dim_and_outputs_do_not_change(tmp_path, which, lookups):
-    source, model, head = _stored(which, lookups)
+    _source, model, head = _stored(which, lookups)
     quantized = save_ir(model, tmp_path / "stored.onnx")  # the int8 head: the reference from here on
     gemv = GemvHeadPass(head.matmul)
     assert gemv(model).modified and not gemv.skipped
@@ -56,8 +58,13 @@ def _head_read_also_by(reader: str, save_proto):
     if reader:
         nodes.append(helper.make_node(reader, ["w"], ["other"]))
         outputs.append(helper.make_tensor_value_info("other", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "s", 8])],
-                              outputs, [numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "s", 8])],
+        outputs,
+        [numpy_helper.from_array(w, "w")],
+    )
     return save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 

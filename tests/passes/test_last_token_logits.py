@@ -38,10 +38,12 @@ def test_logits_are_the_last_row_of_the_source(tmp_path, which):
 
 def test_head_input_of_unknown_rank_is_refused(save_proto):
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["h", "w"], ["logits"], name="head")], "flat",
+        [helper.make_node("MatMul", ["h", "w"], ["logits"], name="head")],
+        "flat",
         [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["bs", 8])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["bs", 10])],
-        [numpy_helper.from_array(np.ones((8, 10), np.float32), "w")])
+        [numpy_helper.from_array(np.ones((8, 10), np.float32), "w")],
+    )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
     head = find_lm_head(model)
     with pytest.raises(InputError, match="has rank 2, not \\[batch, sequence, hidden\\]"):

@@ -34,11 +34,14 @@ def _scaled(opset: int = 17) -> onnx.ModelProto:
         helper.make_node("Mul", ["y", "shared32"], ["w"], name="mul_shared"),
     ]
     graph = helper.make_graph(
-        nodes, "scaled",
+        nodes,
+        "scaled",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
-         helper.make_tensor_value_info("z", TensorProto.DOUBLE, [4, 8]),
-         helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+            helper.make_tensor_value_info("z", TensorProto.DOUBLE, [4, 8]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 8]),
+        ],
         [scale, bias, numpy_helper.from_array(np.array(0.1), "shared64")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -50,7 +53,9 @@ def test_double_constants_read_as_float_become_float(save_proto, tmp_path):
     narrow = NarrowFp64ConstantsPass()
     assert narrow(model).modified
     assert sorted((c.name, c.nbytes_before, c.casts_removed) for c in narrow.narrowed) == [
-        ("bias64", 8, 1), ("scale64", 4 * 8 * 8, 1)]
+        ("bias64", 8, 1),
+        ("scale64", 4 * 8 * 8, 1),
+    ]
     assert model.graph.initializers["scale64"].const_value.dtype == ir.DataType.FLOAT
     ops = [n.op_type for n in model.graph]
     assert "CastLike" not in ops and ops.count("Cast") == 2  # x -> double and the shared one stay

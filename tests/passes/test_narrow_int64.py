@@ -66,17 +66,31 @@ def test_stored_index_constant_is_halved(save_proto, tmp_path):
     assert_pass_preserves_outputs(source, model, tmp_path, atol=0, rtol=0)
 
 
-def _gather_model(index: onnx.TensorProto | None, producer: list[onnx.NodeProto] = (), *, index_input: bool = False,
-                  extra_inputs=(), rows: int = 100) -> onnx.ModelProto:
+def _gather_model(
+    index: onnx.TensorProto | None,
+    producer: list[onnx.NodeProto] = (),
+    *,
+    index_input: bool = False,
+    extra_inputs=(),
+    rows: int = 100,
+) -> onnx.ModelProto:
     table = numpy_helper.from_array(np.arange(rows * 4, dtype=np.float32).reshape(rows, 4), "table")
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, rows])]
     if index_input:
         inputs.append(helper.make_tensor_value_info("index", TensorProto.INT64, [8]))
     inputs.extend(extra_inputs)
-    nodes = [*producer, helper.make_node("Gather", ["table", "index"], ["rows"], name="gather"),
-             helper.make_node("Add", ["rows", "rows"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "gather", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [table] + ([index] if index is not None else []))
+    nodes = [
+        *producer,
+        helper.make_node("Gather", ["table", "index"], ["rows"], name="gather"),
+        helper.make_node("Add", ["rows", "rows"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gather",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [table] + ([index] if index is not None else []),
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -126,6 +140,7 @@ def test_small_regions_are_left_alone(save_proto):
 
 # -- every op a region passes through runs on int32 in onnxruntime and gives the same values --
 
+
 def _i64(values, name):
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
@@ -137,12 +152,19 @@ def _op_case(op: str, dtype: int):
     attrs, extra, inits = {}, [], []
     data = ["x"]
     meta = {
-        "Reshape": [_i64([-1], "shape")], "Squeeze": [_i64([0], "axes")], "Unsqueeze": [_i64([0], "axes")],
-        "Expand": [_i64([2, 3, 4], "shape")], "Tile": [_i64([2, 1], "reps")],
-        "Slice": [_i64([0], "starts"), _i64([2], "ends")], "Gather": [_i64([2, 0], "idx")],
-        "GatherElements": [_i64([[0, 1, 2, 0]], "idx")], "GatherND": [_i64([[1], [0]], "idx")],
-        "Split": [_i64([1, 2], "split")], "Pad": [_i64([0, 1, 0, 1], "pads")],
-        "CumSum": [_i64(1, "axis")], "ReduceSum": [_i64([1], "axes")],
+        "Reshape": [_i64([-1], "shape")],
+        "Squeeze": [_i64([0], "axes")],
+        "Unsqueeze": [_i64([0], "axes")],
+        "Expand": [_i64([2, 3, 4], "shape")],
+        "Tile": [_i64([2, 1], "reps")],
+        "Slice": [_i64([0], "starts"), _i64([2], "ends")],
+        "Gather": [_i64([2, 0], "idx")],
+        "GatherElements": [_i64([[0, 1, 2, 0]], "idx")],
+        "GatherND": [_i64([[1], [0]], "idx")],
+        "Split": [_i64([1, 2], "split")],
+        "Pad": [_i64([0, 1, 0, 1], "pads")],
+        "CumSum": [_i64(1, "axis")],
+        "ReduceSum": [_i64([1], "axes")],
     }.get(op, [])
     inits += meta
     names = data + [t.name for t in meta]
@@ -194,9 +216,11 @@ def test_region_op_runs_on_int32(op):
     for dtype in (TensorProto.INT64, TensorProto.INT32):
         node, feeds, inits, outputs = _op_case(op, dtype)
         graph = helper.make_graph(
-            [node], op,
+            [node],
+            op,
             [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds],
-            [helper.make_tensor_value_info(o, dtype, None) for o in outputs], inits,
+            [helper.make_tensor_value_info(o, dtype, None) for o in outputs],
+            inits,
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -217,6 +241,10 @@ def test_an_unbounded_reader_downstream_does_not_spoil_the_grid(save_proto, tmp_
     assert [r.narrowed for r in narrow.reports] == [True]
     shift = next(n for n in model.graph if n.op_type == "Add")
     assert shift.inputs[0].dtype == INT64 and shift.inputs[0].producer().op_type == "Cast"
-    feeds = [{"cost": np.random.default_rng(0).standard_normal((1, 64, 64, 8)).astype(np.float32),
-              "offset": np.array([2**40], np.int64)}]
+    feeds = [
+        {
+            "cost": np.random.default_rng(0).standard_normal((1, 64, 64, 8)).astype(np.float32),
+            "offset": np.array([2**40], np.int64),
+        }
+    ]
     assert_pass_preserves_outputs(source, model, tmp_path, feeds=feeds, atol=0, rtol=0)

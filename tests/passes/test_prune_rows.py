@@ -26,25 +26,36 @@ def encoder_block(select, *, also_output_all: bool = False):
     half = HIDDEN // HEADS // 2
     angles = rng.uniform(0, 3, (TOKENS, half))
     inits = [weight(n, HIDDEN, HIDDEN) for n in ("wq", "wk", "wv", "wo")] + [
-        weight("w1", HIDDEN, 16), weight("w2", 16, HIDDEN),
-        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "g"), numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "b"),
+        weight("w1", HIDDEN, 16),
+        weight("w2", 16, HIDDEN),
+        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "b"),
         numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1"),
         numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), "bo"),
         numpy_helper.from_array(np.array(0, np.int64), "pos"),
-        numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"), numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin"),
+        numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+        numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin"),
     ]
     nodes = [
         helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1),
-        helper.make_node("MatMul", ["ln", "wq"], ["q"]), helper.make_node("MatMul", ["ln", "wk"], ["k"]),
+        helper.make_node("MatMul", ["ln", "wq"], ["q"]),
+        helper.make_node("MatMul", ["ln", "wk"], ["k"]),
         helper.make_node("MatMul", ["ln", "wv"], ["v"]),
         helper.make_node("RotaryEmbedding", ["q", "pos", "cos", "sin"], ["qr"], domain="com.microsoft"),
         helper.make_node("RotaryEmbedding", ["k", "pos", "cos", "sin"], ["kr"], domain="com.microsoft"),
         helper.make_node("MultiHeadAttention", ["qr", "kr", "v"], ["att"], domain="com.microsoft", num_heads=HEADS),
         helper.make_node("MatMul", ["att", "wo"], ["o"]),
-        helper.make_node("SkipLayerNormalization", ["o", "x", "g", "b", "bo"], ["n2", "", "", "sum"],
-                         domain="com.microsoft", epsilon=1e-5),
-        helper.make_node("MatMul", ["n2", "w1"], ["h"]), helper.make_node("BiasGelu", ["h", "b1"], ["hg"], domain="com.microsoft"),
-        helper.make_node("MatMul", ["hg", "w2"], ["m"]), helper.make_node("Add", ["m", "sum"], ["r"]),
+        helper.make_node(
+            "SkipLayerNormalization",
+            ["o", "x", "g", "b", "bo"],
+            ["n2", "", "", "sum"],
+            domain="com.microsoft",
+            epsilon=1e-5,
+        ),
+        helper.make_node("MatMul", ["n2", "w1"], ["h"]),
+        helper.make_node("BiasGelu", ["h", "b1"], ["hg"], domain="com.microsoft"),
+        helper.make_node("MatMul", ["hg", "w2"], ["m"]),
+        helper.make_node("Add", ["m", "sum"], ["r"]),
     ]
     if isinstance(select, int):
         inits.append(numpy_helper.from_array(np.array(select, np.int64), "row"))
@@ -58,9 +69,16 @@ def encoder_block(select, *, also_output_all: bool = False):
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)]
     if also_output_all:
         outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, ["batch", TOKENS, HIDDEN]))
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", TOKENS, HIDDEN])],
-                              outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", TOKENS, HIDDEN])],
+        outputs,
+        inits,
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def _prune(path):
@@ -102,5 +120,5 @@ def test_a_slice_of_rows(save_proto, tmp_path):
 
 def test_rows_read_in_full_elsewhere_are_kept(save_proto):
     """The residual output is also a graph output: every row of the block is needed."""
-    model, prune, modified = _prune(save_proto(encoder_block(0, also_output_all=True)))
+    _model, prune, modified = _prune(save_proto(encoder_block(0, also_output_all=True)))
     assert not modified and not prune.pruned

@@ -62,11 +62,15 @@ def test_per_channel_int8():
 def _matmul_model(k: int, n: int = 64, seed: int = 0) -> onnx.ModelProto:
     """x [b, s, k] @ w [k, n] -> Relu -> @ w2 [n, 48]."""
     w = _weight(k, n, seed)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
     graph = helper.make_graph(
-        nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])],
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 48])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_weight(n, 48, seed + 1), "w2")],
     )
@@ -99,8 +103,12 @@ def test_pass_runs_in_onnxruntime_as_the_numbers_say(tmp_path, save_proto, bits,
         dq = [n for n in model.graph if n.op_type == "DequantizeLinear"]
         assert {n.outputs[0].name for n in dq} == {"w", "w2"}  # restored under the original names
         assert all(n.attributes.get_int("block_size") == 32 for n in dq)
-        expected_type = {(4, False): ir_type("UINT4"), (4, True): ir_type("INT4"),
-                         (8, False): ir_type("UINT8"), (8, True): ir_type("INT8")}[bits, symmetric]
+        expected_type = {
+            (4, False): ir_type("UINT4"),
+            (4, True): ir_type("INT4"),
+            (8, False): ir_type("UINT8"),
+            (8, True): ir_type("INT8"),
+        }[bits, symmetric]
         assert all(n.inputs[0].const_value.dtype == expected_type for n in dq)
         assert "w" not in model.graph.initializers and "w2" not in model.graph.initializers
     else:
@@ -108,7 +116,11 @@ def test_pass_runs_in_onnxruntime_as_the_numbers_say(tmp_path, save_proto, bits,
     after = save_ir(model, tmp_path / "after.onnx")
     x = np.random.default_rng(1).standard_normal((2, 3, 96)).astype(np.float32)
     want = _expected(proto, x, bits, symmetric)
-    configs = [{"session.disable_quant_qdq": "1"}, {"session.qdq_matmulnbits_accuracy_level": "0"}] if fmt == "qdq" else [None]
+    configs = (
+        [{"session.disable_quant_qdq": "1"}, {"session.qdq_matmulnbits_accuracy_level": "0"}]
+        if fmt == "qdq"
+        else [None]
+    )
     for config in configs:
         got = _run(after, x, config)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -146,10 +158,14 @@ def test_k_not_a_multiple_of_the_block_is_said_and_not_block_quantized(tmp_path,
 
 def test_a_graph_without_constant_matmul_weights_is_unchanged(save_proto):
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "dyn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32]),
-         helper.make_tensor_value_info("w", TensorProto.FLOAT, [32, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "dyn",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [32, 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
     pass_ = QuantizeWeightsPass()
     assert not pass_(model).modified and pass_.quantized == 0

@@ -75,8 +75,10 @@ def _stream_model(stream_is_output: bool) -> onnx.ModelProto:
     nodes = [helper.make_node("MatMul", ["x", "w0"], ["s0"])]
     inits = [numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32) * 1000, "w0")]
     for i in range(2):
-        inits += [numpy_helper.from_array(np.ones(d, np.float32), f"g{i}"),
-                  numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), f"w{i + 1}")]
+        inits += [
+            numpy_helper.from_array(np.ones(d, np.float32), f"g{i}"),
+            numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), f"w{i + 1}"),
+        ]
         nodes += [
             helper.make_node("LayerNormalization", [f"s{i}", f"g{i}"], [f"n{i}"], epsilon=1e-5),
             helper.make_node("MatMul", [f"n{i}", f"w{i + 1}"], [f"b{i}"]),
@@ -87,8 +89,9 @@ def _stream_model(stream_is_output: bool) -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, d])]
     if stream_is_output:
         outputs.append(helper.make_tensor_value_info("s2", TensorProto.FLOAT, [2, d]))
-    graph = helper.make_graph(nodes, "stream", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, d])],
-                              outputs, inits)
+    graph = helper.make_graph(
+        nodes, "stream", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, d])], outputs, inits
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -107,5 +110,8 @@ def test_stream_read_outside_norms_is_not_rescaled(save_proto):
     assert "'s2' is a graph output" in stream.problem
     result = ResidualRescalePass(1 / 8)(model)
     assert not result.modified
-    assert all(n.attributes.get_float("epsilon") == pytest.approx(1e-5) for n in model.graph
-               if n.op_type == "LayerNormalization")
+    assert all(
+        n.attributes.get_float("epsilon") == pytest.approx(1e-5)
+        for n in model.graph
+        if n.op_type == "LayerNormalization"
+    )

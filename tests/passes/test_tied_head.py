@@ -14,6 +14,7 @@ from onnxsmith.verify.compare import compare_models
 from tests.support.check import save_ir
 from tests.support.lm_models import float_tables_after_load, glassllm_folder, gpt2_folder, lm_gate_feeds
 
+
 @pytest.mark.parametrize("which", ["gpt2", "glassllm"])
 def test_tied_head_is_found_and_stored_once(tmp_path, which):
     source = (gpt2_folder() if which == "gpt2" else glassllm_folder()) / "onnx" / "model.onnx"
@@ -32,12 +33,17 @@ def test_tied_head_is_found_and_stored_once(tmp_path, which):
     store = StoreHeadPass(head, "int8")
     store(model)
     after = save_ir(model, tmp_path / "after.onnx")
-    stored = [v for v in model.graph.initializers.values() if v.const_value is not None
-              and v.const_value.size == vocab * hidden]
+    stored = [
+        v
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and v.const_value.size == vocab * hidden
+    ]
     assert [v.const_value.dtype.name for v in stored] == ["INT8"]
     assert stored[0].shape.dims == (hidden, vocab)  # the head's layout
     assert not any(n.op_type == "Gather" and n.inputs[0] is head.table for n in model.graph)
-    assert list(float_tables_after_load(after, vocab * hidden, tmp_path)) == [head.weight.name]  # one fp32 copy after the fold
+    assert list(float_tables_after_load(after, vocab * hidden, tmp_path)) == [
+        head.weight.name
+    ]  # one fp32 copy after the fold
     assert "tied embedding/LM head" in store.notes[0]
 
     comparison = compare_models(source, after, lm_gate_feeds(source), atol=1e9, rtol=0)
@@ -54,11 +60,15 @@ def test_tied_table_in_rows_keeps_row_lookups(tmp_path, which):
     head = find_lm_head(model)
     store = StoreHeadPass(head, "int8", lookups="rows")
     store(model)
-    stored = [v for v in model.graph.initializers.values() if v.const_value is not None
-              and v.const_value.size == head.vocab * head.hidden]
+    stored = [
+        v
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and v.const_value.size == head.vocab * head.hidden
+    ]
     assert [(v.const_value.dtype.name, tuple(v.shape.dims)) for v in stored] == [("INT8", (head.vocab, head.hidden))]
-    table = next(v for n in model.graph if n.op_type == "DequantizeLinear" for v in n.outputs
-                 if v.name == head.table.name)
+    table = next(
+        v for n in model.graph if n.op_type == "DequantizeLinear" for v in n.outputs if v.name == head.table.name
+    )
     assert {(n.op_type, n.attributes.get_int("axis", 0)) for n, _ in table.uses()} == {("Gather", 0), ("Transpose", 0)}
     assert head.matmul.inputs[1].producer().op_type == "Transpose"
     assert "lookup(s) gather rows" in store.notes[0]
@@ -73,14 +83,21 @@ def test_untied_head_and_table_each_stored_int8(tmp_path, save_proto):
     table = rng.standard_normal((vocab, hidden)).astype(np.float32)
     head_w = rng.standard_normal((hidden, vocab)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["wte", "input_ids"], ["h"], name="embed"),
-         helper.make_node("Tanh", ["h"], ["t"]),
-         helper.make_node("MatMul", ["t", "lm_head"], ["l0"], name="head"),
-         helper.make_node("Add", ["l0", "bias"], ["logits"])],
-        "untied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+        [
+            helper.make_node("Gather", ["wte", "input_ids"], ["h"], name="embed"),
+            helper.make_node("Tanh", ["h"], ["t"]),
+            helper.make_node("MatMul", ["t", "lm_head"], ["l0"], name="head"),
+            helper.make_node("Add", ["l0", "bias"], ["logits"]),
+        ],
+        "untied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", vocab])],
-        [numpy_helper.from_array(table, "wte"), numpy_helper.from_array(head_w, "lm_head"),
-         numpy_helper.from_array(np.zeros(vocab, np.float32), "bias")])
+        [
+            numpy_helper.from_array(table, "wte"),
+            numpy_helper.from_array(head_w, "lm_head"),
+            numpy_helper.from_array(np.zeros(vocab, np.float32), "bias"),
+        ],
+    )
     source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
     model = load_model(source)
     head = find_lm_head(model)
@@ -98,9 +115,11 @@ def test_untied_head_and_table_each_stored_int8(tmp_path, save_proto):
 
 def test_head_that_cannot_be_found_is_a_clear_error(save_proto):
     graph = helper.make_graph(
-        [helper.make_node("Softmax", ["input_ids_f"], ["logits"])], "nohead",
+        [helper.make_node("Softmax", ["input_ids_f"], ["logits"])],
+        "nohead",
         [helper.make_tensor_value_info("input_ids_f", TensorProto.FLOAT, ["b", "s", 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 4])])
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 4])],
+    )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
     with pytest.raises(InputError, match="cannot find the LM head: output 'logits' is not computed by a MatMul"):
         find_lm_head(model)

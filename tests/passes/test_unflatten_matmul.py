@@ -36,7 +36,9 @@ def test_gpt2_linear_layers_lose_their_reshapes(tmp_path, past):
     for node in model.graph:  # no linear layer reads a flattened [rows, K] input any more
         if node.op_type == "MatMul" and node.inputs[1].name.endswith(".weight"):
             producer = node.inputs[0].producer()
-            assert producer.op_type != "Reshape" or len(producer.inputs[1].shape) != 1 or producer.inputs[1].shape[0] != 2
+            assert (
+                producer.op_type != "Reshape" or len(producer.inputs[1].shape) != 1 or producer.inputs[1].shape[0] != 2
+            )
     assert_lm_pass_preserves_outputs(source, model, tmp_path)
 
 
@@ -52,30 +54,41 @@ def test_glassllm_has_no_such_pair_and_is_unchanged(tmp_path):
 def _wrapped(restore: list[int], *, bias_shape=(6,), extra_reader=False):
     """x [2, 3, 4] -> Reshape [-1, 4] -> MatMul W [4, 6] -> Add bias -> Reshape ``restore``."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"]),
-             helper.make_node("MatMul", ["x2", "w"], ["y2"]),
-             helper.make_node("Add", ["y2", "b"], ["z2"]),
-             helper.make_node("Reshape", ["z2", "back"], ["y"])]
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+        helper.make_node("MatMul", ["x2", "w"], ["y2"]),
+        helper.make_node("Add", ["y2", "b"], ["z2"]),
+        helper.make_node("Reshape", ["z2", "back"], ["y"]),
+    ]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
     if extra_reader:  # something else reads the 2-D product
         nodes.append(helper.make_node("Relu", ["y2"], ["r"]))
         outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
     graph = helper.make_graph(
-        nodes, "wrapped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])], outputs,
-        [numpy_helper.from_array(np.array([-1, 4], np.int64), "flat"),
-         numpy_helper.from_array(np.array(restore, np.int64), "back"),
-         numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "w"),
-         numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "b")])
+        nodes,
+        "wrapped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        outputs,
+        [
+            numpy_helper.from_array(np.array([-1, 4], np.int64), "flat"),
+            numpy_helper.from_array(np.array(restore, np.int64), "back"),
+            numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "b"),
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("case", [
-    {"restore": [2, 3, 6]},
-    {"restore": [0, 3, 6]},  # 0 would copy the 2-D product's dim 0 (6 rows): a different Reshape
-    {"restore": [3, 2, 6]},  # the leading dims are not x's
-    {"restore": [2, 3, 6], "bias_shape": (6, 6)},  # a bias with rows broadcasts differently on 3-D
-    {"restore": [2, 3, 6], "extra_reader": True},
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"restore": [2, 3, 6]},
+        {"restore": [0, 3, 6]},  # 0 would copy the 2-D product's dim 0 (6 rows): a different Reshape
+        {"restore": [3, 2, 6]},  # the leading dims are not x's
+        {"restore": [2, 3, 6], "bias_shape": (6, 6)},  # a bias with rows broadcasts differently on 3-D
+        {"restore": [2, 3, 6], "extra_reader": True},
+    ],
+)
 def test_only_a_provably_equivalent_pair_is_removed(tmp_path, save_proto, case):
     source = save_proto(_wrapped(**case))
     model = load_model(source)

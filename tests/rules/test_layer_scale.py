@@ -27,13 +27,20 @@ def test_refuses_a_scale_that_is_not_per_output_channel():
     """A per-token scale [4, 1] after a projection is not a layer scale; the rule says so."""
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
-         helper.make_node("Mul", ["z", "s"], ["out"])],
-        "per_token", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Add", ["y", "b"], ["z"]),
+            helper.make_node("Mul", ["z", "s"], ["out"]),
+        ],
+        "per_token",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4, 8])],
-        [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
-         numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
-         numpy_helper.from_array(rng.standard_normal((4, 1)).astype(np.float32), "s")])
+        [
+            numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+            numpy_helper.from_array(rng.standard_normal((4, 1)).astype(np.float32), "s"),
+        ],
+    )
     model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     outcome = assert_untouched(model, "layer scale", layer_scale_rules)
     assert "per output channel" in outcome.reason

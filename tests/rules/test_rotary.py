@@ -42,8 +42,12 @@ def test_refuses_a_table_whose_halves_differ():
     cos = next(n for n in model.graph if n.op_type == "Cos")
     angles = const_array(cos.inputs[0]).copy()
     angles[:, HALF:] += 0.25
-    table = ir.Value(name="skewed_angles", shape=ir.Shape(angles.shape), type=ir.TensorType(ir.DataType.FLOAT),
-                     const_value=ir.tensor(angles, name="skewed_angles"))
+    table = ir.Value(
+        name="skewed_angles",
+        shape=ir.Shape(angles.shape),
+        type=ir.TensorType(ir.DataType.FLOAT),
+        const_value=ir.tensor(angles, name="skewed_angles"),
+    )
     model.graph.register_initializer(table)
     cos.replace_input_with(0, table)
     outcome = assert_untouched(model, "rope", prefix_rotary_rules, all_tokens_rotary_rules)

@@ -33,8 +33,15 @@ def test_refuses_an_output_projection_that_is_not_a_constant():
     ]
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3, 8]) for n in "qkv"]
     inputs.append(helper.make_tensor_value_info("wo", TensorProto.FLOAT, [8, 8]))
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8])],
-                              [numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), n) for n in ("bv", "bo")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8])],
+        [numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), n) for n in ("bv", "bo")],
+    )
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
     outcome = assert_untouched(ir.serde.deserialize_model(proto), "v bias", v_bias_rules)
     assert "not a constant matrix" in outcome.reason

@@ -36,11 +36,27 @@ def chromium() -> str:
 def screenshot(page: Path, png: Path, *, width: int = 1100, height: int = 3000) -> PageRun:
     with tempfile.TemporaryDirectory(prefix="onnxsmith-chromium-") as profile:
         done = subprocess.run(
-            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={width},{height}",
-             "--enable-logging=stderr", "--v=0", f"--screenshot={png}", page.resolve().as_uri()],
-            capture_output=True, text=True, timeout=120,
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "--enable-logging=stderr",
+                "--v=0",
+                f"--screenshot={png}",
+                page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     console = [m.group(1) for line in done.stderr.splitlines() if (m := _CONSOLE.search(line))]
     return PageRun(done.returncode, png, console, done.stderr)

@@ -49,7 +49,7 @@ def snapshot(model: ir.Model) -> bytes:
     return ir.serde.serialize_model(model).SerializeToString()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fusion_trace(path: str) -> dict[str, Step]:
     """Every step of ``fuse`` (fp32) on ``path``: "shapes", each FUSIONS name, "prune rows"."""
     model = load_model(path)
@@ -75,8 +75,9 @@ def op_count(model: ir.Model, op_type: str) -> int:
     return sum(1 for node in model.graph if node.op_type == op_type)
 
 
-def assert_same_outputs(before: bytes, after: bytes, tmp_path: Path, *, atol: float = 5e-3, rtol: float = 1e-3,
-                        batch: int = 2):
+def assert_same_outputs(
+    before: bytes, after: bytes, tmp_path: Path, *, atol: float = 5e-3, rtol: float = 1e-3, batch: int = 2
+):
     """The two graphs agree in onnxruntime on seeded random faces.
 
     The face-age fixture is ill-conditioned on purpose (a 1.4e5 residual channel under
@@ -91,8 +92,9 @@ def assert_same_outputs(before: bytes, after: bytes, tmp_path: Path, *, atol: fl
     (tmp_path / "after.onnx").write_bytes(after)
     model = load_model(tmp_path / "before.onnx")
     feeds = [random_inputs(model, dims={"batch": batch}, seed=s) for s in range(2)]
-    return assert_pass_preserves_outputs(tmp_path / "before.onnx", tmp_path / "after.onnx", tmp_path,
-                                         feeds=feeds, atol=atol, rtol=rtol)
+    return assert_pass_preserves_outputs(
+        tmp_path / "before.onnx", tmp_path / "after.onnx", tmp_path, feeds=feeds, atol=atol, rtol=rtol
+    )
 
 
 def prepared_mlp() -> ir.Model:

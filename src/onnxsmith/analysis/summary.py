@@ -77,8 +77,14 @@ def summarize(model: ir.Model, *, top: int = 10, file_bytes: int | None = None) 
         params_by_dtype[dtype] += tensor.size
         readers = sorted({node_label(user) for user, _ in const.value.uses()})
         tensors.append(
-            TensorInfo(const.value.name or "?", dtype, [int(d) for d in tensor.shape.numpy()],
-                       tensor.nbytes, const.kind, readers)
+            TensorInfo(
+                const.value.name or "?",
+                dtype,
+                [int(d) for d in tensor.shape.numpy()],
+                tensor.nbytes,
+                const.kind,
+                readers,
+            )
         )
     tensors.sort(key=lambda t: (-t.bytes, t.name))
     parameters = sum(params_by_dtype.values())

@@ -39,19 +39,84 @@ Dim = int | sympy.Expr
 MAX_SHAPE_VALUE = 16
 
 #: Ops whose first output has the shape of their first input.
-SAME_SHAPE = frozenset({
-    "Identity", "Cast", "CastLike", "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Tanh", "Sigmoid", "HardSigmoid",
-    "Softplus", "Erf", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Sin", "Cos", "Floor", "Ceil", "Round",
-    "Sign", "Not", "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Clip", "Dropout", "LayerNormalization",
-    "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-    "FastGelu", "QuickGelu", "BiasGelu", "Trilu", "CumSum", "Mish", "HardSwish", "Swish", "DequantizeLinear",
-    "QuantizeLinear",
-})
+SAME_SHAPE = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "CastLike",
+        "Relu",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "Gelu",
+        "Tanh",
+        "Sigmoid",
+        "HardSigmoid",
+        "Softplus",
+        "Erf",
+        "Neg",
+        "Abs",
+        "Sqrt",
+        "Reciprocal",
+        "Exp",
+        "Log",
+        "Sin",
+        "Cos",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sign",
+        "Not",
+        "IsNaN",
+        "IsInf",
+        "Softmax",
+        "LogSoftmax",
+        "Clip",
+        "Dropout",
+        "LayerNormalization",
+        "RMSNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+        "FastGelu",
+        "QuickGelu",
+        "BiasGelu",
+        "Trilu",
+        "CumSum",
+        "Mish",
+        "HardSwish",
+        "Swish",
+        "DequantizeLinear",
+        "QuantizeLinear",
+    }
+)
 #: Elementwise ops that broadcast their inputs against each other (numpy rules).
-BROADCAST = frozenset({
-    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean", "Sum", "Where", "And", "Or", "Xor", "Equal",
-    "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "BitwiseAnd", "BitwiseOr", "PRelu",
-})
+BROADCAST = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Mod",
+        "Max",
+        "Min",
+        "Mean",
+        "Sum",
+        "Where",
+        "And",
+        "Or",
+        "Xor",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "PRelu",
+    }
+)
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32})
 _SUM = re.compile(r"\s*[A-Za-z_0-9][A-Za-z0-9_.]*(\s*[+-]\s*[A-Za-z_0-9][A-Za-z0-9_.]*)*\s*")
 
@@ -64,7 +129,11 @@ def named_dim(name: str) -> sympy.Expr:
             if token in "+-":
                 sign = 1 if token == "+" else -1
             else:
-                term = sympy.Integer(int(token)) if token.isdigit() else sympy.Symbol(token, integer=True, nonnegative=True)
+                term = (
+                    sympy.Integer(int(token))
+                    if token.isdigit()
+                    else sympy.Symbol(token, integer=True, nonnegative=True)
+                )
                 total += sign * term
         return total
     return sympy.Symbol(name, integer=True, nonnegative=True)  # anything else: the whole name is one dim
@@ -206,8 +275,13 @@ class SymbolicShapes:
             self._matmul(node, out, ins[0], ins[1])
         elif op == "Gemm" and ins[0] is not None and ins[1] is not None and len(ins[0]) == len(ins[1]) == 2:
             a, b = ins[0], ins[1]
-            self._set(out, [a[1] if node.attributes.get_int("transA", 0) else a[0],
-                            b[0] if node.attributes.get_int("transB", 0) else b[1]])
+            self._set(
+                out,
+                [
+                    a[1] if node.attributes.get_int("transA", 0) else a[0],
+                    b[0] if node.attributes.get_int("transB", 0) else b[1],
+                ],
+            )
         elif op == "Reshape":
             self._reshape(node, out, ins[0])
         elif op == "Split" and ins[0] is not None:
@@ -221,7 +295,7 @@ class SymbolicShapes:
             self._concat(node, out, ins)
         elif op == "Gather" and ins[0] is not None and ins[1] is not None:
             axis = node.attributes.get_int("axis", 0) % len(ins[0])
-            self._set(out, [*ins[0][:axis], *ins[1], *ins[0][axis + 1:]])
+            self._set(out, [*ins[0][:axis], *ins[1], *ins[0][axis + 1 :]])
         elif op in ("Unsqueeze", "Squeeze") and ins[0] is not None:
             self._squeeze(node, out, ins[0])
         elif op == "Slice" and ins[0] is not None:
@@ -240,9 +314,13 @@ class SymbolicShapes:
                 self._set(out, [_simplify(_expr(d) * r) for d, r in zip(ins[0], repeats)])
         elif op == "Flatten" and ins[0] is not None:
             axis = node.attributes.get_int("axis", 1) % (len(ins[0]) + 1)
-            self._set(out, [_simplify(sympy.Mul(*map(_expr, ins[0][:axis]))),
-                            _simplify(sympy.Mul(*map(_expr, ins[0][axis:])))])
-        elif op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2") and ins[0] is not None:
+            self._set(
+                out,
+                [_simplify(sympy.Mul(*map(_expr, ins[0][:axis]))), _simplify(sympy.Mul(*map(_expr, ins[0][axis:])))],
+            )
+        elif (
+            op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2") and ins[0] is not None
+        ):
             self._reduce(node, out, ins[0])
         elif op == "Shape" and ins[0] is not None:
             rank = len(ins[0])
@@ -299,8 +377,11 @@ class SymbolicShapes:
         if None in dims:
             i = dims.index(None)
             # [.., -1, ..] where every other dim copies the input's at the same place: -1 is the input's dim there
-            copies = data is not None and len(data) == len(dims) and all(
-                j == i or same(d, data[j]) for j, d in enumerate(dims))
+            copies = (
+                data is not None
+                and len(data) == len(dims)
+                and all(j == i or same(d, data[j]) for j, d in enumerate(dims))
+            )
             dims[i] = data[i] if copies else self._inferred(data, dims)
         self._set(out, dims)
 
@@ -396,8 +477,12 @@ class SymbolicShapes:
             axes = list(range(len(data)))
         axes = {a % len(data) for a in axes}
         keep = node.attributes.get_int("keepdims", 1)
-        self._set(out, [1 if i in axes else d for i, d in enumerate(data)] if keep
-                  else [d for i, d in enumerate(data) if i not in axes])
+        self._set(
+            out,
+            [1 if i in axes else d for i, d in enumerate(data)]
+            if keep
+            else [d for i, d in enumerate(data) if i not in axes],
+        )
 
     def _ints(self, value: ir.Value | None) -> list[int] | None:
         """A constant (or fully known) 1-D integer tensor as ints."""
@@ -482,7 +567,6 @@ class SymbolicShapes:
                 return  # symbolic division: not needed so far, and floor/trunc differ
             result.append(_simplify(r))
         self._values[out] = result[0] if scalar else tuple(result)
-
 
     def _where(self, out: ir.Value, condition, a, b) -> None:
         """Where over shape values: decidable when every condition is (Equal of a dim and -1, say)."""

@@ -35,10 +35,19 @@ def register(subparsers) -> None:
     parser.add_argument("--runs", type=int, default=20, help="timed runs per batch size (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default %(default)s)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's choice)")
-    parser.add_argument("--shape", action="append", metavar="NAME:D0,D1|DIM=N",
-                        help="sizes of symbolic dims other than the batch (repeatable)")
-    parser.add_argument("--session-config", action="append", metavar="KEY=VALUE", default=[],
-                        help="a session config entry every model gets (repeatable)")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME:D0,D1|DIM=N",
+        help="sizes of symbolic dims other than the batch (repeatable)",
+    )
+    parser.add_argument(
+        "--session-config",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="a session config entry every model gets (repeatable)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="SVG", help="also draw latency and throughput against batch size")
     parser.set_defaults(func=run)
@@ -56,11 +65,16 @@ def run(args: argparse.Namespace) -> int:
     names = [Path(m).name for m in args.models]
     if len(set(names)) != len(names):  # two files of one name in different folders
         names = list(args.models)
-    settings = BenchSettings(batches=args.batch, provider=args.provider, runs=args.runs, warmup=args.warmup,
-                             threads=args.threads, shape=args.shape or [])
+    settings = BenchSettings(
+        batches=args.batch,
+        provider=args.provider,
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        shape=args.shape or [],
+    )
     with err.status("") as status:
-        results = bench_models([(n, m, config) for n, m in zip(names, args.models)], settings,
-                               progress=status.update)
+        results = bench_models([(n, m, config) for n, m in zip(names, args.models)], settings, progress=status.update)
     out.print(bench_table(results))
     data = [r.to_json() for r in results]
     if args.json:

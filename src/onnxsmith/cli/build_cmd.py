@@ -22,8 +22,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("recipe", help="the recipe (TOML)")
     parser.add_argument("--out", help="the release folder (default: release/<recipe folder name>)")
-    parser.add_argument("--no-bench", action="store_true",
-                        help="skip the benchmark (quicker while iterating on a recipe; the card then has no timings)")
+    parser.add_argument(
+        "--no-bench",
+        action="store_true",
+        help="skip the benchmark (quicker while iterating on a recipe; the card then has no timings)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -40,13 +43,20 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right" if column == "bytes" else "left")
     for o in result.outcomes:
         files = o.data.get("files", []) if o.published else []
-        table.add_row(o.variant.name, "[green]published[/]" if o.published else "[red]not published[/]",
-                      ", ".join(f["path"] for f in files) or "-", f"{sum(f['bytes'] for f in files):,}" if files else "-")
+        table.add_row(
+            o.variant.name,
+            "[green]published[/]" if o.published else "[red]not published[/]",
+            ", ".join(f["path"] for f in files) or "-",
+            f"{sum(f['bytes'] for f in files):,}" if files else "-",
+        )
     out.print(table)
-    out.print(f"card {result.out / 'README.md'}, report {result.out / 'report.html'}, "
-              f"measurements {result.out / 'measurements.json'}")
+    out.print(
+        f"card {result.out / 'README.md'}, report {result.out / 'report.html'}, "
+        f"measurements {result.out / 'measurements.json'}"
+    )
     if result.failed:
         reasons = "; ".join(f"'{o.variant.name}' ({o.reason})" for o in result.failed)
-        raise GateFailed(f"{len(result.failed)} variant(s) failed their gates and were not published: {reasons}",
-                         result.out)
+        raise GateFailed(
+            f"{len(result.failed)} variant(s) failed their gates and were not published: {reasons}", result.out
+        )
     return 0

@@ -27,8 +27,12 @@ def run(args: argparse.Namespace) -> int:
     fields = None
     if args.recipe:
         recipe = load_recipe(args.recipe)
-        fields = {"title": recipe.card.title or recipe.source.stem, "description": recipe.card.description,
-                  "homepage": recipe.card.homepage, "license": recipe.license_text()}
+        fields = {
+            "title": recipe.card.title or recipe.source.stem,
+            "description": recipe.card.description,
+            "homepage": recipe.card.homepage,
+            "license": recipe.license_text(),
+        }
     record = rewrite_card(Path(args.release), fields)
     out.print(f"wrote {record.path} ({record.bytes:,} bytes)")
     return 0

@@ -21,17 +21,22 @@ err = Console(stderr=True, highlight=False)
 def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> None:
     group = parser.add_argument_group("inputs the models are run on")
     group.add_argument(
-        "--shape", action="append", metavar="NAME:D0,D1|DIM=N",
+        "--shape",
+        action="append",
+        metavar="NAME:D0,D1|DIM=N",
         help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
     )
     group.add_argument("--inputs", metavar="NPZ", help="run on these arrays (named like the model's inputs)")
     group.add_argument(
-        "--calib", metavar="DIR|NPZ",
+        "--calib",
+        metavar="DIR|NPZ",
         help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files (one input set each)",
     )
     group.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
     group.add_argument(
-        "--samples", type=int, default=samples,
+        "--samples",
+        type=int,
+        default=samples,
         help="how many random input sets to run (default %(default)s)",
     )
 
@@ -49,5 +54,3 @@ def feeds_from_args(args: argparse.Namespace, model: ir.Model) -> list[dict[str,
 
 def print_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-

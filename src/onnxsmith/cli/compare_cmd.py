@@ -20,7 +20,9 @@ def register(subparsers) -> None:
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
     parser.add_argument(
-        "--fp16-mode", choices=FP16_MODES, default="auto",
+        "--fp16-mode",
+        choices=FP16_MODES,
+        default="auto",
         help="auto: models with fp16 tensors run storage-faithfully (every fp16 tensor really rounded "
         "to fp16, as a GPU holds it); native: as onnxruntime's CPU provider runs them, which upcasts "
         "and hides fp16 overflow",

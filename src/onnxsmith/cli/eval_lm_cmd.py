@@ -22,21 +22,29 @@ from onnxsmith.tasks import lm as task
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "eval-lm", help="a language model's loss, perplexity, KL and top-1 agreement on held-out text",
+        "eval-lm",
+        help="a language model's loss, perplexity, KL and top-1 agreement on held-out text",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     parser.add_argument("models", nargs="+", metavar="MODEL", help=".onnx files; the first is the reference")
     parser.add_argument("--text", required=True, metavar="FILE", help="held-out text (UTF-8)")
     parser.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json (default: the first model's folder's)")
-    parser.add_argument("--window", type=int, default=task.DEFAULT_WINDOW,
-                        help="tokens per window, at most the model's context (default %(default)s)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=task.DEFAULT_WINDOW,
+        help="tokens per window, at most the model's context (default %(default)s)",
+    )
     parser.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument(
-        "--session-config", action="append", default=[], metavar="KEY=VALUE",
+        "--session-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="an onnxruntime session config entry for every model (repeatable); session.disable_quant_qdq=1 "
-             "scores a q4 model with the arithmetic onnxruntime-web runs it with (default: native onnxruntime, "
-             "which fuses DequantizeLinear+MatMul into MatMulNBits)",
+        "scores a q4 model with the arithmetic onnxruntime-web runs it with (default: native onnxruntime, "
+        "which fuses DequantizeLinear+MatMul into MatMulNBits)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--report", metavar="JSON", help="also write the scores as JSON")
@@ -54,8 +62,13 @@ def run(args: argparse.Namespace) -> int:
     text = task.read_text(args.text)
     windows = task.text_windows(tokenizer, text, window=args.window, max_windows=args.max_windows, label=args.text)
     with err.status("") as status:
-        scores = task.score_models(args.models, windows, threads=args.threads, progress=status.update,
-                                   configs=[config or None] * len(args.models))
+        scores = task.score_models(
+            args.models,
+            windows,
+            threads=args.threads,
+            progress=status.update,
+            configs=[config or None] * len(args.models),
+        )
     result = {
         "text": Path(args.text).name,
         "windows": int(windows.shape[0]),
@@ -69,13 +82,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
         return 0
-    table = Table(title=f"{result['text']}: {result['windows']} window(s) of {result['window']} tokens; "
-                        f"reference {result['reference']}", title_justify="left")
+    table = Table(
+        title=f"{result['text']}: {result['windows']} window(s) of {result['window']} tokens; "
+        f"reference {result['reference']}",
+        title_justify="left",
+    )
     for column in ("model", "tokens", "loss", "perplexity", "Δ loss", "KL (nats)", "top-1"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for s in scores:
         table.add_row(
-            s.model, str(s.tokens), f"{s.loss:.4f}", f"{s.perplexity:.2f}",
+            s.model,
+            str(s.tokens),
+            f"{s.loss:.4f}",
+            f"{s.perplexity:.2f}",
             "-" if s.loss_increase is None else f"{s.loss_increase:+.2%}",
             "-" if s.kl is None else f"{s.kl:.4f}",
             "-" if s.top1 is None else f"{s.top1:.1%}",

@@ -10,9 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith.cli.common import err, out
-from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import comparison_table
-from onnxsmith.io.files import write_text_atomic
+from onnxsmith.io.files import human_bytes, write_text_atomic
 from onnxsmith.io.load import load_model
 from onnxsmith.pipeline.extract import extract_piece
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
@@ -30,20 +29,33 @@ def register(subparsers) -> None:
     )
     parser.add_argument("source", help="the source .onnx model (never modified)")
     parser.add_argument("output", help="where to write the piece")
-    parser.add_argument("--inputs", type=_names, metavar="A,B",
-                        help="tensors that become the piece's inputs (default: the source's inputs that the outputs read)")
-    parser.add_argument("--outputs", type=_names, required=True, metavar="C,D",
-                        help="tensors that become the piece's outputs")
+    parser.add_argument(
+        "--inputs",
+        type=_names,
+        metavar="A,B",
+        help="tensors that become the piece's inputs (default: the source's inputs that the outputs read)",
+    )
+    parser.add_argument(
+        "--outputs", type=_names, required=True, metavar="C,D", help="tensors that become the piece's outputs"
+    )
     data = parser.add_argument_group("inputs the source is run on (to verify the piece and type what inference cannot)")
-    data.add_argument("--shape", action="append", metavar="NAME:D0,D1|DIM=N",
-                      help="shape of a source input with symbolic dims (repeatable), or a size for a named dim")
+    data.add_argument(
+        "--shape",
+        action="append",
+        metavar="NAME:D0,D1|DIM=N",
+        help="shape of a source input with symbolic dims (repeatable), or a size for a named dim",
+    )
     data.add_argument("--input-data", metavar="NPZ", help="run on these arrays (named like the source's inputs)")
     data.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
     data.add_argument("--samples", type=int, default=2, help="how many random input sets (default %(default)s)")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
-    parser.add_argument("--external-data", action=argparse.BooleanOptionalAction, default=None,
-                        help="store weights in OUT.data (default: as the source does, and always past 2 GB)")
+    parser.add_argument(
+        "--external-data",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="store weights in OUT.data (default: as the source does, and always past 2 GB)",
+    )
     parser.add_argument("--report", metavar="JSON", help="also write what was done and measured as JSON")
     parser.set_defaults(func=run)
 
@@ -54,12 +66,21 @@ def run(args: argparse.Namespace) -> int:
         feeds = [load_npz(args.input_data, source)]
     else:
         shapes, dims = parse_shape_options(args.shape)
-        feeds = [random_inputs(source, shapes=shapes, dims=dims, seed=args.seed + i) for i in range(max(1, args.samples))]
+        feeds = [
+            random_inputs(source, shapes=shapes, dims=dims, seed=args.seed + i) for i in range(max(1, args.samples))
+        ]
     del source
     with err.status("") as status:
         result = extract_piece(
-            args.source, args.output, args.inputs, args.outputs, feeds=feeds, atol=args.atol, rtol=args.rtol,
-            external_data=args.external_data, progress=lambda message: status.update(message),
+            args.source,
+            args.output,
+            args.inputs,
+            args.outputs,
+            feeds=feeds,
+            atol=args.atol,
+            rtol=args.rtol,
+            external_data=args.external_data,
+            progress=lambda message: status.update(message),
         )
     out.print(
         f"[bold]extract[/]  {result.nodes_piece} of {result.nodes_source} nodes; {result.initializers} initializers "

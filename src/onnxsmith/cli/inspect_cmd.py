@@ -10,8 +10,8 @@ from rich.table import Table
 from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.summary import summarize
 from onnxsmith.cli.common import out, print_json
-from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import bytes_table
+from onnxsmith.io.files import human_bytes
 from onnxsmith.io.load import load_model
 
 
@@ -50,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     for op, count in summary.ops.items():
         ops.add_row(op, str(count))
     out.print(ops)
-    out.print(bytes_table("parameters by dtype (initializers and Constant nodes)", summary.bytes_by_dtype,
-                          summary.params_by_dtype))
+    out.print(
+        bytes_table(
+            "parameters by dtype (initializers and Constant nodes)", summary.bytes_by_dtype, summary.params_by_dtype
+        )
+    )
     largest = Table(title=f"largest {len(summary.largest)} tensors", title_justify="left")
     for column in ("name", "dtype", "shape", "bytes", "held in", "read by"):
         largest.add_column(column, justify="right" if column == "bytes" else "left")

@@ -20,8 +20,12 @@ def register(subparsers) -> None:
     parser.add_argument("image", help="the image")
     parser.add_argument("--box", metavar="X,Y,W,H", help="the face in the image (default: the image is a face crop)")
     add_task_arguments(parser)
-    parser.add_argument("--fp16-mode", choices=FP16_MODES, default="auto",
-                        help="auto: a model with fp16 tensors runs storage-faithfully; native: as onnxruntime runs it")
+    parser.add_argument(
+        "--fp16-mode",
+        choices=FP16_MODES,
+        default="auto",
+        help="auto: a model with fp16 tensors runs storage-faithfully; native: as onnxruntime runs it",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 

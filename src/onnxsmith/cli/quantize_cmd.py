@@ -25,11 +25,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith.cli.common import err, out
-from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import rows_table
 from onnxsmith.errors import InputError, UsageError
-from onnxsmith.io.files import FileRecord, commit_files, same_file, sha256_file, staging_dir, write_text_atomic
+from onnxsmith.io.files import (
+    FileRecord,
+    commit_files,
+    human_bytes,
+    same_file,
+    sha256_file,
+    staging_dir,
+    write_text_atomic,
+)
 from onnxsmith.io.load import load_model
 from onnxsmith.pipeline import options as opts
 from onnxsmith.pipeline.transform import Progress, VariantResult, produce_variant
@@ -44,14 +51,19 @@ SUFFIX = {"q4": "_q4", "q8": "_quantized"}
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "quantize", help=Quantize.summary,
+        "quantize",
+        help=Quantize.summary,
         description="Quantize a language model's weights (4-bit blocks, int8 head) into a folder transformers.js loads.",
     )
     parser.add_argument("source", help="a model folder with onnx/model.onnx, or an .onnx file (never modified)")
-    parser.add_argument("output", help="the folder to write (onnx/model_q4.onnx, model_q4_full.onnx, config, tokenizer)")
+    parser.add_argument(
+        "output", help="the folder to write (onnx/model_q4.onnx, model_q4_full.onnx, config, tokenizer)"
+    )
     opts.add_arguments(parser, QuantizeOptions)
     gate = parser.add_argument_group("verification gate (see docs/quantize.md)")
-    gate.add_argument("--gate-samples", type=int, default=4, help="sequences sampled from the source (default %(default)s)")
+    gate.add_argument(
+        "--gate-samples", type=int, default=4, help="sequences sampled from the source (default %(default)s)"
+    )
     gate.add_argument("--gate-length", type=int, default=32, help="tokens per sequence (default %(default)s)")
     gate.add_argument("--seed", type=int, default=0, help="seed of the sampling (default %(default)s)")
     parser.add_argument("--report", metavar="JSON", help="also write the report here (it is always in OUT)")
@@ -64,7 +76,9 @@ def source_model(source: Path) -> tuple[Path, Path | None]:
         model = source / "onnx" / "model.onnx"
         if not model.is_file():
             found = sorted(p.name for p in (source / "onnx").glob("*.onnx")) if (source / "onnx").is_dir() else []
-            raise InputError(f"no onnx/model.onnx in the folder (found: {', '.join(found) or 'no .onnx files'})", source)
+            raise InputError(
+                f"no onnx/model.onnx in the folder (found: {', '.join(found) or 'no .onnx files'})", source
+            )
         return model, source
     if not source.exists():
         raise InputError("no such file or folder", source)
@@ -75,8 +89,13 @@ def run(args: argparse.Namespace) -> int:
     options = opts.from_args(args, QuantizeOptions)
     with err.status("") as status:
         source, results, report = quantize_folder(
-            Path(args.source), Path(args.output), options, gate_samples=args.gate_samples,
-            gate_length=args.gate_length, seed=args.seed, progress=status.update,
+            Path(args.source),
+            Path(args.output),
+            options,
+            gate_samples=args.gate_samples,
+            gate_length=args.gate_length,
+            seed=args.seed,
+            progress=status.update,
         )
     if args.report:
         write_text_atomic(args.report, json.dumps(report, indent=2, default=str) + "\n")
@@ -84,9 +103,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def quantize_folder(source: Path, output: Path, options: QuantizeOptions, *, gate_samples: int = 4,
-                    gate_length: int = 32, seed: int = 0, progress: Progress = lambda _: None
-                    ) -> tuple[Path, list[tuple[str, VariantResult]], dict]:
+def quantize_folder(
+    source: Path,
+    output: Path,
+    options: QuantizeOptions,
+    *,
+    gate_samples: int = 4,
+    gate_length: int = 32,
+    seed: int = 0,
+    progress: Progress = lambda _: None,
+) -> tuple[Path, list[tuple[str, VariantResult]], dict]:
     """Write OUT (see the module doc); return (the source .onnx, the variants, the report)."""
     if gate_samples < 1 or gate_length < 2:
         raise UsageError("--gate-samples must be >= 1 and --gate-length >= 2")
@@ -109,7 +135,10 @@ def quantize_folder(source: Path, output: Path, options: QuantizeOptions, *, gat
         feeds = [lm.lm_feeds(signature, ids)]
         for file_name, variant_options in plan:
             result = produce_variant(
-                source, tmp / "onnx" / file_name, [(Quantize.name, variant_options)], feeds=feeds,
+                source,
+                tmp / "onnx" / file_name,
+                [(Quantize.name, variant_options)],
+                feeds=feeds,
                 progress=lambda message, f=file_name: progress(f"{f}: {message}"),
             )
             results.append((file_name, result))
@@ -184,7 +213,9 @@ def _print(source: Path, results, report: dict, output: Path) -> None:
         table.add_column(column, justify="left" if column in ("file", "logits") else "right")
     table.add_row(source.name + " (source)", human_bytes(report["source"]["bytes"]), "100%", "every position")
     for variant in report["variants"]:
-        table.add_row(variant["file"], human_bytes(variant["bytes"]), f"{variant['size_vs_source']:.1%}", variant["logits"])
+        table.add_row(
+            variant["file"], human_bytes(variant["bytes"]), f"{variant['size_vs_source']:.1%}", variant["logits"]
+        )
     out.print(table)
     out.print(comparison_table(results[0][1].comparison))
     for file_name, result in results:

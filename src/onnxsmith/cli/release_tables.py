@@ -13,8 +13,9 @@ def validation_table(validations: list[Validation]) -> Table:
     """One column per variant, one row per metric: value, and whether its gate holds."""
     first = validations[0]
     modes = "; ".join(sorted({f"{v.candidate} {v.modes['candidate']}" for v in validations}))
-    table = Table(title=f"validation against {first.reference} ({first.task}: {first.data}; {modes})",
-                  title_justify="left")
+    table = Table(
+        title=f"validation against {first.reference} ({first.task}: {first.data}; {modes})", title_justify="left"
+    )
     table.add_column("metric")
     table.add_column("gate", justify="right")
     for v in validations:

@@ -33,8 +33,9 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
             help_text = f"{users[0][1].metadata.get('help', '')} [{', '.join(helps)}]"
         else:
             help_text = "; ".join(f"[{task}] {text}" for task, text in helps.items())
-        group.add_argument("--" + field_name.replace("_", "-"), dest=_PREFIX + field_name,
-                           metavar=field_name.upper(), help=help_text)
+        group.add_argument(
+            "--" + field_name.replace("_", "-"), dest=_PREFIX + field_name, metavar=field_name.upper(), help=help_text
+        )
 
 
 def task_options_from_args(args: argparse.Namespace, task: Task):
@@ -44,7 +45,7 @@ def task_options_from_args(args: argparse.Namespace, task: Task):
     for key, value in vars(args).items():
         if not key.startswith(_PREFIX) or value is None:
             continue
-        name = key[len(_PREFIX):]
+        name = key[len(_PREFIX) :]
         flag = "--" + name.replace("_", "-")
         if name not in fields:
             raise UsageError(f"{flag} is not an option of task '{task.name}'")

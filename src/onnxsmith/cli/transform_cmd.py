@@ -14,9 +14,8 @@ from pathlib import Path
 from rich.table import Table
 
 from onnxsmith.cli.common import add_input_options, err, feeds_from_args, out
-from onnxsmith.io.files import human_bytes
 from onnxsmith.cli.render import comparison_table
-from onnxsmith.io.files import write_text_atomic
+from onnxsmith.io.files import human_bytes, write_text_atomic
 from onnxsmith.io.load import load_model
 from onnxsmith.pipeline import options as opts
 from onnxsmith.pipeline.transform import Transform, VariantResult, produce_variant
@@ -31,9 +30,13 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     gate = parser.add_argument_group("verification gate")
     gate.add_argument("--atol", type=float, help="absolute tolerance (default: the transform's own)")
     gate.add_argument("--rtol", type=float, help="relative tolerance (default: the transform's own)")
-    parser.add_argument("--external-data", action="store_true", help="store weights in OUT.data even if they fit one file")
+    parser.add_argument(
+        "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
+    )
     parser.add_argument("--report", metavar="JSON", help="also write what was done and measured as JSON")
-    parser.add_argument("--explain", action="store_true", help="also show each change and why, with before/after breakdowns")
+    parser.add_argument(
+        "--explain", action="store_true", help="also show each change and why, with before/after breakdowns"
+    )
     parser.set_defaults(func=lambda args: run_transform_command(args, transform_cls))
     return parser
 
@@ -43,8 +46,13 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
     feeds = feeds_from_args(args, load_model(args.source))
     with err.status("") as status:
         result = produce_variant(
-            args.source, args.output, [(transform_cls.name, options)], feeds=feeds,
-            atol=args.atol, rtol=args.rtol, external_data=True if args.external_data else None,
+            args.source,
+            args.output,
+            [(transform_cls.name, options)],
+            feeds=feeds,
+            atol=args.atol,
+            rtol=args.rtol,
+            external_data=True if args.external_data else None,
             progress=lambda message: status.update(message),
         )
     print_result(Path(args.source), result, explain=getattr(args, "explain", False))

@@ -26,10 +26,18 @@ def register(subparsers) -> None:
     parser.add_argument("source", help="the source model (taken as right)")
     parser.add_argument("variant", help="the variant judged against it")
     add_task_arguments(parser)
-    parser.add_argument("--gate", action="append", metavar="METRIC=BOUND",
-                        help="bound a metric (repeatable; replaces the task's default for that metric)")
-    parser.add_argument("--fp16-mode", choices=FP16_MODES, default="auto",
-                        help="auto: models with fp16 tensors run storage-faithfully; native: as onnxruntime's CPU runs them")
+    parser.add_argument(
+        "--gate",
+        action="append",
+        metavar="METRIC=BOUND",
+        help="bound a metric (repeatable; replaces the task's default for that metric)",
+    )
+    parser.add_argument(
+        "--fp16-mode",
+        choices=FP16_MODES,
+        default="auto",
+        help="auto: models with fp16 tensors run storage-faithfully; native: as onnxruntime's CPU runs them",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the metrics and per-sample rows as JSON")
     parser.add_argument("--details", action="store_true", help="print one row per sample")
     parser.set_defaults(func=run)

@@ -180,8 +180,7 @@ def _check_one_graph(graph: ir.Graph, path: Path, outer: set[ir.Value]) -> None:
                 deps.add(producer)
             elif value not in defined and value.name:
                 raise InputError(
-                    f"node '{_node_label(node)}' reads '{value.name}', which no node, input or "
-                    "initializer defines",
+                    f"node '{_node_label(node)}' reads '{value.name}', which no node, input or initializer defines",
                     path,
                 )
         pending[node] = len(deps)

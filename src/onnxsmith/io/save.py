@@ -111,8 +111,9 @@ class StagedModel:
         if not self.external and final_data.exists() and not _is_protected(final_data, self._protect):
             final_data.unlink()  # a data file left by an earlier external save of this name
         # The renames keep the bytes: the records hashed while staged hold for the final paths.
-        self.committed = [FileRecord(final, record.bytes, record.sha256)
-                          for record, (_, final) in reversed(list(zip(staged, pairs)))]
+        self.committed = [
+            FileRecord(final, record.bytes, record.sha256) for record, (_, final) in reversed(list(zip(staged, pairs)))
+        ]
         return self.committed
 
 
@@ -201,7 +202,11 @@ def write_single_file(model: ir.Model, f: BinaryIO) -> None:
         originals.append((value, tensor))
         streamed[value.name] = tensor
         value.const_value = ir.ExternalTensor(
-            _PLACEHOLDER, offset=0, length=tensor.nbytes, dtype=tensor.dtype, shape=tensor.shape,
+            _PLACEHOLDER,
+            offset=0,
+            length=tensor.nbytes,
+            dtype=tensor.dtype,
+            shape=tensor.shape,
             name=value.name,
         )
     try:
@@ -263,4 +268,3 @@ def _stream_tensor(tensor: ir.TensorProtocol, f: BinaryIO) -> None:
             tensor.release()
         except BufferError:  # someone else still holds a view of the map
             pass
-

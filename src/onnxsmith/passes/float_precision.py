@@ -46,10 +46,18 @@ F32 = ir.DataType.FLOAT
 LOW_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 #: Ops whose output type comes from an attribute (Cast's ``to`` is handled; these stay as they are).
-_ATTRIBUTE_TYPED = frozenset({
-    "ConstantOfShape", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-    "EyeLike", "Bernoulli", "Multinomial",
-})
+_ATTRIBUTE_TYPED = frozenset(
+    {
+        "ConstantOfShape",
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "EyeLike",
+        "Bernoulli",
+        "Multinomial",
+    }
+)
 
 # Value categories, ordered: a node's outputs take the highest category among what it reads.
 CONST, SHAPE, DATA = 0, 1, 2
@@ -188,8 +196,12 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             if node.outputs and self._category.get(node.outputs[0]) != CONST:
                 continue
             outputs = [node.outputs[j] for j in self._slots[node].outputs]
-            if any(self._required(user, i, out) != self.dtype for out in outputs for user, i in out.uses()
-                   if self._required(user, i, out) is not None) or any(out.is_graph_output() for out in outputs):
+            if any(
+                self._required(user, i, out) != self.dtype
+                for out in outputs
+                for user, i in out.uses()
+                if self._required(user, i, out) is not None
+            ) or any(out.is_graph_output() for out in outputs):
                 self._low.discard(node)
                 self.result.low_nodes[node.op_type] -= 1
                 if not self.result.low_nodes[node.op_type]:
@@ -472,5 +484,3 @@ def _lowered(tensor: ir.TensorProtocol, dtype: ir.DataType, *, name: str) -> ir.
         return ir.tensor(converted, dtype=dtype, name=name)
 
     return ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(tensor.shape), name=name)
-
-

@@ -73,7 +73,9 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
         inputs = [v for v in node.inputs if v is not None]
         input_bytes = sum(_const_bytes(v) for v in inputs)
         if input_bytes > self.max_input_bytes:
-            return self._refuse(node, None, None, f"its constant inputs take {input_bytes} bytes; not evaluated in memory")
+            return self._refuse(
+                node, None, None, f"its constant inputs take {input_bytes} bytes; not evaluated in memory"
+            )
         output_bytes = 0
         for out in node.outputs:
             size = _static_nbytes(out)
@@ -85,7 +87,9 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
         growth = output_bytes - freed
         if growth > self.max_growth:
             return self._refuse(
-                node, output_bytes, growth,
+                node,
+                output_bytes,
+                growth,
                 f"folding would store {output_bytes} bytes (+{growth}), over the {self.max_growth}-byte limit; "
                 "it stays computed at run time",
             )

@@ -43,9 +43,7 @@ from onnxsmith.verify.inputs import input_specs, random_inputs
 DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
 #: Static values larger than this stay computed rather than stored.
 MAX_FOLDED_ELEMENTS = 1 << 20
-_NONDETERMINISTIC = frozenset(
-    {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"}
-)
+_NONDETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"})
 
 
 class FoldShapesPass(ir.passes.InPlacePass):
@@ -100,8 +98,9 @@ class FoldShapesPass(ir.passes.InPlacePass):
             varying[value] = arrays
             for user, index in list(value.uses()):
                 if _is_op(user, "Reshape") and index == 1 and shape_probe(user, "out") in runs[0]:
-                    target = _reshape_target([run[shape_probe(user, "out")] for run in runs],
-                                             [run[shape_probe(user, "in")] for run in runs])
+                    target = _reshape_target(
+                        [run[shape_probe(user, "out")] for run in runs], [run[shape_probe(user, "in")] for run in runs]
+                    )
                     if target is not None:
                         user.replace_input_with(1, constants.get(target, value))
                         if "allowzero" in user.attributes:  # opset >= 14; 0 (copy) is the default
@@ -110,8 +109,11 @@ class FoldShapesPass(ir.passes.InPlacePass):
         if varying:
             infer_types(model)  # the static length of the tensor a Concat pads
             for node in list(graph):
-                if _is_op(node, "Concat") and not _is_static(node, static) and _pad_instead_of_concat(
-                        graph, node, varying, constants):
+                if (
+                    _is_op(node, "Concat")
+                    and not _is_static(node, static)
+                    and _pad_instead_of_concat(graph, node, varying, constants)
+                ):
                     self.concats += 1
         RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, bool(self.folded or self.reshapes or self.concats))
@@ -134,9 +136,9 @@ def _static_values(graph: ir.Graph, keep_ops: frozenset[str]) -> set[ir.Value]:
     for node in graph:
         if node.domain not in ("", "ai.onnx") or node.op_type in keep_ops or node.op_type in _NONDETERMINISTIC:
             continue
-        if node.op_type in ("Shape", "Size"):
-            static.update(node.outputs)
-        elif all(known(v) for v in node.inputs) and all(known(v) for v in _captured(node)):
+        if node.op_type in ("Shape", "Size") or (
+            all(known(v) for v in node.inputs) and all(known(v) for v in _captured(node))
+        ):
             static.update(node.outputs)
     return static
 
@@ -145,8 +147,11 @@ def _captured(node: ir.Node) -> list[ir.Value]:
     """Outer values that a node's subgraphs read."""
     values = []
     for attr in node.attributes.values():
-        graphs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
-            list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+        graphs = (
+            [attr.value]
+            if attr.type == ir.AttributeType.GRAPH
+            else (list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+        )
         for sub in graphs:
             own = set(sub.inputs) | set(sub.initializers.values())
             for inner in ir.traversal.RecursiveGraphIterator(sub):
@@ -175,8 +180,9 @@ def _is_static(node: ir.Node, static: set[ir.Value]) -> bool:
     return bool(node.outputs) and node.outputs[0] in static
 
 
-def _evaluate(model: ir.Model, values: list[ir.Value], assignments: list[dict[str, int]],
-              feeds: dict[str, np.ndarray] | None) -> list[dict[str, np.ndarray]]:
+def _evaluate(
+    model: ir.Model, values: list[ir.Value], assignments: list[dict[str, int]], feeds: dict[str, np.ndarray] | None
+) -> list[dict[str, np.ndarray]]:
     """Each value's array for each assignment of the symbolic dims, computed by onnxruntime.
 
     A Reshape whose target is among ``values`` also reports the shapes of its data and
@@ -258,8 +264,9 @@ def _reshape_target(results: list[np.ndarray], inputs: list[np.ndarray]) -> np.n
     return target
 
 
-def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]],
-                           constants: _ConstantPool) -> bool:
+def _pad_instead_of_concat(
+    graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]], constants: _ConstantPool
+) -> bool:
     """Concat(c1, ..., x, ..., cn) = Pad(x) + table, where each c is a constant repeated along free dims."""
     axis = concat.attributes.get_int("axis", 0)
     pieces: list[np.ndarray | None] = []
@@ -280,8 +287,9 @@ def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, varying: dict[ir.Va
     rank = len(tensor.shape)
     axis = axis + rank if axis < 0 else axis
     length = tensor.shape[axis]
-    if not isinstance(length, int) or any(p is not None and (p.ndim != rank or p.dtype != tensor.dtype.numpy())
-                                          for p in pieces):
+    if not isinstance(length, int) or any(
+        p is not None and (p.ndim != rank or p.dtype != tensor.dtype.numpy()) for p in pieces
+    ):
         return False
     # The table: the pieces, with zeros where the tensor goes; 1 along every axis the Add broadcasts.
     template = next(p for p in pieces if p is not None)
@@ -294,7 +302,7 @@ def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, varying: dict[ir.Va
     table = np.concatenate([p if p is not None else np.zeros(zeros_shape, template.dtype) for p in pieces], axis=axis)
     position = next(i for i, p in enumerate(pieces) if p is None)
     before = sum(p.shape[axis] for p in pieces[:position])
-    after = sum(p.shape[axis] for p in pieces[position + 1:])
+    after = sum(p.shape[axis] for p in pieces[position + 1 :])
     pads = np.zeros(2 * rank, np.int64)
     pads[axis], pads[rank + axis] = before, after
     pad = ir.node("Pad", [tensor, constants.get(pads, concat.outputs[0])], num_outputs=1)
@@ -349,8 +357,12 @@ class _ConstantPool:
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self.by_content:
             name = self._unique(f"{like.name}/folded")
-            value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                             const_value=ir.tensor(array, name=name))
+            value = ir.Value(
+                name=name,
+                shape=ir.Shape(array.shape),
+                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                const_value=ir.tensor(array, name=name),
+            )
             self.graph.register_initializer(value)
             self.by_content[key] = value
         return self.by_content[key]

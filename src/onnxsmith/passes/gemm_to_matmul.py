@@ -75,7 +75,9 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
             if beta != 1.0:
                 c_array = const_array(c) if _is_initializer(graph, c) else None
                 if c_array is not None:
-                    c = _new_initializer(graph, f"{c.name}_gemm", (c_array * np.asarray(beta, c_array.dtype)).astype(c_array.dtype))
+                    c = _new_initializer(
+                        graph, f"{c.name}_gemm", (c_array * np.asarray(beta, c_array.dtype)).astype(c_array.dtype)
+                    )
                 else:
                     factor = _new_initializer(graph, f"{label}/beta", np.asarray(beta, dtype=_dtype_of(c, np.float32)))
                     node = ir.node("Mul", [c, factor], name=f"{label}/MulBeta")
@@ -99,11 +101,16 @@ def _stored_transposed(graph: ir.Graph, b: ir.Value, array: np.ndarray, cache: d
     """B stored as [K, N]: in place when only Gemms with transB=1 read it, else as a new initializer."""
     if b in cache:
         return cache[b]
-    readers_agree = all(
-        user.op_type == "Gemm" and index == 1 and user.attributes.get_int("transB", 0) == 1
-        and user.attributes.get_float("alpha", 1.0) == 1.0
-        for user, index in b.uses()
-    ) and b not in graph.outputs
+    readers_agree = (
+        all(
+            user.op_type == "Gemm"
+            and index == 1
+            and user.attributes.get_int("transB", 0) == 1
+            and user.attributes.get_float("alpha", 1.0) == 1.0
+            for user, index in b.uses()
+        )
+        and b not in graph.outputs
+    )
     if readers_agree:
         b.const_value = ir.Tensor(np.ascontiguousarray(array.T), name=b.name)
         b.shape = ir.Shape(array.T.shape)
@@ -118,7 +125,11 @@ def _new_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     while name in graph.initializers:
         name = f"{base}_{i}"
         i += 1
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                     const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
+    value = ir.Value(
+        name=name,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        const_value=ir.Tensor(np.ascontiguousarray(array), name=name),
+    )
     graph.register_initializer(value)
     return value

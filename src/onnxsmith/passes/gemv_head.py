@@ -70,7 +70,8 @@ class GemvHeadPass(ir.passes.InPlacePass):
         for reader in lookups:
             _gather_then_squeeze(graph, reader)
         self.how = f"'{weight.name}' stored with a leading unit dim" + (
-            f"; {len(lookups)} lookup(s) gather along the next axis" if lookups else "")
+            f"; {len(lookups)} lookup(s) gather along the next axis" if lookups else ""
+        )
         return ir.passes.PassResult(model, modified=True)
 
     def _why_not(self, model: ir.Model) -> str:
@@ -115,13 +116,18 @@ def _folds_at_load(value: ir.Value | None) -> bool:
     if producer is None:
         return const_array(value) is not None
     return producer.op_type == "DequantizeLinear" and all(
-        v is None or (v.producer() is None and const_array(v) is not None) for v in producer.inputs)
+        v is None or (v.producer() is None and const_array(v) is not None) for v in producer.inputs
+    )
 
 
 def _unit_axis(graph: ir.Graph, near: ir.Node) -> ir.Value:
     name = _free_name(graph, f"{near.name or 'weight'}/unit_axis")
-    axes = ir.Value(name=name, shape=ir.Shape([1]), type=ir.TensorType(ir.DataType.INT64),
-                    const_value=ir.tensor(np.array([0], np.int64), name=name))
+    axes = ir.Value(
+        name=name,
+        shape=ir.Shape([1]),
+        type=ir.TensorType(ir.DataType.INT64),
+        const_value=ir.tensor(np.array([0], np.int64), name=name),
+    )
     graph.register_initializer(axes)
     return axes
 

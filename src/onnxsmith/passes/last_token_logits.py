@@ -40,8 +40,9 @@ class LastTokenLogitsPass(ir.passes.InPlacePass):
         constants = []
         for suffix, value in (("starts", -1), ("ends", _INT64_MAX), ("axes", rank - 2)):
             tensor = ir.tensor(np.array([value], dtype=np.int64), name=f"{label}/last_position_{suffix}")
-            constant = ir.Value(name=tensor.name, shape=ir.Shape([1]), type=ir.TensorType(ir.DataType.INT64),
-                                const_value=tensor)
+            constant = ir.Value(
+                name=tensor.name, shape=ir.Shape([1]), type=ir.TensorType(ir.DataType.INT64), const_value=tensor
+            )
             graph.register_initializer(constant)
             constants.append(constant)
         sliced = ir.node("Slice", [hidden, *constants], name=f"{label}/last_position")

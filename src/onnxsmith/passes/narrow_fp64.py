@@ -68,7 +68,8 @@ def _double_constants(graph: ir.Graph) -> list[ir.Value]:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes:
             values.append(node.outputs[0])
     return [
-        v for v in values
+        v
+        for v in values
         if ir.convenience.get_const_tensor(v).dtype == DOUBLE and not v.is_graph_input() and not v.is_graph_output()
     ]
 

@@ -48,13 +48,39 @@ SINK_SLOTS: dict[str, tuple[int, ...]] = {
 #: Ops that run on int32 in onnxruntime's CPU provider and whose output type is that of
 #: these input slots (None: every input). A region passes through them.
 REGION_OPS: dict[str, tuple[int, ...] | None] = {
-    "Identity": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
-    "Transpose": (0,), "Expand": (0,), "Tile": (0,), "Slice": (0,), "Gather": (0,),
-    "GatherElements": (0,), "GatherND": (0,), "Split": (0,), "Concat": None, "Where": (1, 2),
-    "ScatterElements": (0, 2), "ScatterND": (0, 2), "Pad": (0, 2),
-    "ReduceMax": (0,), "ReduceMin": (0,), "ReduceSum": (0,), "CumSum": (0,),
-    "Add": None, "Sub": None, "Mul": None, "Div": None, "Mod": None, "Max": None, "Min": None,
-    "Neg": (0,), "Abs": (0,), "Clip": None, "Range": None,
+    "Identity": (0,),
+    "Reshape": (0,),
+    "Flatten": (0,),
+    "Squeeze": (0,),
+    "Unsqueeze": (0,),
+    "Transpose": (0,),
+    "Expand": (0,),
+    "Tile": (0,),
+    "Slice": (0,),
+    "Gather": (0,),
+    "GatherElements": (0,),
+    "GatherND": (0,),
+    "Split": (0,),
+    "Concat": None,
+    "Where": (1, 2),
+    "ScatterElements": (0, 2),
+    "ScatterND": (0, 2),
+    "Pad": (0, 2),
+    "ReduceMax": (0,),
+    "ReduceMin": (0,),
+    "ReduceSum": (0,),
+    "CumSum": (0,),
+    "Add": None,
+    "Sub": None,
+    "Mul": None,
+    "Div": None,
+    "Mod": None,
+    "Max": None,
+    "Min": None,
+    "Neg": (0,),
+    "Abs": (0,),
+    "Clip": None,
+    "Range": None,
 }
 #: Ops that only take integers from this opset on (Clip-11 is float-only).
 _MIN_OPSET = {"Clip": 12}
@@ -165,8 +191,12 @@ def find_regions(graph: ir.Graph, opset: int) -> list[Region]:
         # graph output): the Cast back to int64 then converts the small result, not the whole grid.
         for use in value.uses():
             node = use.node
-            if node.graph is graph and _is_region_op(node, opset) and _data_inputs(node) == [value] \
-                    and _not_bigger(node.outputs, value):
+            if (
+                node.graph is graph
+                and _is_region_op(node, opset)
+                and _data_inputs(node) == [value]
+                and _not_bigger(node.outputs, value)
+            ):
                 ops.add(node)
                 linked += node.outputs
         for other in linked:
@@ -220,7 +250,11 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         report = RegionReport(
             values=[v.name or "?" for v in region.values],
             read_by=sorted({node_label(node) for node, _ in region.sinks}),
-            bounds=None, saved_bytes=saved, saved_runtime_bytes=saved_runtime, proof="", narrowed=False,
+            bounds=None,
+            saved_bytes=saved,
+            saved_runtime_bytes=saved_runtime,
+            proof="",
+            narrowed=False,
         )
         for value in region.values:
             if value.is_graph_input():
@@ -284,7 +318,12 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
                 array = np.zeros(1, np.int32) if fill is None else fill.value.numpy().astype(np.int32)
                 producer.attributes["value"] = ir.AttrTensor("value", ir.tensor(array))
                 self._retype(graph, value, inside)
-            elif producer is not None and producer.op_type == "Cast" and _is_onnx(producer) and producer.inputs[0] not in members:
+            elif (
+                producer is not None
+                and producer.op_type == "Cast"
+                and _is_onnx(producer)
+                and producer.inputs[0] not in members
+            ):
                 producer.attributes["to"] = ir.AttrInt64("to", INT32)
                 self._retype(graph, value, inside)
             else:  # Shape, ArgMax, NonZero, ...: the Cast goes right after the producer

@@ -28,8 +28,30 @@ ALL = None  # "every row" in a demand
 Rows = tuple[int, int] | None  # [start, stop) of the tokens axis, or ALL
 
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater"})
-_UNARY = frozenset({"Relu", "Gelu", "Erf", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs",
-                    "Cast", "Identity", "Softplus", "HardSigmoid", "LeakyRelu", "Elu", "Not", "Sign", "Round"})
+_UNARY = frozenset(
+    {
+        "Relu",
+        "Gelu",
+        "Erf",
+        "Sigmoid",
+        "Tanh",
+        "Neg",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Abs",
+        "Cast",
+        "Identity",
+        "Softplus",
+        "HardSigmoid",
+        "LeakyRelu",
+        "Elu",
+        "Not",
+        "Sign",
+        "Round",
+    }
+)
 _CONTRIB_UNARY = frozenset({"Gelu", "FastGelu", "QuickGelu"})
 # MultiHeadAttention inputs that depend on the query's length, and the KV cache.
 _MHA_ATTENTION_BIAS, _MHA_PAST = 5, 6
@@ -220,9 +242,16 @@ def _slice(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: 
     array = constant(value)
     if array is not None:
         return constants.get(np.ascontiguousarray(array[..., start:stop, :]), f"{value.name}/rows_{start}_{stop}")
-    node = ir.node("Slice", [value, constants.get(np.array([start], np.int64), "row_start"),
-                             constants.get(np.array([stop], np.int64), "row_stop"),
-                             constants.get(np.array([-2], np.int64), "tokens_axis")], num_outputs=1)
+    node = ir.node(
+        "Slice",
+        [
+            value,
+            constants.get(np.array([start], np.int64), "row_start"),
+            constants.get(np.array([stop], np.int64), "row_stop"),
+            constants.get(np.array([-2], np.int64), "tokens_axis"),
+        ],
+        num_outputs=1,
+    )
     out = node.outputs[0]
     out.name = f"{value.name}/rows_{start}_{stop}"
     out.dtype = value.dtype
@@ -248,9 +277,12 @@ class _Constants:
             while name in self.graph.initializers:
                 k += 1
                 name = f"{base}_{k}"
-            value = ir.Value(name=name, shape=ir.Shape(array.shape),
-                             type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                             const_value=ir.tensor(array, name=name))
+            value = ir.Value(
+                name=name,
+                shape=ir.Shape(array.shape),
+                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                const_value=ir.tensor(array, name=name),
+            )
             self.graph.register_initializer(value)
             self.made[key] = value
         return self.made[key]

@@ -123,9 +123,12 @@ def relative_error(w: np.ndarray, restored: np.ndarray) -> float:
 
 
 def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=_free_name(graph, name), shape=ir.Shape(array.shape),
-                     type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                     const_value=ir.Tensor(np.ascontiguousarray(array), name=None))
+    value = ir.Value(
+        name=_free_name(graph, name),
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        const_value=ir.Tensor(np.ascontiguousarray(array), name=None),
+    )
     value.const_value.name = value.name
     graph.register_initializer(value)
     return value
@@ -142,8 +145,16 @@ def _free_name(graph: ir.Graph, name: str) -> str:
     return f"{name}_{i}"
 
 
-def dequantize_node(graph: ir.Graph, name: str, q: np.ndarray, scale: np.ndarray,
-                    zero_point: np.ndarray | None, *, axis: int, block_size: int | None = None) -> ir.Node:
+def dequantize_node(
+    graph: ir.Graph,
+    name: str,
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    *,
+    axis: int,
+    block_size: int | None = None,
+) -> ir.Node:
     """A DequantizeLinear over new initializers ``NAME_quantized``/``_scale``/``_zero_point``.
 
     Its output is unnamed: the caller gives it the name of the weight it replaces.
@@ -203,8 +214,7 @@ def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return packed, scales, zero_points
 
 
-def matmul_nbits_node(graph: ir.Graph, name: str, x: ir.Value, b: Blocked,
-                      accuracy_level: int | None) -> ir.Node:
+def matmul_nbits_node(graph: ir.Graph, name: str, x: ir.Value, b: Blocked, accuracy_level: int | None) -> ir.Node:
     """``x @ w`` as one com.microsoft MatMulNBits over the packed weight; output unnamed."""
     packed, scales, zero_points = pack_matmul_nbits(b)
     k, n = b.q.shape

@@ -45,9 +45,17 @@ def quantizable_weights(model: ir.Model, exclude: set[ir.Node] = frozenset()) ->
 class QuantizeWeightsPass(ir.passes.InPlacePass):
     """Quantize MatMul weights (all but the ``exclude``d MatMuls'); see the module doc."""
 
-    def __init__(self, *, bits: int = 4, block_size: int = 32, symmetric: bool = False, format: str = "qdq",
-                 accuracy_level: int | None = None, uneven: str = "int8",
-                 exclude: set[ir.Node] = frozenset()) -> None:
+    def __init__(
+        self,
+        *,
+        bits: int = 4,
+        block_size: int = 32,
+        symmetric: bool = False,
+        format: str = "qdq",
+        accuracy_level: int | None = None,
+        uneven: str = "int8",
+        exclude: set[ir.Node] = frozenset(),
+    ) -> None:
         super().__init__()
         if bits not in (4, 8):
             raise ValueError("bits must be 4 or 8")
@@ -76,13 +84,25 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             if k % self.block_size:
                 uneven.append(f"{name} (K={k})")
                 if self.uneven == "keep":
-                    self.rows.append({"weight": name, "shape": shape, "stored as": "unchanged (K not a multiple of the block)",
-                                      "rel. error": 0.0})
+                    self.rows.append(
+                        {
+                            "weight": name,
+                            "shape": shape,
+                            "stored as": "unchanged (K not a multiple of the block)",
+                            "rel. error": 0.0,
+                        }
+                    )
                     continue
                 p = qz.quantize_per_channel_int8(w, axis=1)
                 self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, name, p))
-                self.rows.append({"weight": name, "shape": shape, "stored as": "int8 per column (K not a multiple of the block)",
-                                  "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p))})
+                self.rows.append(
+                    {
+                        "weight": name,
+                        "shape": shape,
+                        "stored as": "int8 per column (K not a multiple of the block)",
+                        "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p)),
+                    }
+                )
                 self.quantized += 1
                 continue
             b = qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
@@ -92,19 +112,27 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 for i, matmul in enumerate(matmuls):
                     label = name if len(matmuls) == 1 else f"{name}_{i}"
                     fused = qz.matmul_nbits_node(graph, label, matmul.inputs[0], b, self.accuracy_level)
-                    ir.convenience.replace_nodes_and_values(graph, matmul, [matmul], [fused],
-                                                            [matmul.outputs[0]], [fused.outputs[0]])
+                    ir.convenience.replace_nodes_and_values(
+                        graph, matmul, [matmul], [fused], [matmul.outputs[0]], [fused.outputs[0]]
+                    )
                 graph.initializers.pop(name)
                 stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
-            self.rows.append({"weight": name, "shape": shape,
-                              "stored as": f"{stored}, {'symmetric' if self.symmetric else 'asymmetric'}",
-                              "rel. error": error})
+            self.rows.append(
+                {
+                    "weight": name,
+                    "shape": shape,
+                    "stored as": f"{stored}, {'symmetric' if self.symmetric else 'asymmetric'}",
+                    "rel. error": error,
+                }
+            )
             self.quantized += 1
         if uneven:
-            kept = "kept as they were" if self.uneven == "keep" else "stored int8 with one scale per output column instead"
+            kept = (
+                "kept as they were" if self.uneven == "keep" else "stored int8 with one scale per output column instead"
+            )
             self.notes.append(
                 f"{len(uneven)} weight(s) not block-quantized because K is not a multiple of the block size "
                 f"{self.block_size}, {kept}: {', '.join(uneven)}"

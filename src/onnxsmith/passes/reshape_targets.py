@@ -70,7 +70,11 @@ def _initializer(graph: ir.Graph, name: str, literal: tuple[int, ...]) -> ir.Val
         k += 1
         name = f"{base}_{k}"
     array = np.array(literal, dtype=np.int64)
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
-                     const_value=ir.tensor(array, name=name))
+    value = ir.Value(
+        name=name,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.INT64),
+        const_value=ir.tensor(array, name=name),
+    )
     graph.register_initializer(value)
     return value

@@ -24,6 +24,7 @@ and the stream is reported as not rescalable with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -35,8 +36,9 @@ from onnxsmith.analysis.graph import node_label
 #: Normalisations that are scale-invariant with eps scaled by S**2.
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
 #: Ops that move data without changing it: scaling their input scales their output.
-_THROUGH = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
-                      "Expand", "Tile", "Slice", "Gather"})
+_THROUGH = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Tile", "Slice", "Gather"}
+)
 _DEFAULT_EPS = 1e-5
 
 
@@ -70,12 +72,15 @@ class ResidualStream:
         return [v.name for v in self.values]
 
     def describe(self) -> str:
-        return f"{len(self.adds)} Adds from '{self.values[0].name}' to '{self.values[-1].name}', {len(self.norms)} norms"
+        return (
+            f"{len(self.adds)} Adds from '{self.values[0].name}' to '{self.values[-1].name}', {len(self.norms)} norms"
+        )
 
     def writers(self) -> list[ir.Value]:
         """What is written into the stream: its first value, then each Add's branch."""
-        branches = [add.inputs[1] if add.inputs[0] is value else add.inputs[0]
-                    for add, value in zip(self.adds, self.values)]
+        branches = [
+            add.inputs[1] if add.inputs[0] is value else add.inputs[0] for add, value in zip(self.adds, self.values)
+        ]
         return [self.values[0], *branches]
 
     def writer_nodes(self, value: ir.Value) -> list[ir.Node]:
@@ -83,7 +88,7 @@ class ResidualStream:
         readers are among them, back from the writer (never a stream value; a RoPE table that
         every block reads stays out). For a block's MLP: its norm, up-projection, GELU, down-projection."""
         producer = value.producer()
-        if producer is None or value in self.values[:1] and producer.op_type == "Constant":
+        if producer is None or (value in self.values[:1] and producer.op_type == "Constant"):
             return []
         stream = set(self.values)
         region = {producer}
@@ -178,7 +183,9 @@ def _plan(stream: ResidualStream) -> None:
             for user, _ in _value_uses(value):
                 passes = user.op_type in _THROUGH and id(user.outputs[0]) in via_ok | norm_inputs
                 if user not in readers_ok and not passes:
-                    raise NotScalable(f"'{value.name}' is read by {user.op_type} '{node_label(user)}', not only by norms")
+                    raise NotScalable(
+                        f"'{value.name}' is read by {user.op_type} '{node_label(user)}', not only by norms"
+                    )
         actions: list[_Action] = []
         scaled: list[ir.Value] = [*stream.values[1:], *stream.via]
         first = stream.values[0]
@@ -330,10 +337,8 @@ def _scaled(tensor: ir.TensorProtocol, scale: float, name: str) -> ir.TensorProt
         result = array * np.asarray(scale, dtype=array.dtype)
         del array
         if isinstance(tensor, ir.ExternalTensor):
-            try:
+            with contextlib.suppress(BufferError):
                 tensor.release()
-            except BufferError:
-                pass
         return ir.tensor(result, dtype=tensor.dtype, name=name)
 
     return ir.LazyTensor(compute, dtype=tensor.dtype, shape=tensor.shape, name=name)

@@ -152,8 +152,15 @@ class StoreHeadPass(ir.passes.InPlacePass):
     or ``rows`` (int8 only). ``self.notes`` / ``self.rows`` say what was done.
     """
 
-    def __init__(self, head: LMHead, mode: str = "int8", *, block_size: int = 32, symmetric: bool = False,
-                 lookups: str = "columns") -> None:
+    def __init__(
+        self,
+        head: LMHead,
+        mode: str = "int8",
+        *,
+        block_size: int = 32,
+        symmetric: bool = False,
+        lookups: str = "columns",
+    ) -> None:
         super().__init__()
         if mode not in HEAD_MODES:
             raise ValueError(f"head mode must be one of {', '.join(HEAD_MODES)}")
@@ -185,7 +192,9 @@ class StoreHeadPass(ir.passes.InPlacePass):
             error = qz.relative_error(w, qz.dequantize_blocked(b))
         else:
             if self.mode == "q4":
-                self.notes.append(f"head: hidden {w.shape[0]} is not a multiple of block {self.block_size}; stored int8")
+                self.notes.append(
+                    f"head: hidden {w.shape[0]} is not a multiple of block {self.block_size}; stored int8"
+                )
             p = qz.quantize_per_channel_int8(w, axis=1)
             dq = qz.per_channel_dequantize_node(graph, name, p)
             stored = "int8, one scale per token"
@@ -203,19 +212,32 @@ class StoreHeadPass(ir.passes.InPlacePass):
                 self._lookup_columns(graph, lookup, restored)
             _release(graph, head.table)  # nothing reads the [vocab, hidden] table any more
             if head.table.uses():
-                self.notes.append(f"'{head.table.name}' is still read by something other than the lookups; "
-                                  "its fp32 copy stays")
+                self.notes.append(
+                    f"'{head.table.name}' is still read by something other than the lookups; its fp32 copy stays"
+                )
             self.notes.append(
                 f"tied embedding/LM head '{head.table.name}' [{head.vocab}, {head.hidden}] stored once as "
                 f"'{restored.name}' [{head.hidden}, {head.vocab}] ({stored}); the head reads it directly, "
                 f"{len(head.lookups)} lookup(s) gather its columns (Gather axis 1, then Transpose)"
             )
-            self.rows.append({"weight": head.table.name, "shape": f"{head.vocab}x{head.hidden}",
-                              "stored as": f"{stored} (tied head)", "rel. error": error})
+            self.rows.append(
+                {
+                    "weight": head.table.name,
+                    "shape": f"{head.vocab}x{head.hidden}",
+                    "stored as": f"{stored} (tied head)",
+                    "rel. error": error,
+                }
+            )
         else:
             self.notes.append(f"LM head '{name}' [{head.hidden}, {head.vocab}] stored {stored} (untied)")
-            self.rows.append({"weight": name, "shape": f"{head.hidden}x{head.vocab}",
-                              "stored as": f"{stored} (head)", "rel. error": error})
+            self.rows.append(
+                {
+                    "weight": name,
+                    "shape": f"{head.hidden}x{head.vocab}",
+                    "stored as": f"{stored} (head)",
+                    "rel. error": error,
+                }
+            )
             if head.table is not None:
                 self._store_untied_table(graph, head.table)
         return ir.passes.PassResult(model, modified=True)
@@ -247,20 +269,28 @@ class StoreHeadPass(ir.passes.InPlacePass):
             f"in its own layout: {len(head.lookups)} lookup(s) gather rows, the head reads its transpose "
             "(onnxruntime folds it at load into a second fp32 copy)"
         )
-        self.rows.append({"weight": name, "shape": f"{head.vocab}x{head.hidden}",
-                          "stored as": "int8, one scale per token (tied head, rows)",
-                          "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p))})
+        self.rows.append(
+            {
+                "weight": name,
+                "shape": f"{head.vocab}x{head.hidden}",
+                "stored as": "int8, one scale per token (tied head, rows)",
+                "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p)),
+            }
+        )
 
     def _lookup_columns(self, graph: ir.Graph, lookup: ir.Node, table_t: ir.Value) -> None:
         ids = lookup.inputs[1]
         rank = len(ids.shape) if ids is not None and ids.shape is not None else None
         if rank is None:
-            raise InputError(f"cannot rewrite embedding lookup '{node_label(lookup)}': the rank of its indices is unknown")
+            raise InputError(
+                f"cannot rewrite embedding lookup '{node_label(lookup)}': the rank of its indices is unknown"
+            )
         label = lookup.name or "embedding"
         gather = ir.node("Gather", [table_t, ids], {"axis": 1}, name=f"{label}/columns")
         transpose = ir.node("Transpose", gather.outputs, {"perm": [*range(1, rank + 1), 0]}, name=f"{label}/rows")
-        ir.convenience.replace_nodes_and_values(graph, lookup, [lookup], [gather, transpose],
-                                                [lookup.outputs[0]], [transpose.outputs[0]])
+        ir.convenience.replace_nodes_and_values(
+            graph, lookup, [lookup], [gather, transpose], [lookup.outputs[0]], [transpose.outputs[0]]
+        )
 
     def _store_untied_table(self, graph: ir.Graph, table: ir.Value) -> None:
         array = const_array(table)
@@ -271,10 +301,17 @@ class StoreHeadPass(ir.passes.InPlacePass):
         old_name = table.name
         graph.initializers.pop(old_name)
         dq.outputs[0].name = old_name
-        self.notes.append(f"embedding table '{old_name}' [{array.shape[0]}, {array.shape[1]}] stored int8, one scale per token")
-        self.rows.append({"weight": old_name, "shape": "x".join(map(str, array.shape)),
-                          "stored as": "int8, one scale per token (embedding)",
-                          "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p))})
+        self.notes.append(
+            f"embedding table '{old_name}' [{array.shape[0]}, {array.shape[1]}] stored int8, one scale per token"
+        )
+        self.rows.append(
+            {
+                "weight": old_name,
+                "shape": "x".join(map(str, array.shape)),
+                "stored as": "int8, one scale per token (embedding)",
+                "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p)),
+            }
+        )
 
 
 def _release(graph: ir.Graph, value: ir.Value) -> None:

@@ -57,7 +57,14 @@ def _match(graph: ir.Graph, shapes: SymbolicShapes, matmul: ir.Node):
         return None
     x = flatten.inputs[0]
     x_dims, flat_dims, w_dims = shapes.dims(x), shapes.dims(flatten.outputs[0]), shapes.dims(matmul.inputs[1])
-    if x_dims is None or len(x_dims) < 2 or flat_dims is None or len(flat_dims) != 2 or w_dims is None or len(w_dims) != 2:
+    if (
+        x_dims is None
+        or len(x_dims) < 2
+        or flat_dims is None
+        or len(flat_dims) != 2
+        or w_dims is None
+        or len(w_dims) != 2
+    ):
         return None
     if not same(flat_dims[1], x_dims[-1]):  # the flattening must keep x's rows intact
         return None
@@ -87,8 +94,15 @@ def _broadcasts_as_bias(dims) -> bool:
     return len(dims) < 2 or (is_int(dims[0]) and as_int(dims[0]) == 1)
 
 
-def _rewrite(graph: ir.Graph, shapes: SymbolicShapes, flatten: ir.Node, matmul: ir.Node, add: ir.Node | None,
-             restore: ir.Node, last: ir.Node) -> None:
+def _rewrite(
+    graph: ir.Graph,
+    shapes: SymbolicShapes,
+    flatten: ir.Node,
+    matmul: ir.Node,
+    add: ir.Node | None,
+    restore: ir.Node,
+    last: ir.Node,
+) -> None:
     matmul.replace_input_with(0, flatten.inputs[0])
     result, kept = restore.outputs[0], last.outputs[0]
     name, shape, dims = result.name, result.shape, shapes.dims(result)

@@ -19,9 +19,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -92,15 +92,20 @@ def bench_models(
         for i, (name, path, config) in enumerate(models):
             progress(f"benchmarking {name}: batch {', '.join(map(str, settings.batches))}")
             files = _write_inputs(Path(path), settings, Path(tmp) / f"model{i}", inputs)
-            job = {"path": os.fspath(path), "inputs": files, "provider": settings.provider,
-                   "runs": settings.runs, "warmup": settings.warmup, "threads": settings.threads,
-                   "config": config}
+            job = {
+                "path": os.fspath(path),
+                "inputs": files,
+                "provider": settings.provider,
+                "runs": settings.runs,
+                "warmup": settings.warmup,
+                "threads": settings.threads,
+                "config": config,
+            }
             results.append(_run_worker(name, Path(path), job, settings))
     return results
 
 
-def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: dict[int, dict] | None
-                  ) -> dict[str, str]:
+def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: dict[int, dict] | None) -> dict[str, str]:
     """One .npz of inputs per batch size; returns batch -> file."""
     import numpy as np
 
@@ -125,8 +130,7 @@ def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: dict
     files = {}
     for batch in settings.batches:
         if not batch_dims and fixed and batch not in fixed:
-            raise UsageError(f"the model's inputs have a fixed batch of {min(fixed)}; cannot run batch {batch}",
-                             path)
+            raise UsageError(f"the model's inputs have a fixed batch of {min(fixed)}; cannot run batch {batch}", path)
         feeds = random_inputs(model, shapes=shapes, dims={**dims, **{d: batch for d in batch_dims}}, seed=batch)
         target = folder / f"batch{batch}.npz"
         np.savez(target, **feeds)
@@ -138,8 +142,10 @@ def _run_worker(name: str, path: Path, job: dict, settings: BenchSettings) -> Be
     from onnxsmith.errors import InputError
 
     done = subprocess.run(
-        [sys.executable, "-m", "onnxsmith.pipeline.bench"], input=json.dumps(job),
-        capture_output=True, text=True,
+        [sys.executable, "-m", "onnxsmith.pipeline.bench"],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -149,9 +155,14 @@ def _run_worker(name: str, path: Path, job: dict, settings: BenchSettings) -> Be
     if "error" in report:
         raise InputError(report["error"], path)
     return BenchResult(
-        name=name, file=path.name, provider=settings.provider, load_ms=report["load_ms"],
-        rss_before_load_bytes=report["rss_before"], peak_rss_bytes=report["peak_rss"],
-        batches=[BatchTiming(**b) for b in report["batches"]], threads=settings.threads,
+        name=name,
+        file=path.name,
+        provider=settings.provider,
+        load_ms=report["load_ms"],
+        rss_before_load_bytes=report["rss_before"],
+        peak_rss_bytes=report["peak_rss"],
+        batches=[BatchTiming(**b) for b in report["batches"]],
+        threads=settings.threads,
         session_config=dict(job["config"]),
     )
 
@@ -222,9 +233,16 @@ def _worker(job: dict) -> dict:
             session.run(None, inputs)
             times.append((time.perf_counter() - t0) * 1000)
         ms = np.array(times)
-        batches.append({"batch": batch, "runs": len(times), "median_ms": float(np.median(ms)),
-                        "p90_ms": float(np.percentile(ms, 90)), "mean_ms": float(ms.mean()),
-                        "min_ms": float(ms.min())})
+        batches.append(
+            {
+                "batch": batch,
+                "runs": len(times),
+                "median_ms": float(np.median(ms)),
+                "p90_ms": float(np.percentile(ms, 90)),
+                "mean_ms": float(ms.mean()),
+                "min_ms": float(ms.min()),
+            }
+        )
     return {"load_ms": load_ms, "rss_before": rss_before, "peak_rss": _peak_rss(), "batches": batches}
 
 

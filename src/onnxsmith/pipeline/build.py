@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -78,8 +79,14 @@ def default_out(recipe_path: Path) -> Path:
     return Path("release") / name
 
 
-def build(recipe: Recipe, out: str | os.PathLike, *, progress: Callable[[str], None] = lambda _: None,
-          log: Callable[[str], None] = lambda _: None, bench: bool = True) -> BuildResult:
+def build(
+    recipe: Recipe,
+    out: str | os.PathLike,
+    *,
+    progress: Callable[[str], None] = lambda _: None,
+    log: Callable[[str], None] = lambda _: None,
+    bench: bool = True,
+) -> BuildResult:
     """Build ``recipe`` into the folder ``out``; ``bench=False`` skips the (timed) benchmark."""
     out = Path(out)
     _check_out(out, recipe)
@@ -105,8 +112,9 @@ def _check_out(out: Path, recipe: Recipe) -> None:
     if any(out.resolve() == p or out.resolve() in p.parents for p in inputs):
         raise UsageError("holds the recipe or the source model; choose another --out", out)
     if any(out.iterdir()) and not _is_release(out / MEASUREMENTS):
-        raise UsageError("exists and is not an onnxsmith release (no measurements.json); "
-                         "choose another --out or remove it", out)
+        raise UsageError(
+            "exists and is not an onnxsmith release (no measurements.json); choose another --out or remove it", out
+        )
 
 
 def _is_release(path: Path) -> bool:
@@ -130,16 +138,19 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
 
     outcomes = []
     for i, variant in enumerate(recipe.variants, 1):
-        def step_progress(message: str, _prefix=f"[{i}/{len(recipe.variants)}] {variant.name}: ") -> None:
-            progress(_prefix + message)
+        prefix = f"[{i}/{len(recipe.variants)}] {variant.name}: "
+
+        def step_progress(message: str, prefix: str = prefix) -> None:
+            progress(prefix + message)
 
         outcome = _make_variant(recipe, variant, release, feeds, task_run, step_progress)
         outcomes.append(outcome)
         if outcome.published:
             summary = ""
             if outcome.validation is not None:
-                summary = "; " + ", ".join(f"{m.label} {m.display}" for m in outcome.validation.metrics
-                                           if m.gate is not None)
+                summary = "; " + ", ".join(
+                    f"{m.label} {m.display}" for m in outcome.validation.metrics if m.gate is not None
+                )
             log(f"[green]published[/] {variant.name} ({variant.file}{summary})")
         else:
             log(f"[red]not published[/] {variant.name}: {outcome.reason}")
@@ -154,10 +165,17 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         ]
         inputs = None if task_run is None else {b: _stacked(task_run.samples, b) for b in recipe.bench.batches}
         results = bench_models(models, recipe.bench, inputs=inputs, progress=progress)
-        bench = {"settings": {"batch": recipe.bench.batches, "provider": recipe.bench.provider,
-                              "runs": recipe.bench.runs, "warmup": recipe.bench.warmup,
-                              "threads": recipe.bench.threads, "machine": _machine()},
-                 "results": [r.to_json() for r in results]}
+        bench = {
+            "settings": {
+                "batch": recipe.bench.batches,
+                "provider": recipe.bench.provider,
+                "runs": recipe.bench.runs,
+                "warmup": recipe.bench.warmup,
+                "threads": recipe.bench.threads,
+                "machine": _machine(),
+            },
+            "results": [r.to_json() for r in results],
+        }
 
     included = []
     for path in recipe.include:
@@ -170,13 +188,26 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
     measurements = {
         "onnxsmith": __version__,
         "tools": _tool_versions(),
-        "card": {"title": recipe.card.title or source.stem, "description": recipe.card.description,
-                 "homepage": recipe.card.homepage, "license": recipe.license_text()},
-        "source": {"file": source.name, "bytes": source.stat().st_size, "sha256": recipe.source_sha256,
-                   **_model_facts(source_model, source.stat().st_size)},
-        "validation": None if task_run is None else {
-            "task": task_run.task.name, "summary": task_run.task.summary, "data": task_run.data,
-            "samples": len(task_run.samples), "gates": recipe.validation.gates,
+        "card": {
+            "title": recipe.card.title or source.stem,
+            "description": recipe.card.description,
+            "homepage": recipe.card.homepage,
+            "license": recipe.license_text(),
+        },
+        "source": {
+            "file": source.name,
+            "bytes": source.stat().st_size,
+            "sha256": recipe.source_sha256,
+            **_model_facts(source_model, source.stat().st_size),
+        },
+        "validation": None
+        if task_run is None
+        else {
+            "task": task_run.task.name,
+            "summary": task_run.task.summary,
+            "data": task_run.data,
+            "samples": len(task_run.samples),
+            "gates": recipe.validation.gates,
             "calibration_samples": len(feeds),
             "options": {k: _relative(v, recipe.folder) for k, v in options_json(recipe.validation.options).items()},
         },
@@ -186,22 +217,23 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         "bench": bench,
     }
     progress("writing the card and the report")
-    (release / MEASUREMENTS).write_text(json.dumps(measurements, indent=1, allow_nan=False) + "\n",
-                                        encoding="utf-8")
+    (release / MEASUREMENTS).write_text(json.dumps(measurements, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     (release / CARD).write_text(render_card(measurements), encoding="utf-8")
     (release / REPORT).write_text(render_report(measurements), encoding="utf-8")
     return BuildResult(release, measurements, outcomes)
 
 
-def _make_variant(recipe: Recipe, variant: Variant, release: Path, feeds, task_run: TaskRun | None,
-                  progress) -> VariantOutcome:
+def _make_variant(
+    recipe: Recipe, variant: Variant, release: Path, feeds, task_run: TaskRun | None, progress
+) -> VariantOutcome:
     outcome = VariantOutcome(variant)
     target = release / variant.file
     target.parent.mkdir(parents=True, exist_ok=True)
     steps = [(s.name, s.options) for s in variant.steps]
     try:
-        result = produce_variant(recipe.source, target, steps, feeds=feeds, atol=variant.atol, rtol=variant.rtol,
-                                 progress=progress)
+        result = produce_variant(
+            recipe.source, target, steps, feeds=feeds, atol=variant.atol, rtol=variant.rtol, progress=progress
+        )
     except GateFailed as err:
         outcome.reason = err.problem
         outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
@@ -247,9 +279,14 @@ def _variant_peak(path: Path, feeds) -> dict:
     """An fp16 variant's largest activation as a GPU will hold it (storage-faithful)."""
     ranges = measure_ranges(path, feeds)
     top = max(ranges, key=lambda r: r.absmax)
-    return {"tensor": top.name, "node": top.node, "absmax": top.absmax,
-            "nonfinite": sum(r.nonfinite for r in ranges), "storage": "storage-faithful fp16",
-            "over_fp16_max": sum(1 for r in ranges if r.absmax > FP16_MAX)}
+    return {
+        "tensor": top.name,
+        "node": top.node,
+        "absmax": top.absmax,
+        "nonfinite": sum(r.nonfinite for r in ranges),
+        "storage": "storage-faithful fp16",
+        "over_fp16_max": sum(1 for r in ranges if r.absmax > FP16_MAX),
+    }
 
 
 def _source_ranges(source: Path, feeds) -> dict:
@@ -258,12 +295,27 @@ def _source_ranges(source: Path, feeds) -> dict:
     peak = max(residual, key=lambda p: p.absmax) if residual else None
     return {
         "measured_on": f"{len(feeds)} calibration sample(s)",
-        "tensors": [{"name": r.name, "order": r.order, "op": r.op_type, "absmax": r.absmax,
-                     "nonfinite": r.nonfinite} for r in tensors],
-        "residual": [{"tensor": p.tensor, "reader": p.reader, "order": p.order, "absmax": p.absmax,
-                      "channel": p.channel, "top_channels": _top_channels(p.per_channel)} for p in residual],
-        "massive": None if peak is None else {
-            "tensor": peak.tensor, "channel": peak.channel, "absmax": peak.absmax,
+        "tensors": [
+            {"name": r.name, "order": r.order, "op": r.op_type, "absmax": r.absmax, "nonfinite": r.nonfinite}
+            for r in tensors
+        ],
+        "residual": [
+            {
+                "tensor": p.tensor,
+                "reader": p.reader,
+                "order": p.order,
+                "absmax": p.absmax,
+                "channel": p.channel,
+                "top_channels": _top_channels(p.per_channel),
+            }
+            for p in residual
+        ],
+        "massive": None
+        if peak is None
+        else {
+            "tensor": peak.tensor,
+            "channel": peak.channel,
+            "absmax": peak.absmax,
             "tensors_where_it_peaks": sum(1 for p in residual if p.channel == peak.channel),
             "tensors_over_fp16_max": sum(1 for p in residual if p.absmax > FP16_MAX),
             "residual_tensors": len(residual),
@@ -279,11 +331,13 @@ def _top_channels(per_channel: list[float], k: int = 3) -> list[list]:
 
 def _model_facts(model, file_bytes: int) -> dict:
     summary = summarize(model, top=0, file_bytes=file_bytes)
-    return {"io": {"inputs": summary.inputs, "outputs": summary.outputs},
-            "opsets": {k or "ai.onnx": v for k, v in summary.opsets.items()},
-            # the domains its nodes really use (an opset import may be left over)
-            "op_domains": sorted({op.partition("::")[0] for op in summary.ops if "::" in op}),
-            "params_by_dtype": summary.params_by_dtype}
+    return {
+        "io": {"inputs": summary.inputs, "outputs": summary.outputs},
+        "opsets": {k or "ai.onnx": v for k, v in summary.opsets.items()},
+        # the domains its nodes really use (an opset import may be left over)
+        "op_domains": sorted({op.partition("::")[0] for op in summary.ops if "::" in op}),
+        "params_by_dtype": summary.params_by_dtype,
+    }
 
 
 def _step_json(report) -> dict:
@@ -293,8 +347,14 @@ def _step_json(report) -> dict:
 
 def _variant_json(outcome: VariantOutcome) -> dict:
     v = outcome.variant
-    return {"name": v.name, "file": v.file, "description": v.description, "published": outcome.published,
-            "reason": outcome.reason, **outcome.data}
+    return {
+        "name": v.name,
+        "file": v.file,
+        "description": v.description,
+        "published": outcome.published,
+        "reason": outcome.reason,
+        **outcome.data,
+    }
 
 
 def _finite_json(data):
@@ -344,8 +404,10 @@ def rewrite_card(release: Path, card_fields: dict | None = None) -> FileRecord:
         if not file.is_file():
             raise UsageError(f"the release's file {f['path']} is missing", release)
         if file.stat().st_size != f["bytes"] or sha256_file(file) != f["sha256"]:
-            raise UsageError(f"{f['path']} changed since the build (its sha256 differs from the one "
-                             "measured); rebuild instead", release)
+            raise UsageError(
+                f"{f['path']} changed since the build (its sha256 differs from the one measured); rebuild instead",
+                release,
+            )
     if card_fields:
         measurements["card"].update(card_fields)
         write_text_atomic(path, json.dumps(measurements, indent=1, allow_nan=False) + "\n")
@@ -362,4 +424,3 @@ def strip_timed(text: str) -> str:
         rest = rest[1:] if rest.startswith("\n") else rest
     out.append(rest)
     return "".join(out)
-

@@ -12,9 +12,11 @@ from typing import Any
 TIMED_START = "<!-- timed -->"
 TIMED_END = "<!-- /timed -->"
 FP16_MAX = 65504.0
-FAITHFUL_NOTE = ("Variants holding fp16 tensors are run storage-faithfully: every fp16 tensor is rounded to fp16 "
-                 "as a GPU holds it, so an overflow a GPU would hit shows here too (onnxruntime's CPU kernels "
-                 "would otherwise compute in fp32 and hide it).")
+FAITHFUL_NOTE = (
+    "Variants holding fp16 tensors are run storage-faithfully: every fp16 tensor is rounded to fp16 "
+    "as a GPU holds it, so an overflow a GPU would hit shows here too (onnxruntime's CPU kernels "
+    "would otherwise compute in fp32 and hide it)."
+)
 
 
 def render_card(m: dict[str, Any]) -> str:
@@ -66,8 +68,10 @@ def _variants(variants: list[dict]) -> list[str]:
         out += [f"### {v['name']}" + ("" if v["published"] else " (not published)"), ""]
         if v.get("description"):
             out += [v["description"].strip(), ""]
-        steps = " → ".join(f"`{s['name']}`" + _options(s.get("options", {})) for s in v.get("steps", [])) or \
-            "none (the source re-saved)"
+        steps = (
+            " → ".join(f"`{s['name']}`" + _options(s.get("options", {})) for s in v.get("steps", []))
+            or "none (the source re-saved)"
+        )
         out += [f"Steps: {steps}.", ""]
         if not v["published"]:
             out += [f"Not published: {v['reason']}", ""]
@@ -79,8 +83,10 @@ def _variants(variants: list[dict]) -> list[str]:
         peak = v.get("peak")
         if peak:
             verdict = "below" if peak["absmax"] <= FP16_MAX else "above"
-            out.append(f"- Largest activation {peak['absmax']:.4g} in `{peak['tensor']}` ({peak['storage']}), "
-                       f"{verdict} fp16's 65,504; NaN/inf: {peak['nonfinite'] or 'none'}.")
+            out.append(
+                f"- Largest activation {peak['absmax']:.4g} in `{peak['tensor']}` ({peak['storage']}), "
+                f"{verdict} fp16's 65,504; NaN/inf: {peak['nonfinite'] or 'none'}."
+            )
         out += [f"- Runtime: {line}" for line in runtime_needs(v)]
         out.append("")
     return out
@@ -107,12 +113,16 @@ def runtime_needs(v: dict) -> list[str]:
         needs.append(f"set the session config entries {entries}.")
     contrib = [d for d in v.get("op_domains", []) if d not in ("ai.onnx", "ai.onnx.ml")]
     if contrib:
-        needs.append(f"uses {', '.join(contrib)} operators: load it with onnxruntime (CPU, CUDA, WebGPU), "
-                     "not a plain ONNX runtime.")
+        needs.append(
+            f"uses {', '.join(contrib)} operators: load it with onnxruntime (CPU, CUDA, WebGPU), "
+            "not a plain ONNX runtime."
+        )
     dtypes = v.get("params_by_dtype", {})
     if "FLOAT16" in dtypes:
-        needs.append("fp16 weights: made for GPUs (CUDA, WebGPU); onnxruntime's CPU provider runs it "
-                     "through casts, correctly but slower than fp32.")
+        needs.append(
+            "fp16 weights: made for GPUs (CUDA, WebGPU); onnxruntime's CPU provider runs it "
+            "through casts, correctly but slower than fp32."
+        )
     if not needs:
         needs.append("plain onnxruntime session, no special options.")
     return needs
@@ -135,10 +145,14 @@ def _cell(text: str) -> str:
 
 
 def _io_table(source: dict, published: list[dict]) -> list[str]:
-    out = ["## Inputs and outputs", "", "| | name | source | " + " | ".join(v["name"] for v in published) + " |",
-           "|---|---|---|" + "---|" * len(published)]
+    out = [
+        "## Inputs and outputs",
+        "",
+        "| | name | source | " + " | ".join(v["name"] for v in published) + " |",
+        "|---|---|---|" + "---|" * len(published),
+    ]
     for kind in ("inputs", "outputs"):
-        for i, tensor in enumerate(source["io"][kind]):
+        for _i, tensor in enumerate(source["io"][kind]):
             cells = []
             for v in published:
                 match = next((t for t in v["io"][kind] if t["name"] == tensor["name"]), None)
@@ -150,13 +164,19 @@ def _io_table(source: dict, published: list[dict]) -> list[str]:
 def _validation(spec: dict, variants: list[dict]) -> list[str]:
     validated = [v for v in variants if v.get("validation")]
     faithful = any(v["validation"]["modes"]["candidate"] != "native" for v in validated)
-    out = ["## Validation", "",
-           f"Against the source on {spec['data']}. Task `{spec['task']}`: {spec['summary']}."
-           + (f" {FAITHFUL_NOTE}" if faithful else ""), ""]
+    out = [
+        "## Validation",
+        "",
+        f"Against the source on {spec['data']}. Task `{spec['task']}`: {spec['summary']}."
+        + (f" {FAITHFUL_NOTE}" if faithful else ""),
+        "",
+    ]
     if not validated:
         return out + ["No variant got as far as validation.", ""]
-    out += ["| metric | gate | " + " | ".join(v["name"] for v in validated) + " |",
-            "|---|---|" + "---:|" * len(validated)]
+    out += [
+        "| metric | gate | " + " | ".join(v["name"] for v in validated) + " |",
+        "|---|---|" + "---:|" * len(validated),
+    ]
     first = validated[0]["validation"]["metrics"]
     for i, metric in enumerate(first):
         gate = "-" if metric["gate"] is None else f"{'≤' if metric['better'] == 'lower' else '≥'} {metric['gate']:g}"
@@ -166,8 +186,13 @@ def _validation(spec: dict, variants: list[dict]) -> list[str]:
             mark = "" if mv["passed"] is None else (" ✓" if mv["passed"] else " ✗")
             cells.append(_cell(mv["display"]) + mark)
         out.append(f"| {_cell(metric['label'])} | {gate} | " + " | ".join(cells) + " |")
-    out += ["", "Raw outputs on the calibration samples (the transforms' own gate):", "",
-            "| variant | output | max abs diff | cosine | NaN/inf |", "|---|---|---:|---:|---:|"]
+    out += [
+        "",
+        "Raw outputs on the calibration samples (the transforms' own gate):",
+        "",
+        "| variant | output | max abs diff | cosine | NaN/inf |",
+        "|---|---|---:|---:|---:|",
+    ]
     for v in variants:
         for o in worst_outputs((v.get("verification") or {}).get("outputs", [])):
             cosine = "-" if o["cosine"] is None else f"{o['cosine']:.6f}"
@@ -195,16 +220,20 @@ def _ranges(ranges: dict | None, published: list[dict]) -> list[str]:
     tensors = ranges.get("tensors", [])
     if tensors:
         top = max(tensors, key=lambda t: t["absmax"])
-        out.append(f"Source, measured on {ranges['measured_on']}: the largest activation is {top['absmax']:.4g} "
-                   f"(`{top['name']}`).")
+        out.append(
+            f"Source, measured on {ranges['measured_on']}: the largest activation is {top['absmax']:.4g} "
+            f"(`{top['name']}`)."
+        )
     if massive:
         out.append(
             f"In the residual stream (the inputs of the {massive['residual_tensors']} normalisation layers) "
             f"channel {massive['channel']} peaks at {massive['absmax']:.4g}; "
             f"{massive['tensors_over_fp16_max']} of {massive['residual_tensors']} residual tensors exceed "
-            "fp16's 65,504." if massive["tensors_over_fp16_max"] else
-            f"In the residual stream channel {massive['channel']} peaks at {massive['absmax']:.4g}, "
-            "within fp16's range.")
+            "fp16's 65,504."
+            if massive["tensors_over_fp16_max"]
+            else f"In the residual stream channel {massive['channel']} peaks at {massive['absmax']:.4g}, "
+            "within fp16's range."
+        )
     out += ["", "report.html plots them per layer.", ""]
     return out
 
@@ -213,25 +242,37 @@ def _bench(bench: dict | None, tools: dict) -> list[str]:
     if not bench:
         return []
     s = bench["settings"]
-    out = [TIMED_START, "## Benchmark", "",
-           f"onnxruntime {tools.get('onnxruntime', '?')}, {s['provider']} provider, {s['machine']}; "
-           f"{s['runs']} timed runs per batch after {s['warmup']} warm-up run(s), each model in its own process. "
-           "Timings are of the build machine at build time and differ from build to build.", "",
-           "| model | batch | median | p90 | throughput | session load | peak RSS |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        TIMED_START,
+        "## Benchmark",
+        "",
+        f"onnxruntime {tools.get('onnxruntime', '?')}, {s['provider']} provider, {s['machine']}; "
+        f"{s['runs']} timed runs per batch after {s['warmup']} warm-up run(s), each model in its own process. "
+        "Timings are of the build machine at build time and differ from build to build.",
+        "",
+        "| model | batch | median | p90 | throughput | session load | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in bench["results"]:
         for i, b in enumerate(r["batches"]):
-            name, load, rss = (r["name"], f"{r['load_ms']:.0f} ms", f"{r['peak_rss_bytes'] / 2**20:.0f} MiB") \
-                if i == 0 else ("", "", "")
-            out.append(f"| {name} | {b['batch']} | {b['median_ms']:.2f} ms | {b['p90_ms']:.2f} ms | "
-                       f"{b['throughput_per_s']:.1f}/s | {load} | {rss} |")
+            name, load, rss = (
+                (r["name"], f"{r['load_ms']:.0f} ms", f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
+                if i == 0
+                else ("", "", "")
+            )
+            out.append(
+                f"| {name} | {b['batch']} | {b['median_ms']:.2f} ms | {b['p90_ms']:.2f} ms | "
+                f"{b['throughput_per_s']:.1f}/s | {load} | {rss} |"
+            )
     return out + ["", TIMED_END]
 
 
 def _reproduce() -> list[str]:
     return [
-        "## Reproducing", "",
+        "## Reproducing",
+        "",
         "`onnxsmith build recipe.toml` rebuilds this release. On the same machine and tool versions the model "
         "files, SHA256SUMS and recipe.toml come out byte-identical, and so do measurements.json (all but its "
-        "`bench` entry), this card and report.html (all but their timed benchmark sections).", "",
+        "`bench` entry), this card and report.html (all but their timed benchmark sections).",
+        "",
     ]

@@ -53,8 +53,11 @@ class ExtractResult:
         return {
             "files": [f.to_json() for f in self.files],
             "nodes": {"source": self.nodes_source, "piece": self.nodes_piece},
-            "initializers": {"count": self.initializers, "bytes": self.initializer_bytes,
-                             "source_bytes": self.source_initializer_bytes},
+            "initializers": {
+                "count": self.initializers,
+                "bytes": self.initializer_bytes,
+                "source_bytes": self.source_initializer_bytes,
+            },
             "typed_by_running": self.typed_by_running,
             "notes": self.notes,
             "verification": self.comparison.to_json(),
@@ -97,13 +100,15 @@ def extract_piece(
     piece = extract(model).model
     notes = [f"input '{name}' is not read by the requested outputs" for name in cut.unused_inputs]
     if extract.typed_by_running:
-        notes.append("typed by running the source (static inference could not tell): "
-                     + ", ".join(extract.typed_by_running))
+        notes.append(
+            "typed by running the source (static inference could not tell): " + ", ".join(extract.typed_by_running)
+        )
 
     if external_data is None and _has_data_files(model, source):
         external_data = True  # keep the source's layout: weights beside the model, mapped, not parsed
-    provenance = Provenance(source.name, sha256_file(source),
-                            [{"name": STEP, "options": {"inputs": inputs, "outputs": outputs}}])
+    provenance = Provenance(
+        source.name, sha256_file(source), [{"name": STEP, "options": {"inputs": inputs, "outputs": outputs}}]
+    )
     progress(f"writing {output.name}")
     with staged_model(piece, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
         progress("verifying the piece against the source")
@@ -133,7 +138,8 @@ def _has_data_files(model: ir.Model, source: Path) -> bool:
     """Whether the source keeps weights in files of their own (not inside the .onnx)."""
     return any(
         isinstance(v.const_value, ir.ExternalTensor) and Path(v.const_value.path).resolve() != source.resolve()
-        for graph in model.graphs() for v in graph.initializers.values()
+        for graph in model.graphs()
+        for v in graph.initializers.values()
     )
 
 
@@ -154,8 +160,9 @@ def _source_values(
     return values
 
 
-def _verify(path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list[np.ndarray]], atol, rtol,
-            output: Path) -> Comparison:
+def _verify(
+    path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list[np.ndarray]], atol, rtol, output: Path
+) -> Comparison:
     session = runner.open_session(path)
     input_names = {v.name for v in inputs}
     results: dict[str, list[np.ndarray]] = {}
@@ -173,8 +180,11 @@ def _verify(path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list
     for value in outputs:
         reference, test = values[value.name], results[value.name]
         if any(r.shape != t.shape for r, t in zip(reference, test)):
-            raise GateFailed(f"verification failed, piece not written: output '{value.name}' has shape "
-                             f"{test[0].shape}, the source's {reference[0].shape}", output)
+            raise GateFailed(
+                f"verification failed, piece not written: output '{value.name}' has shape "
+                f"{test[0].shape}, the source's {reference[0].shape}",
+                output,
+            )
         comparison.outputs.append(diff_output(value.name, _stack(reference), _stack(test), atol, rtol))
     return comparison
 

@@ -48,19 +48,37 @@ def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
         default = f.default if f.default is not dataclasses.MISSING else None
         shown = "automatic" if default is None and optional else default
         if kind is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"{help_text} (default: {shown})")
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{help_text} (default: {shown})",
+            )
         elif kind is list:
-            group.add_argument(flag, dest=f.name, default=None, metavar="A,B",
-                               type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                               help=f"{help_text} (comma-separated; default: {shown})")
+            group.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                metavar="A,B",
+                type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                help=f"{help_text} (comma-separated; default: {shown})",
+            )
         else:
-            group.add_argument(flag, dest=f.name, type=kind, default=None, choices=f.metadata.get("choices"),
-                               help=f"{help_text} (default: {shown})")
+            group.add_argument(
+                flag,
+                dest=f.name,
+                type=kind,
+                default=None,
+                choices=f.metadata.get("choices"),
+                help=f"{help_text} (default: {shown})",
+            )
 
 
 def from_args(args: argparse.Namespace, options_cls):
-    given = {f.name: getattr(args, f.name) for f, _, _ in _fields(options_cls) if getattr(args, f.name, None) is not None}
+    given = {
+        f.name: getattr(args, f.name) for f, _, _ in _fields(options_cls) if getattr(args, f.name, None) is not None
+    }
     return build(options_cls, given, where="command line")
 
 

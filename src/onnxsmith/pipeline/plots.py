@@ -11,11 +11,12 @@ from __future__ import annotations
 import base64
 import io
 import math
+
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import NullLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
 
 FP16_MAX = 65504.0
 _STYLE = {
@@ -59,13 +60,18 @@ def latency_figure(results: list[dict]) -> str:
             med = [b["median_ms"] for b in r["batches"]]
             upper = [max(0.0, b["p90_ms"] - b["median_ms"]) for b in r["batches"]]
             color = _COLORS[i % len(_COLORS)]
-            latency.errorbar(batches, med, yerr=[[0] * len(med), upper], marker="o", capsize=3, label=r["name"],
-                             color=color)
-            throughput.plot(batches, [b["throughput_per_s"] for b in r["batches"]], marker="o", label=r["name"],
-                            color=color)
+            latency.errorbar(
+                batches, med, yerr=[[0] * len(med), upper], marker="o", capsize=3, label=r["name"], color=color
+            )
+            throughput.plot(
+                batches, [b["throughput_per_s"] for b in r["batches"]], marker="o", label=r["name"], color=color
+            )
         provider = results[0]["provider"] if results else "cpu"
-        latency.set(xlabel="batch size", ylabel="latency per run (ms)",
-                    title=f"latency vs batch ({provider}; median, whisker to p90)")
+        latency.set(
+            xlabel="batch size",
+            ylabel="latency per run (ms)",
+            title=f"latency vs batch ({provider}; median, whisker to p90)",
+        )
         throughput.set(xlabel="batch size", ylabel="items per second", title="throughput at the median")
         for ax in (latency, throughput):
             ax.set_ylim(bottom=0)
@@ -87,11 +93,24 @@ def ranges_figure(ranges: dict, title: str) -> str:
     with plt.rc_context(_STYLE):
         fig, axes = _figure(8.5, 5.6, nrows=2, gridspec_kw={"height_ratios": [3, 2]})
         ax, channels_ax = axes[0][0], axes[1][0]
-        ax.scatter([t["order"] for t in tensors], [t["absmax"] for t in tensors], s=6, color="#9a9a9a",
-                   label="every float tensor", zorder=2)
+        ax.scatter(
+            [t["order"] for t in tensors],
+            [t["absmax"] for t in tensors],
+            s=6,
+            color="#9a9a9a",
+            label="every float tensor",
+            zorder=2,
+        )
         if residual:
-            ax.plot([p["order"] for p in residual], [p["absmax"] for p in residual], marker="o", markersize=4,
-                    color=_COLORS[0], label="residual stream (normalisation inputs)", zorder=3)
+            ax.plot(
+                [p["order"] for p in residual],
+                [p["absmax"] for p in residual],
+                marker="o",
+                markersize=4,
+                color=_COLORS[0],
+                label="residual stream (normalisation inputs)",
+                zorder=3,
+            )
         ax.axhline(FP16_MAX, color="#d62728", linestyle="--", linewidth=1, label="fp16 max 65,504")
         ax.set_yscale("log")
         ax.set(xlabel="position in the graph (node order)", ylabel="max |x| (log)", title=title)
@@ -101,26 +120,47 @@ def ranges_figure(ranges: dict, title: str) -> str:
             ax.annotate(
                 f"channel {massive['channel']}: {massive['absmax']:.3g}"
                 + (f" ({over} of {massive['residual_tensors']} residual tensors over fp16 max)" if over else ""),
-                xy=(peak["order"], peak["absmax"]), xytext=(0.02, 0.78), textcoords="axes fraction", va="top",
-                arrowprops={"arrowstyle": "->", "color": "#444444"}, fontsize=8,
-                bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "#cccccc"}, zorder=5,
+                xy=(peak["order"], peak["absmax"]),
+                xytext=(0.02, 0.78),
+                textcoords="axes fraction",
+                va="top",
+                arrowprops={"arrowstyle": "->", "color": "#444444"},
+                fontsize=8,
+                bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "#cccccc"},
+                zorder=5,
             )
             values = massive["per_channel"]
             channel = massive["channel"]
             floor = max(min(v for v in values if v > 0) / 2, 1e-6) if any(v > 0 for v in values) else 1e-6
-            channels_ax.stairs(values, [i - 0.5 for i in range(len(values) + 1)], baseline=floor, fill=True,
-                               color=_COLORS[0])  # one path however many channels (1,024 for a ViT-L)
-            channels_ax.bar([channel], [values[channel]], bottom=floor, width=max(1.0, len(values) / 150),
-                            color="#d62728", label=f"channel {channel}")
+            channels_ax.stairs(
+                values, [i - 0.5 for i in range(len(values) + 1)], baseline=floor, fill=True, color=_COLORS[0]
+            )  # one path however many channels (1,024 for a ViT-L)
+            channels_ax.bar(
+                [channel],
+                [values[channel]],
+                bottom=floor,
+                width=max(1.0, len(values) / 150),
+                color="#d62728",
+                label=f"channel {channel}",
+            )
             channels_ax.axhline(FP16_MAX, color="#d62728", linestyle="--", linewidth=1)
             channels_ax.set_yscale("log")
-            channels_ax.set(xlabel="channel", ylabel="max |x| (log)",
-                            title=f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)")
+            channels_ax.set(
+                xlabel="channel",
+                ylabel="max |x| (log)",
+                title=f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)",
+            )
             channels_ax.legend(fontsize=8, loc="upper right")
         else:
             channels_ax.set_axis_off()
-            channels_ax.text(0.5, 0.5, "no normalisation layers: no residual stream to break down by channel",
-                             ha="center", va="center", transform=channels_ax.transAxes)
+            channels_ax.text(
+                0.5,
+                0.5,
+                "no normalisation layers: no residual stream to break down by channel",
+                ha="center",
+                va="center",
+                transform=channels_ax.transAxes,
+            )
         ax.legend(fontsize=8, loc="lower right")
         for a in (ax, channels_ax):  # log axes: no minor ticks (their labels cost more than the plot)
             a.yaxis.set_minor_locator(NullLocator())

@@ -103,8 +103,13 @@ class CardFields:
 
 @dataclass
 class ReleaseFields:
-    include: list[str] = field(default_factory=list, metadata={
-        "help": "more files for the release folder (a tokenizer, a config), relative to the recipe", "path": True})
+    include: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "more files for the release folder (a tokenizer, a config), relative to the recipe",
+            "path": True,
+        },
+    )
 
 
 @dataclass
@@ -213,13 +218,24 @@ class _Reader:
         validation = self.validation()
         bench = None
         if "bench" in self.data:
-            fields = self.fields(("bench",), BenchFields, self.table(("bench",), self.data["bench"], "[bench]"),
-                                 "[bench]")
-            bench = BenchSettings(batches=list(fields.batch), provider=fields.provider, runs=fields.runs,
-                                  warmup=fields.warmup, threads=fields.threads, shape=list(fields.shape))
+            fields = self.fields(
+                ("bench",), BenchFields, self.table(("bench",), self.data["bench"], "[bench]"), "[bench]"
+            )
+            bench = BenchSettings(
+                batches=list(fields.batch),
+                provider=fields.provider,
+                runs=fields.runs,
+                warmup=fields.warmup,
+                threads=fields.threads,
+                shape=list(fields.shape),
+            )
         card = self.fields(("card",), CardFields, self.table(("card",), self.data.get("card", {}), "[card]"), "[card]")
-        release = self.fields(("release",), ReleaseFields,
-                              self.table(("release",), self.data.get("release", {}), "[release]"), "[release]")
+        release = self.fields(
+            ("release",),
+            ReleaseFields,
+            self.table(("release",), self.data.get("release", {}), "[release]"),
+            "[release]",
+        )
         include = [Path(p) for p in release.include]
         names = [p.name for p in include] + [v.file for v in variants]
         for i, path in enumerate(include):
@@ -249,8 +265,10 @@ class _Reader:
                 for i, item in enumerate(value if many else [value]):
                     path = self.path.parent / item
                     if not path.exists():
-                        self.fail(key + (f.name, i) if many else key + (f.name,),
-                                  f"{what} {f.name}: no such file or folder '{item}' (paths are relative to the recipe)")
+                        self.fail(
+                            key + (f.name, i) if many else key + (f.name,),
+                            f"{what} {f.name}: no such file or folder '{item}' (paths are relative to the recipe)",
+                        )
                     resolved.append(str(path))
                 setattr(built, f.name, resolved if many else resolved[0])
         return built
@@ -261,23 +279,27 @@ class _Reader:
         table = self.table(("source",), self.data["source"], "[source]")
         fields = self.fields(("source",), SourceFields, table, "[source]")
         if not fields.path:
-            self.fail(("source",), "[source] needs path = \"the source .onnx\"")
+            self.fail(("source",), '[source] needs path = "the source .onnx"')
         source = Path(fields.path)
         if not source.is_file():
             self.fail(("source", "path"), f"[source] path is not a file: {table['path']}")
         actual = sha256_file(source)
         if not fields.sha256:
-            self.fail(("source",), f"[source] needs sha256 to pin the source; this file's is \"{actual}\"")
+            self.fail(("source",), f'[source] needs sha256 to pin the source; this file\'s is "{actual}"')
         if fields.sha256.lower() != actual:
-            self.fail(("source", "sha256"), f"[source] sha256 mismatch: the recipe expects {fields.sha256} "
-                                            f"but {table['path']} has {actual}")
+            self.fail(
+                ("source", "sha256"),
+                f"[source] sha256 mismatch: the recipe expects {fields.sha256} but {table['path']} has {actual}",
+            )
         return source, actual
 
     def variants(self) -> list[Variant]:
         items = self.data.get("variants")
         if not items:
-            self.fail(("variants",) if "variants" in self.data else (),
-                      "the recipe has no variants ([[variants]] with a name and steps)")
+            self.fail(
+                ("variants",) if "variants" in self.data else (),
+                "the recipe has no variants ([[variants]] with a name and steps)",
+            )
         if not isinstance(items, list):
             self.fail(("variants",), "variants must be an array of tables ([[variants]])")
         variants: list[Variant] = []
@@ -286,8 +308,10 @@ class _Reader:
             item = self.table(key, item, "each [[variants]] entry")
             for name in item:
                 if name not in ("name", "file", "steps", "description", "atol", "rtol"):
-                    self.fail(key + (name,), f"[[variants]] unknown key '{name}' "
-                                             "(known: name, file, steps, description, atol, rtol)")
+                    self.fail(
+                        key + (name,),
+                        f"[[variants]] unknown key '{name}' (known: name, file, steps, description, atol, rtol)",
+                    )
             name = item.get("name")
             if not isinstance(name, str) or not _NAME.match(name):
                 self.fail(key + ("name",), "[[variants]] needs name = \"...\" (letters, digits, '.', '_', '-')")
@@ -295,8 +319,11 @@ class _Reader:
                 self.fail(key + ("name",), f"two variants are named '{name}'")
             file = item.get("file", f"{name}.onnx")
             if not isinstance(file, str) or not _FILE.match(file) or file.startswith(".."):
-                self.fail(key + ("file",), f"variant '{name}': file must be a name ending in .onnx, "
-                                           "optionally in one folder (onnx/model_q4.onnx)")
+                self.fail(
+                    key + ("file",),
+                    f"variant '{name}': file must be a name ending in .onnx, "
+                    "optionally in one folder (onnx/model_q4.onnx)",
+                )
             if any(v.file == file for v in variants):
                 self.fail(key + ("file",), f"variant '{name}': another variant already writes {file}")
             for tolerance in ("atol", "rtol"):
@@ -308,16 +335,21 @@ class _Reader:
                 self.fail(key + ("description",), f"variant '{name}': description must be a string")
             steps = item.get("steps")
             if not isinstance(steps, list):
-                self.fail(key + ("steps",) if "steps" in item else key,
-                          f"variant '{name}' needs steps = [{{ pass = \"...\", ... }}, ...]")
-            variants.append(Variant(
-                name=name, file=file, steps=[self.step(key + ("steps", j), step, name, j)
-                                             for j, step in enumerate(steps)],
-                description=description,
-                atol=None if item.get("atol") is None else float(item["atol"]),
-                rtol=None if item.get("rtol") is None else float(item["rtol"]),
-                line=self.line(key),
-            ))
+                self.fail(
+                    key + ("steps",) if "steps" in item else key,
+                    f"variant '{name}' needs steps = [{{ pass = \"...\", ... }}, ...]",
+                )
+            variants.append(
+                Variant(
+                    name=name,
+                    file=file,
+                    steps=[self.step(key + ("steps", j), step, name, j) for j, step in enumerate(steps)],
+                    description=description,
+                    atol=None if item.get("atol") is None else float(item["atol"]),
+                    rtol=None if item.get("rtol") is None else float(item["rtol"]),
+                    line=self.line(key),
+                )
+            )
         return variants
 
     def step(self, key: KeyPath, step, variant: str, index: int) -> Step:
@@ -329,8 +361,9 @@ class _Reader:
             transform = get_transform(name)
         except OnnxsmithError as err:
             self.fail(key + ("pass",), f"variant '{variant}' step {index + 1}: {err.problem}")
-        options = self.fields(key, transform.Options, step, f"variant '{variant}' step {index + 1} ({name}):",
-                              skip=("pass",))
+        options = self.fields(
+            key, transform.Options, step, f"variant '{variant}' step {index + 1} ({name}):", skip=("pass",)
+        )
         return Step(name, options, self.line(key))
 
     def validation(self) -> ValidationSpec | None:
@@ -340,13 +373,14 @@ class _Reader:
         table = self.table(key, self.data["validation"], "[validation]")
         name = table.get("task")
         if not isinstance(name, str):
-            self.fail(key, "[validation] needs task = \"NAME\"")
+            self.fail(key, '[validation] needs task = "NAME"')
         try:
             task = get_task(name)
         except OnnxsmithError as err:
             self.fail(key + ("task",), f"[validation] {err.problem}")
-        options = self.fields(key, task.Options, table, f"[validation] task {name}:",
-                              skip=("task", "gates", "calibration"))
+        options = self.fields(
+            key, task.Options, table, f"[validation] task {name}:", skip=("task", "gates", "calibration")
+        )
         gates_table = self.table(key + ("gates",), table.get("gates", {}), "[validation] gates")
         gates = {}
         for metric, bound in gates_table.items():
@@ -429,7 +463,7 @@ class _Scanner:
                 break
             else:
                 self.advance()
-        raw = self.s[start:self.i]
+        raw = self.s[start : self.i]
         try:
             return tomllib.loads(f"k = {raw}")["k"]
         except tomllib.TOMLDecodeError:
@@ -439,13 +473,13 @@ class _Scanner:
         parts = []
         while True:
             self.skip(newlines=False)
-            if self.peek() in ("\"", "'"):
+            if self.peek() in ('"', "'"):
                 parts.append(self.string())
             else:
                 start = self.i
                 while self.peek() and self.peek() in _BARE:
                     self.advance()
-                parts.append(self.s[start:self.i])
+                parts.append(self.s[start : self.i])
             self.skip(newlines=False)
             if self.peek() != ".":
                 return parts
@@ -461,7 +495,7 @@ class _Scanner:
 
     def value(self, path: KeyPath) -> None:
         c = self.peek()
-        if c in ("\"", "'"):
+        if c in ('"', "'"):
             self.string()
         elif c == "[":
             self.advance()

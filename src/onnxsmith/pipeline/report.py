@@ -38,8 +38,9 @@ ul { margin: 4px 0 8px; padding-left: 20px; }
 def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td class=\"num\">{c}</td>" if i in numeric else f"<td>{c}</td>"
-                         for i, c in enumerate(row)) + "</tr>"
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -61,7 +62,7 @@ def render_report(m: dict[str, Any]) -> str:
         f"<style>{_CSS}</style></head><body><main>",
         f"<h1>{escape(card['title'])}</h1>",
         f'<p class="meta">Variants of <code>{escape(source["file"])}</code> (sha256 '
-        f'<code>{source["sha256"]}</code>), built by onnxsmith {escape(m["onnxsmith"])}.</p>',
+        f"<code>{source['sha256']}</code>), built by onnxsmith {escape(m['onnxsmith'])}.</p>",
     ]
     parts += _variants_section(variants)
     if m.get("validation"):
@@ -85,18 +86,23 @@ def _variants_section(variants: list[dict]) -> list[str]:
         files = "<br>".join(f"<code>{escape(f['path'])}</code>" for f in v.get("files", []))
         size = sum(f["bytes"] for f in v.get("files", []))
         peak = v.get("peak")
-        rows.append([
-            escape(v["name"]),
-            _status(True, "published") if v["published"] else _status(False, "not published") +
-            f"<br>{escape(v['reason'])}",
-            " → ".join(escape(s["name"]) for s in v.get("steps", [])) or "-",
-            files or "-",
-            f"{size:,}" if size else "-",
-            f"{v['nodes']['source']} → {v['nodes']['variant']}" if v.get("nodes") else "-",
-            f"{peak['absmax']:.4g}" if peak else "-",
-        ])
-    out = ["<h2>Variants</h2>",
-           _table(["variant", "status", "steps", "files", "bytes", "nodes", "largest activation in fp16"], rows, {4, 6})]
+        rows.append(
+            [
+                escape(v["name"]),
+                _status(True, "published")
+                if v["published"]
+                else _status(False, "not published") + f"<br>{escape(v['reason'])}",
+                " → ".join(escape(s["name"]) for s in v.get("steps", [])) or "-",
+                files or "-",
+                f"{size:,}" if size else "-",
+                f"{v['nodes']['source']} → {v['nodes']['variant']}" if v.get("nodes") else "-",
+                f"{peak['absmax']:.4g}" if peak else "-",
+            ]
+        )
+    out = [
+        "<h2>Variants</h2>",
+        _table(["variant", "status", "steps", "files", "bytes", "nodes", "largest activation in fp16"], rows, {4, 6}),
+    ]
     for v in variants:
         if not v["published"]:
             continue
@@ -108,28 +114,41 @@ def _variants_section(variants: list[dict]) -> list[str]:
 def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
     validated = [v for v in variants if v.get("validation")]
     faithful = any(v["validation"]["modes"]["candidate"] != "native" for v in validated)
-    out = ["<h2>Validation</h2>",
-           f"<p>Against the source on {escape(spec['data'])} (task <code>{escape(spec['task'])}</code>). "
-           + (escape(FAITHFUL_NOTE) if faithful else "") + "</p>"]
+    out = [
+        "<h2>Validation</h2>",
+        f"<p>Against the source on {escape(spec['data'])} (task <code>{escape(spec['task'])}</code>). "
+        + (escape(FAITHFUL_NOTE) if faithful else "")
+        + "</p>",
+    ]
     if not validated:
         return out + ["<p>No variant got as far as validation.</p>"]
     rows = []
     for i, metric in enumerate(validated[0]["validation"]["metrics"]):
-        gate = "-" if metric["gate"] is None else \
-            escape(f"{'≤' if metric['better'] == 'lower' else '≥'} {metric['gate']:g}")
+        gate = (
+            "-"
+            if metric["gate"] is None
+            else escape(f"{'≤' if metric['better'] == 'lower' else '≥'} {metric['gate']:g}")
+        )
         cells = []
         for v in validated:
             mv = v["validation"]["metrics"][i]
             cells.append(escape(mv["display"]) if mv["passed"] is None else _status(mv["passed"], mv["display"]))
         rows.append([escape(metric["label"]), gate, *cells])
-    out.append(_table(["metric", "gate", *[escape(v["name"]) for v in validated]], rows,
-                      set(range(1, 2 + len(validated)))))
+    out.append(
+        _table(["metric", "gate", *[escape(v["name"]) for v in validated]], rows, set(range(1, 2 + len(validated))))
+    )
     series = []
     for v in validated:
         errors = v["validation"]["errors"]
         for what, values in errors.items():
-            gate = next((mv["gate"] for mv in v["validation"]["metrics"]
-                         if mv["name"].startswith("max_") and mv["gate"] is not None), None)
+            gate = next(
+                (
+                    mv["gate"]
+                    for mv in v["validation"]["metrics"]
+                    if mv["name"].startswith("max_") and mv["gate"] is not None
+                ),
+                None,
+            )
             series.append((v["name"], what, values, gate))
     if series:
         out.append("<h3>Error distribution per variant</h3>")
@@ -138,20 +157,35 @@ def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
 
 
 def _ranges_section(ranges: dict, variants: list[dict]) -> list[str]:
-    out = ["<h2>Activation ranges</h2>",
-           f"<p>Every float tensor of the source, measured on {escape(ranges['measured_on'])}; the residual "
-           "stream is what the normalisation layers read. Above the dashed line a value is infinite in fp16.</p>",
-           _figure(plots.ranges_figure(ranges, "source: max |x| per tensor"), "activation ranges of the source")]
+    out = [
+        "<h2>Activation ranges</h2>",
+        f"<p>Every float tensor of the source, measured on {escape(ranges['measured_on'])}; the residual "
+        "stream is what the normalisation layers read. Above the dashed line a value is infinite in fp16.</p>",
+        _figure(plots.ranges_figure(ranges, "source: max |x| per tensor"), "activation ranges of the source"),
+    ]
     rows = []
     for v in variants:
         peak = v.get("peak")
         if peak:
-            rows.append([escape(v["name"]), f"{peak['absmax']:.4g}", f"<code>{escape(peak['tensor'])}</code>",
-                         escape(peak["storage"]), str(peak["over_fp16_max"]), str(peak["nonfinite"])])
+            rows.append(
+                [
+                    escape(v["name"]),
+                    f"{peak['absmax']:.4g}",
+                    f"<code>{escape(peak['tensor'])}</code>",
+                    escape(peak["storage"]),
+                    str(peak["over_fp16_max"]),
+                    str(peak["nonfinite"]),
+                ]
+            )
     if rows:
         out.append("<p>The fp16 variants, run as a GPU holds their values:</p>")
-        out.append(_table(["variant", "largest activation", "tensor", "held as", f"tensors over {FP16_MAX:,.0f}",
-                           "NaN/inf"], rows, {1, 4, 5}))
+        out.append(
+            _table(
+                ["variant", "largest activation", "tensor", "held as", f"tensors over {FP16_MAX:,.0f}", "NaN/inf"],
+                rows,
+                {1, 4, 5},
+            )
+        )
     return out
 
 
@@ -160,10 +194,17 @@ def _bench_section(bench: dict) -> list[str]:
     rows = []
     for r in bench["results"]:
         for i, b in enumerate(r["batches"]):
-            rows.append([escape(r["name"]) if i == 0 else "", str(b["batch"]), f"{b['median_ms']:.2f} ms",
-                         f"{b['p90_ms']:.2f} ms", f"{b['throughput_per_s']:.1f}/s",
-                         f"{r['load_ms']:.0f} ms" if i == 0 else "",
-                         f"{r['peak_rss_bytes'] / 2**20:.0f} MiB" if i == 0 else ""])
+            rows.append(
+                [
+                    escape(r["name"]) if i == 0 else "",
+                    str(b["batch"]),
+                    f"{b['median_ms']:.2f} ms",
+                    f"{b['p90_ms']:.2f} ms",
+                    f"{b['throughput_per_s']:.1f}/s",
+                    f"{r['load_ms']:.0f} ms" if i == 0 else "",
+                    f"{r['peak_rss_bytes'] / 2**20:.0f} MiB" if i == 0 else "",
+                ]
+            )
     return [
         TIMED_START,
         "<h2>Latency</h2>",
@@ -171,7 +212,6 @@ def _bench_section(bench: dict) -> list[str]:
         f"{s['warmup']} warm-up run(s), each model in its own process. Timed at build time: these numbers differ "
         "from build to build.</p>",
         _figure(plots.latency_figure(bench["results"]), "latency and throughput against batch size"),
-        _table(["model", "batch", "median", "p90", "throughput", "session load", "peak RSS"], rows,
-               {1, 2, 3, 4, 5, 6}),
+        _table(["model", "batch", "median", "p90", "throughput", "session load", "peak RSS"], rows, {1, 2, 3, 4, 5, 6}),
         TIMED_END,
     ]

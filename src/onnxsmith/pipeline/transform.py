@@ -17,11 +17,11 @@ import contextlib
 import dataclasses
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -104,8 +104,16 @@ class Transform:
         """The (atol, rtol) its gate compares outputs with, unless the user sets them."""
         return 1e-4, 1e-3
 
-    def verify(self, options: Any, reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]], *,
-               atol: float, rtol: float) -> Comparison:
+    def verify(
+        self,
+        options: Any,
+        reference: Path,
+        candidate: Path,
+        feeds: list[dict[str, np.ndarray]],
+        *,
+        atol: float,
+        rtol: float,
+    ) -> Comparison:
         """How the gate judges a variant against its source: by default every output within atol/rtol.
 
         A transform whose variants legitimately differ (4-bit weights) overrides this with a

@@ -106,8 +106,15 @@ def _quiet(_: str) -> None:
 class TaskRun:
     """A task with its options and samples, bound to the source it judges variants against."""
 
-    def __init__(self, task: Task, options: Any, source: str | os.PathLike, *, fp16_mode: str = "auto",
-                 progress: Progress = _quiet) -> None:
+    def __init__(
+        self,
+        task: Task,
+        options: Any,
+        source: str | os.PathLike,
+        *,
+        fp16_mode: str = "auto",
+        progress: Progress = _quiet,
+    ) -> None:
         self.task = task
         self.options = options
         self.source = Path(source)
@@ -132,8 +139,7 @@ class TaskRun:
             self._reference = self.outputs(self.source)
         return self._reference
 
-    def validate(self, candidate: str | os.PathLike, gates: dict[str, float], *, name: str | None = None
-                 ) -> Validation:
+    def validate(self, candidate: str | os.PathLike, gates: dict[str, float], *, name: str | None = None) -> Validation:
         if self.task.judge is not None:
             self.progress(f"{self.task.name}: judging {Path(candidate).name} on {len(self.samples)} samples")
             evaluation = self.task.judge(self.source, candidate, self.samples, self.options)
@@ -156,4 +162,4 @@ class TaskRun:
 
     def calibration_feeds(self, count: int) -> list[dict[str, np.ndarray]]:
         """The first ``count`` samples' feeds, for transforms to measure the source on."""
-        return [dict(s.feeds) for s in self.samples[:max(1, count)]]
+        return [dict(s.feeds) for s in self.samples[: max(1, count)]]

@@ -55,11 +55,14 @@ class PrefixRotary(pattern.RewriteRuleClassBase):
             return roped
         return op.Concat(prefix, roped, _outputs=["joined"])
 
-    def check(self, context, x, cos, sin, first_half, second_half, rotated, prefix=None, body=None,
-              joined=None, **_) -> MatchResult:
+    def check(
+        self, context, x, cos, sin, first_half, second_half, rotated, prefix=None, body=None, joined=None, **_
+    ) -> MatchResult:
         result = MatchResult()
         if x.shape is None or x.shape.rank() != 4 or not all(isinstance(d, int) for d in x.shape[2:]):
-            return result.fail(f"x is not [batch, heads, tokens, head_dim] with static tokens and head_dim: {x.shape}", x)
+            return result.fail(
+                f"x is not [batch, heads, tokens, head_dim] with static tokens and head_dim: {x.shape}", x
+            )
         if x.dtype is None or not x.dtype.is_floating_point():
             return result.fail("x is not a float tensor", x)
         tokens, dim = x.shape[2], x.shape[3]
@@ -85,8 +88,9 @@ class PrefixRotary(pattern.RewriteRuleClassBase):
         for value, fn, label in ((cos, np.cos, "cos"), (sin, np.sin, "sin")):
             table = _trig_table(value, fn, body_len, dim)
             if table is None:
-                return result.fail(f"{label} is not a constant [{body_len}, {dim}] table "
-                                   f"(or {label.title()} of one)", value)
+                return result.fail(
+                    f"{label} is not a constant [{body_len}, {dim}] table (or {label.title()} of one)", value
+                )
             if not np.allclose(table[:, :half], table[:, half:], rtol=0, atol=1e-6):
                 return result.fail(f"{label} differs between the two halves (an interleaved or partial rope)", value)
             tables.append(table[:, :half])

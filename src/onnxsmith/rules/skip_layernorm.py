@@ -22,8 +22,9 @@ class BiasedSkipLayerNormFusion(SkipLayerNormFusion):
 
     def pattern(self, op, input, skip, gamma, beta, bias):
         skip_sum = op.Add(op.Add(input, bias), skip)
-        normalized = op.LayerNormalization(skip_sum, gamma, beta, axis=-1, _allow_other_attributes=True,
-                                           _outputs=["layer_norm"])
+        normalized = op.LayerNormalization(
+            skip_sum, gamma, beta, axis=-1, _allow_other_attributes=True, _outputs=["layer_norm"]
+        )
         return normalized, skip_sum
 
 

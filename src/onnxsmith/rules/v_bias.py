@@ -27,8 +27,9 @@ class ValueBiasThroughAttention(pattern.RewriteRuleClassBase):
         self._taken: set[str] = set()
 
     def pattern(self, op, query, key, value, v_bias, o_weight, o_bias):
-        attention = op.MultiHeadAttention(query, key, op.Add(value, v_bias), _allow_other_inputs=True,
-                                          _domain="com.microsoft", _outputs=["attention"])
+        attention = op.MultiHeadAttention(
+            query, key, op.Add(value, v_bias), _allow_other_inputs=True, _domain="com.microsoft", _outputs=["attention"]
+        )
         return op.Add(op.MatMul(attention, o_weight), o_bias)
 
     def check(self, context, v_bias, o_weight, o_bias, attention, **_) -> MatchResult:
@@ -52,7 +53,7 @@ class ValueBiasThroughAttention(pattern.RewriteRuleClassBase):
     def rewrite(self, op, query, key, value, v_bias, o_weight, o_bias, attention, **_):
         node = attention.producer()
         bv, w, bo = constant(v_bias), constant(o_weight), constant(o_bias)
-        folded = (bo.astype(np.float64).reshape(-1) + bv.astype(np.float64).reshape(-1) @ w.astype(np.float64))
+        folded = bo.astype(np.float64).reshape(-1) + bv.astype(np.float64).reshape(-1) @ w.astype(np.float64)
         name = fresh_name(self._graph, f"{o_bias.name}/with_v_bias", self._taken)
         new_bias = op.initializer(ir.tensor(folded.astype(bo.dtype).reshape(bo.shape), name=name), name=name)
         inputs = [query, key, value, *node.inputs[_BIAS:]]

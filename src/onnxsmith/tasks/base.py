@@ -99,22 +99,28 @@ class Task:
         """One line saying what the samples are, for tables and the card."""
         return f"{len(samples)} samples"
 
-    def evaluate(self, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
-                 samples: list[Sample], options: Any) -> Evaluation:
+    def evaluate(
+        self,
+        reference: list[dict[str, np.ndarray]],
+        candidate: list[dict[str, np.ndarray]],
+        samples: list[Sample],
+        options: Any,
+    ) -> Evaluation:
         raise NotImplementedError
 
     #: Implemented by tasks that run both models themselves: (reference path, candidate path,
     #: samples, options) -> Evaluation. None: run each with :meth:`run`, then :meth:`evaluate`.
     judge = None
 
-    def run(self, session, model: ir.Model, samples: list[Sample], options: Any, *, label=None,
-            batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    def run(
+        self, session, model: ir.Model, samples: list[Sample], options: Any, *, label=None, batch_size: int = 1
+    ) -> list[dict[str, np.ndarray]]:
         """Raw outputs per sample. Batchable tasks stack up to ``batch_size`` samples per run."""
         names = [o.name for o in session.get_outputs()]
         step = max(1, batch_size) if self.batchable else 1
         outputs: list[dict[str, np.ndarray]] = []
         for start in range(0, len(samples), step):
-            chunk = samples[start:start + step]
+            chunk = samples[start : start + step]
             if len(chunk) == 1:
                 feeds = chunk[0].feeds
             else:
@@ -124,7 +130,7 @@ class Task:
                 outputs.append(result)
             else:
                 for i in range(len(chunk)):
-                    outputs.append({k: v[i:i + 1] for k, v in result.items()})
+                    outputs.append({k: v[i : i + 1] for k, v in result.items()})
         return outputs
 
     def metric(self, name: str) -> MetricSpec:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -35,11 +36,16 @@ DEFAULT_SIZE = 224
 
 @dataclass
 class FaceAgeOptions:
-    data: str | None = field(default=None, metadata={
-        "help": "folder of images (faces given by --boxes) or of face crops", "path": True})
-    boxes: str | None = field(default=None, metadata={
-        "help": "WIDER FACE annotation file of the faces in --data (default: --data is a folder of crops)",
-        "path": True})
+    data: str | None = field(
+        default=None, metadata={"help": "folder of images (faces given by --boxes) or of face crops", "path": True}
+    )
+    boxes: str | None = field(
+        default=None,
+        metadata={
+            "help": "WIDER FACE annotation file of the faces in --data (default: --data is a folder of crops)",
+            "path": True,
+        },
+    )
     min_face: int = field(default=32, metadata={"help": "skip faces whose box is narrower or shorter (px)"})
     limit: int | None = field(default=None, metadata={"help": "use at most this many faces (in file order)"})
     padding: float = field(default=0.1, metadata={"help": "crop margin on each side, as a fraction of the box"})
@@ -69,8 +75,7 @@ def load_image(path: str | os.PathLike) -> Image.Image:
         raise InputError(f"not a readable image ({err})", path) from None
 
 
-def face_crop(image: Image.Image, box: tuple[float, float, float, float] | None, padding: float = 0.1
-              ) -> Image.Image:
+def face_crop(image: Image.Image, box: tuple[float, float, float, float] | None, padding: float = 0.1) -> Image.Image:
     """The padded face crop of ``box`` (x, y, w, h); the whole image when ``box`` is None."""
     if box is None:
         return image
@@ -106,8 +111,9 @@ def model_input(model: ir.Model) -> tuple[str, int]:
     """The image input's name and side length (224 unless the model fixes another)."""
     specs = input_specs(model)
     if len(specs) != 1:
-        raise InputError(f"a face-age model has one image input; this one has {len(specs)}: "
-                         + ", ".join(s.name for s in specs))
+        raise InputError(
+            f"a face-age model has one image input; this one has {len(specs)}: " + ", ".join(s.name for s in specs)
+        )
     dims = specs[0].dims
     size = dims[-1] if len(dims) == 4 and isinstance(dims[-1], int) else DEFAULT_SIZE
     return specs[0].name, size
@@ -125,7 +131,7 @@ class FaceAge(Task):
         MetricSpec("gender_agreement", "gender agreement", HIGHER),
         MetricSpec("nonfinite", "NaN/inf values", LOWER),
     )
-    default_gates = {"max_abs_age_error": 0.5, "gender_agreement": 1.0, "nonfinite": 0}
+    default_gates: ClassVar[dict[str, float]] = {"max_abs_age_error": 0.5, "gender_agreement": 1.0, "nonfinite": 0}
 
     def __init__(self) -> None:
         self._skipped: dict[str, int] = {}
@@ -143,10 +149,12 @@ class FaceAge(Task):
         else:
             raise UsageError("task faceage needs data: a folder of face crops, or images with boxes")
         if options.limit is not None:
-            found = found[:options.limit]
+            found = found[: options.limit]
         if not found:
-            raise InputError("no face to validate on" + (f" ({self._skipped_text()})" if self._skipped else ""),
-                             options.boxes or options.data)
+            raise InputError(
+                "no face to validate on" + (f" ({self._skipped_text()})" if self._skipped else ""),
+                options.boxes or options.data,
+            )
         cache: dict[Path, Image.Image] = {}
         samples = []
         for sample_id, image_path, box in found:
@@ -184,8 +192,11 @@ class FaceAge(Task):
         return ", ".join(f"{n} {why}" for why, n in self._skipped.items()) + " skipped"
 
     def describe_data(self, options: FaceAgeOptions, samples: list[Sample]) -> str:
-        what = f"faces of at least {options.min_face} px from {self._source}" if options.boxes else \
-            f"face crops from {self._source}"
+        what = (
+            f"faces of at least {options.min_face} px from {self._source}"
+            if options.boxes
+            else f"face crops from {self._source}"
+        )
         skipped = f" ({self._skipped_text()})" if self._skipped else ""
         return f"{len(samples)} {what}{skipped}"
 
@@ -204,22 +215,31 @@ class FaceAge(Task):
         """One prediction per row: age in years, gender and its probability."""
         for key in (options.age_output, options.gender_output):
             if key not in outputs:
-                raise InputError(f"the model has no output '{key}' (outputs: {', '.join(outputs)}); "
-                                 "set age_output / gender_output")
+                raise InputError(
+                    f"the model has no output '{key}' (outputs: {', '.join(outputs)}); set age_output / gender_output"
+                )
         ages = coral_age(outputs[options.age_output])
         probs = gender_probabilities(outputs[options.gender_output])
         rows = []
         for age, p in zip(ages.reshape(-1), probs.reshape(-1, probs.shape[-1])):
             g = int(np.argmax(p)) if np.all(np.isfinite(p)) else -1
-            rows.append({"age": float(age), "gender": GENDERS[g] if g in (0, 1) else "?",
-                         "p": float(p[g]) if g >= 0 else float("nan")})
+            rows.append(
+                {
+                    "age": float(age),
+                    "gender": GENDERS[g] if g in (0, 1) else "?",
+                    "p": float(p[g]) if g >= 0 else float("nan"),
+                }
+            )
         return rows
 
     def evaluate(self, reference, candidate, samples, options: FaceAgeOptions) -> Evaluation:
         ref = [row for out in reference for row in self.decode(out, options)]
         cand = [row for out in candidate for row in self.decode(out, options)]
-        nonfinite = sum(int(np.count_nonzero(~np.isfinite(out[k].astype(np.float64))))
-                        for out in candidate for k in (options.age_output, options.gender_output))
+        nonfinite = sum(
+            int(np.count_nonzero(~np.isfinite(out[k].astype(np.float64))))
+            for out in candidate
+            for k in (options.age_output, options.gender_output)
+        )
         ref_age = np.array([r["age"] for r in ref])
         cand_age = np.array([c["age"] for c in cand])
         both = np.isfinite(ref_age) & np.isfinite(cand_age)
@@ -239,8 +259,14 @@ class FaceAge(Task):
             "nonfinite": "none" if nonfinite == 0 else f"{nonfinite}",
         }
         rows = [
-            {"sample": s.id, "age (source)": r["age"], "age (variant)": c["age"],
-             "|Δage|": abs(r["age"] - c["age"]), "gender (source)": r["gender"], "gender (variant)": c["gender"]}
+            {
+                "sample": s.id,
+                "age (source)": r["age"],
+                "age (variant)": c["age"],
+                "|Δage|": abs(r["age"] - c["age"]),
+                "gender (source)": r["gender"],
+                "gender (variant)": c["gender"],
+            }
             for s, r, c in zip(samples, ref, cand)
         ]
         return Evaluation(values, display, {"|Δage| (years)": [float(d) for d in delta]}, rows)

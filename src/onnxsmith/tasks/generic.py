@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -23,12 +24,15 @@ _HISTOGRAM_VALUES = 20000
 
 @dataclass
 class GenericOptions:
-    data: str | None = field(default=None, metadata={
-        "help": "an .npz of inputs, or a folder of them (default: seeded random inputs)", "path": True})
+    data: str | None = field(
+        default=None,
+        metadata={"help": "an .npz of inputs, or a folder of them (default: seeded random inputs)", "path": True},
+    )
     samples: int = field(default=4, metadata={"help": "random input sets when there is no data"})
     seed: int = field(default=DEFAULT_SEED, metadata={"help": "seed of the random inputs"})
-    shape: list[str] = field(default_factory=list, metadata={
-        "help": "NAME:D0,D1 or DIM=N for inputs with symbolic dims"})
+    shape: list[str] = field(
+        default_factory=list, metadata={"help": "NAME:D0,D1 or DIM=N for inputs with symbolic dims"}
+    )
     atol: float = field(default=1e-4, metadata={"help": "absolute tolerance counted by 'within_tolerance'"})
     rtol: float = field(default=1e-3, metadata={"help": "relative tolerance counted by 'within_tolerance'"})
 
@@ -50,7 +54,7 @@ class Generic(Task):
         MetricSpec("within_tolerance", "outputs within atol/rtol", HIGHER),
         MetricSpec("nonfinite", "NaN/inf values", LOWER),
     )
-    default_gates = {"nonfinite": 0, "min_cosine": 0.999}
+    default_gates: ClassVar[dict[str, float]] = {"nonfinite": 0, "min_cosine": 0.999}
 
     def samples(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
         if options.data:
@@ -63,9 +67,10 @@ class Generic(Task):
                 files = [path]
             return [Sample(f.name, load_npz(f, model)) for f in files]
         shapes, dims = parse_shape_options(options.shape)
-        return [Sample(f"random#{options.seed + i}", random_inputs(model, shapes=shapes, dims=dims,
-                                                                   seed=options.seed + i))
-                for i in range(options.samples)]
+        return [
+            Sample(f"random#{options.seed + i}", random_inputs(model, shapes=shapes, dims=dims, seed=options.seed + i))
+            for i in range(options.samples)
+        ]
 
     def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
         if options.data:
@@ -102,6 +107,15 @@ class Generic(Task):
         flat = np.concatenate(errors) if errors else np.zeros(0)
         if flat.size > _HISTOGRAM_VALUES:  # an even, deterministic subsample
             flat = flat[np.linspace(0, flat.size - 1, _HISTOGRAM_VALUES).astype(np.int64)]
-        rows = [{"output": d.name, "max |Δ|": d.max_abs, "mean |Δ|": d.mean_abs, "cosine": d.cosine,
-                 "NaN/inf": d.nonfinite_test, "within tolerance": d.passed} for d in diffs]
+        rows = [
+            {
+                "output": d.name,
+                "max |Δ|": d.max_abs,
+                "mean |Δ|": d.mean_abs,
+                "cosine": d.cosine,
+                "NaN/inf": d.nonfinite_test,
+                "within tolerance": d.passed,
+            }
+            for d in diffs
+        ]
         return Evaluation(values, display, {"|Δ| (all output values)": [float(v) for v in flat]}, rows)

@@ -30,8 +30,14 @@ from onnxsmith.verify.lm import IDS, MASK, POSITIONS, Agreement, LMRunner, lm_fe
 TOKENIZER_FILE = "tokenizer.json"
 #: Files of a model folder that describe the model rather than hold it (copied beside variants).
 FOLDER_FILES = (
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
 )
 DEFAULT_WINDOW = 128
 
@@ -49,8 +55,10 @@ def load_tokenizer(path: str | os.PathLike):
     path = Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.is_file():
-        raise InputError(f"no {TOKENIZER_FILE} here: text is tokenized with the model folder's tokenizer "
-                         "(pass --tokenizer FILE)", path)
+        raise InputError(
+            f"no {TOKENIZER_FILE} here: text is tokenized with the model folder's tokenizer (pass --tokenizer FILE)",
+            path,
+        )
     try:
         return Tokenizer.from_file(os.fspath(file))
     except Exception as err:  # tokenizers raises plain Exceptions
@@ -67,8 +75,14 @@ def read_text(path: str | os.PathLike) -> str:
         raise InputError(f"cannot read the text ({err})", path) from None
 
 
-def text_windows(tokenizer, text: str, *, window: int = DEFAULT_WINDOW, max_windows: int | None = None,
-                 label: str | os.PathLike | None = None) -> np.ndarray:
+def text_windows(
+    tokenizer,
+    text: str,
+    *,
+    window: int = DEFAULT_WINDOW,
+    max_windows: int | None = None,
+    label: str | os.PathLike | None = None,
+) -> np.ndarray:
     """[n, window] token ids: the text encoded once (no special tokens) and cut into whole windows."""
     if window < 2:
         raise UsageError("the window must be at least 2 tokens")
@@ -99,9 +113,16 @@ class LMScore:
         return asdict(self)
 
 
-def score_models(paths: list[str | os.PathLike], windows: np.ndarray, *, reference: int = 0, batch: int = 4,
-                 threads: int | None = None, configs: list[dict[str, str] | None] | None = None,
-                 progress: Callable[[str], None] = lambda _: None) -> list[LMScore]:
+def score_models(
+    paths: list[str | os.PathLike],
+    windows: np.ndarray,
+    *,
+    reference: int = 0,
+    batch: int = 4,
+    threads: int | None = None,
+    configs: list[dict[str, str] | None] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[LMScore]:
     """Loss and perplexity of each model on ``windows``; KL and top-1 against ``paths[reference]``.
 
     ``configs``: onnxruntime session options per model (e.g. session.disable_quant_qdq=1, to
@@ -111,21 +132,27 @@ def score_models(paths: list[str | os.PathLike], windows: np.ndarray, *, referen
     for path, config in zip(paths, configs or [None] * len(paths)):
         lm = LMRunner(path, threads=threads, config=config)
         if lm.sig.last_only and windows.shape[1] > 1:
-            raise InputError("returns logits for the last position only; evaluate its full-logits twin "
-                             "(model_*_full.onnx, which `onnxsmith quantize` writes beside it)", path)
+            raise InputError(
+                "returns logits for the last position only; evaluate its full-logits twin "
+                "(model_*_full.onnx, which `onnxsmith quantize` writes beside it)",
+                path,
+            )
         runners.append(lm)
     nll = [0.0] * len(paths)
     parts: list[list[Agreement]] = [[] for _ in paths]
     count = 0
     for start in range(0, len(windows), batch):
-        chunk = windows[start:start + batch]
+        chunk = windows[start : start + batch]
         progress(f"windows {start + len(chunk)}/{len(windows)}")
         targets = chunk[:, 1:]
         logits = [lm.logits(chunk)[:, :-1] for lm in runners]
         for i, value in enumerate(logits):
             if value.shape[-1] <= int(chunk.max()):
-                raise InputError(f"the text has token id {int(chunk.max())}, past the model's vocabulary of "
-                                 f"{value.shape[-1]}; is this the model's tokenizer?", paths[i])
+                raise InputError(
+                    f"the text has token id {int(chunk.max())}, past the model's vocabulary of "
+                    f"{value.shape[-1]}; is this the model's tokenizer?",
+                    paths[i],
+                )
             logp = log_softmax(value)
             nll[i] -= float(np.take_along_axis(logp, targets[..., None], axis=-1).sum())
             if i != reference:
@@ -144,8 +171,9 @@ def score_models(paths: list[str | os.PathLike], windows: np.ndarray, *, referen
     return scores
 
 
-def greedy_generate(path: str | os.PathLike, prompt: list[int], new_tokens: int, *,
-                    config: dict[str, str] | None = None) -> list[int]:
+def greedy_generate(
+    path: str | os.PathLike, prompt: list[int], new_tokens: int, *, config: dict[str, str] | None = None
+) -> list[int]:
     """Greedy decoding: the prompt in one run, then one token per run through the KV cache
     (or the whole sequence again for a model without one). Returns the new token ids."""
     lm = LMRunner(path, config=config)

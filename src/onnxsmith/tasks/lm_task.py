@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -29,8 +30,9 @@ from onnxsmith.verify.lm import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, lm_feeds, lm_s
 @dataclass
 class LMOptions:
     text: str | None = field(default=None, metadata={"help": "held-out text (UTF-8)", "path": True})
-    tokenizer: str | None = field(default=None, metadata={
-        "help": "tokenizer.json (default: the source's model folder's)", "path": True})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "tokenizer.json (default: the source's model folder's)", "path": True}
+    )
     window: int = field(default=lm.DEFAULT_WINDOW, metadata={"help": "tokens per scored window"})
     max_windows: int | None = field(default=16, metadata={"help": "score at most this many windows"})
     batch: int = field(default=4, metadata={"help": "windows per inference run"})
@@ -52,7 +54,7 @@ class LanguageModel(Task):
         MetricSpec("loss", "loss", LOWER, "nats/token"),
         MetricSpec("perplexity", "perplexity", LOWER),
     )
-    default_gates = {"kl": DEFAULT_MAX_KL, "top1": DEFAULT_MIN_TOP1}
+    default_gates: ClassVar[dict[str, float]] = {"kl": DEFAULT_MAX_KL, "top1": DEFAULT_MIN_TOP1}
 
     def __init__(self) -> None:
         self._text = ""
@@ -61,8 +63,13 @@ class LanguageModel(Task):
         if not options.text:
             raise UsageError("task lm needs text: a held-out UTF-8 text file")
         tokenizer = lm.load_tokenizer(options.tokenizer or lm.folder_of(source))
-        windows = lm.text_windows(tokenizer, lm.read_text(options.text), window=options.window,
-                                  max_windows=options.max_windows, label=options.text)
+        windows = lm.text_windows(
+            tokenizer,
+            lm.read_text(options.text),
+            window=options.window,
+            max_windows=options.max_windows,
+            label=options.text,
+        )
         self._text = Path(options.text).name
         sig = lm_signature(model, source)
         return [Sample(f"window {i}", lm_feeds(sig, row[None]), target=row) for i, row in enumerate(windows)]
@@ -74,8 +81,13 @@ class LanguageModel(Task):
     def judge(self, reference, candidate, samples: list[Sample], options: LMOptions) -> Evaluation:
         windows = np.stack([s.target for s in samples])
         source, variant = lm.score_models([reference, candidate], windows, batch=options.batch)
-        values = {"kl": variant.kl, "top1": variant.top1, "loss_increase": variant.loss_increase,
-                  "loss": variant.loss, "perplexity": variant.perplexity}
+        values = {
+            "kl": variant.kl,
+            "top1": variant.top1,
+            "loss_increase": variant.loss_increase,
+            "loss": variant.loss,
+            "perplexity": variant.perplexity,
+        }
         values = {k: float("nan") if v is None else float(v) for k, v in values.items()}
         display = {
             "kl": f"{values['kl']:.4f} nats",
@@ -85,6 +97,15 @@ class LanguageModel(Task):
             "perplexity": f"{values['perplexity']:.2f} (source {source.perplexity:.2f})",
         }
         display = {k: ("NaN" if math.isnan(values[k]) else v) for k, v in display.items()}
-        rows = [{"model": s.model, "tokens": s.tokens, "loss": s.loss, "perplexity": s.perplexity,
-                 "KL": s.kl, "top-1": s.top1} for s in (source, variant)]
+        rows = [
+            {
+                "model": s.model,
+                "tokens": s.tokens,
+                "loss": s.loss,
+                "perplexity": s.perplexity,
+                "KL": s.kl,
+                "top-1": s.top1,
+            }
+            for s in (source, variant)
+        ]
         return Evaluation(values, display, {}, rows)

@@ -71,8 +71,9 @@ def read_boxes(path: str | os.PathLike) -> list[FaceBox]:
             try:
                 numbers = [float(v) for v in fields]
             except ValueError:
-                raise InputError(f"a box line must be numbers 'x y w h ...', got '{lines[i + k].strip()}'",
-                                 where(i + k)) from None
+                raise InputError(
+                    f"a box line must be numbers 'x y w h ...', got '{lines[i + k].strip()}'", where(i + k)
+                ) from None
             if len(numbers) < 4:
                 raise InputError(f"a box line needs at least 'x y w h', got '{lines[i + k].strip()}'", where(i + k))
             if count == 0:
@@ -86,8 +87,9 @@ def read_boxes(path: str | os.PathLike) -> list[FaceBox]:
     return boxes
 
 
-def padded_box(box: tuple[float, float, float, float], padding: float, width: int, height: int
-               ) -> tuple[int, int, int, int]:
+def padded_box(
+    box: tuple[float, float, float, float], padding: float, width: int, height: int
+) -> tuple[int, int, int, int]:
     """The crop (left, top, right, bottom) of a face: widened by ``padding``·w left and right and
     ``padding``·h above and below, rounded to whole pixels and clamped to the image."""
     x, y, w, h = box

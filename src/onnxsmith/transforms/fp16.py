@@ -62,18 +62,24 @@ class Options:
     )
     rescale_residual: bool | None = field(
         default=None,
-        metadata={"help": "carry an overflowing pre-LN residual stream scaled by a power of two so it and "
-                          "what writes it fit fp16 (automatic: when the stream is carried in fp16)"},
+        metadata={
+            "help": "carry an overflowing pre-LN residual stream scaled by a power of two so it and "
+            "what writes it fit fp16 (automatic: when the stream is carried in fp16)"
+        },
     )
     residual_fp32: bool = field(
         default=True,
-        metadata={"help": "keep an overflowing residual stream, and the branch that writes its massive "
-                          "activation, fp32 end to end (more accurate than carrying it rescaled in fp16)"},
+        metadata={
+            "help": "keep an overflowing residual stream, and the branch that writes its massive "
+            "activation, fp32 end to end (more accurate than carrying it rescaled in fp16)"
+        },
     )
     small_fp32: bool = field(
         default=True,
-        metadata={"help": "keep fp32 the nodes whose tensors are tiny next to the largest activation "
-                          "(a readout on the pooled token): fp16 saves nothing there"},
+        metadata={
+            "help": "keep fp32 the nodes whose tensors are tiny next to the largest activation "
+            "(a readout on the pooled token): fp16 saves nothing there"
+        },
     )
     dtype: str = field(default="fp16", metadata={"choices": list(DTYPES), "help": "the low-precision type"})
 
@@ -188,8 +194,9 @@ def convert_precision(
         return reason
 
     # Rescaling changed constants and attributes only: the types inferred above still hold.
-    precision = FloatPrecisionPass(dtype, keep_fp32=keep, policy=policy, keep_io_types=keep_io_types,
-                                   limits=limits, infer=False)
+    precision = FloatPrecisionPass(
+        dtype, keep_fp32=keep, policy=policy, keep_io_types=keep_io_types, limits=limits, infer=False
+    )
     precision(model)
     report.precision = precision.result
     hygiene = CastHygienePass()
@@ -198,8 +205,9 @@ def convert_precision(
     return report
 
 
-def _keep_massive_writers(stream: ResidualStream, measured: dict[str, float], limits: Limits,
-                          keep: dict[str, str], decision: StreamDecision) -> None:
+def _keep_massive_writers(
+    stream: ResidualStream, measured: dict[str, float], limits: Limits, keep: dict[str, str], decision: StreamDecision
+) -> None:
     """Keep fp32 every branch that writes an over-range value into the (fp32) stream."""
     for writer in stream.writers():
         peak = measured.get(writer.name, 0.0)
@@ -227,8 +235,9 @@ class Fp16(Transform):
         """The usual comparison, without running the source again when calibration already did."""
         cached = getattr(self, "_reference", None)
         if cached is not None and cached[0] is feeds:
-            return compare_models(reference, candidate, feeds, atol=atol, rtol=rtol,
-                                  reference_outputs=cached[1], reference_mode=cached[2])
+            return compare_models(
+                reference, candidate, feeds, atol=atol, rtol=rtol, reference_outputs=cached[1], reference_mode=cached[2]
+            )
         return compare_models(reference, candidate, feeds, atol=atol, rtol=rtol)
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
@@ -237,8 +246,11 @@ class Fp16(Transform):
         if dtype == ir.DataType.BFLOAT16:
             # The conversion itself handles bf16 (convert_precision); the gate cannot: onnxruntime's CPU
             # provider has no bf16 kernels and the storage-faithful emulation covers fp16 only.
-            raise UsageError("--dtype bf16: a bf16 variant cannot be verified on this machine (onnxruntime's CPU "
-                             "provider has no bf16 kernels); convert with --dtype fp16", source)
+            raise UsageError(
+                "--dtype bf16: a bf16 variant cannot be verified on this machine (onnxruntime's CPU "
+                "provider has no bf16 kernels); convert with --dtype fp16",
+                source,
+            )
         infer_types(model)
         _check_convertible(model, source, dtype)
         casts_before = count_casts(model)
@@ -249,13 +261,20 @@ class Fp16(Transform):
             ranges = measure_ranges(measured, context.feeds, outputs=outputs, derive_movement=True)
         # Calibrating the source computed its outputs: the gate compares with them (after an
         # earlier step of a chain they are that step's outputs, not the source's: not reused).
-        self._reference = (context.feeds, outputs, FAITHFUL if has_fp16(model) else NATIVE) \
-            if context.model_is_source else None
+        self._reference = (
+            (context.feeds, outputs, FAITHFUL if has_fp16(model) else NATIVE) if context.model_is_source else None
+        )
         context.progress("fp16: converting")
         result = convert_precision(
-            model, ranges, dtype=dtype, headroom=options.headroom, rescale=options.rescale_residual,
-            residual_fp32=options.residual_fp32, small_fp32=options.small_fp32,
-            keep_io_types=options.keep_io_types, infer=False,
+            model,
+            ranges,
+            dtype=dtype,
+            headroom=options.headroom,
+            rescale=options.rescale_residual,
+            residual_fp32=options.residual_fp32,
+            small_fp32=options.small_fp32,
+            keep_io_types=options.keep_io_types,
+            infer=False,
         )
         if options.rescale_residual and not any(d.scale != 1.0 for d in result.streams):
             found = [d.note for d in result.streams if d.note]
@@ -345,8 +364,11 @@ def _islands(result: PrecisionReport, small: dict[str, str]) -> list[dict]:
         if what == "residual stream":
             decision = stream_peak[tensors[0]]
             peak = decision.peak
-            measured = f"{peak:.3g}" + (f" (carried x1/{round(1 / decision.scale)}: {peak * decision.scale:.3g})"
-                                         if decision.scale != 1.0 else "")
+            measured = f"{peak:.3g}" + (
+                f" (carried x1/{round(1 / decision.scale)}: {peak * decision.scale:.3g})"
+                if decision.scale != 1.0
+                else ""
+            )
             tensor = decision.peak_tensor
         elif what == "stream writer":
             writer = next(w for d in result.streams for w in d.writers if w[0] in result.keep_fp32[tensors[0]])
@@ -363,15 +385,17 @@ def _islands(result: PrecisionReport, small: dict[str, str]) -> list[dict]:
         else:
             measured = precision.kept[node_label(nodes[0])]
         ops = Counter(n.op_type for n in nodes)
-        rows.append({
-            "island": node_label(nodes[0]),
-            "kept for": what,
-            "nodes": len(nodes),
-            "ops": ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "measured": measured,
-            "tensor": tensor,
-            "_peak": peak,
-        })
+        rows.append(
+            {
+                "island": node_label(nodes[0]),
+                "kept for": what,
+                "nodes": len(nodes),
+                "ops": ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+                "measured": measured,
+                "tensor": tensor,
+                "_peak": peak,
+            }
+        )
     rows.sort(key=lambda r: (-r["_peak"], r["kept for"], r["island"]))
     for row in rows:
         del row["_peak"]
@@ -392,8 +416,10 @@ def _report(name, options, model, result: PrecisionReport, ranges, casts_before,
     for decision in result.streams:
         line = f"residual stream: {decision.stream.describe()}, measured peak {decision.peak:.3g}"
         if decision.scale != 1.0:
-            line += (f"; carried scaled by 1/{round(1 / decision.scale)} (writers' weights scaled, "
-                     f"{len(decision.stream.norms)} LayerNorm epsilons x {decision.scale ** 2:g})")
+            line += (
+                f"; carried scaled by 1/{round(1 / decision.scale)} (writers' weights scaled, "
+                f"{len(decision.stream.norms)} LayerNorm epsilons x {decision.scale**2:g})"
+            )
         if decision.note:
             line += f"; {decision.note}"
         if decision.kept_fp32:
@@ -423,8 +449,10 @@ def _report(name, options, model, result: PrecisionReport, ranges, casts_before,
             f"float nodes in {low_name}": (0, low),
             f"MatMul/Gemm/Conv in {low_name}": (0, sum(precision.low_nodes[o] for o in ("MatMul", "Gemm", "Conv"))),
             "fp32 weights": (_mb(weights_before.get("float", 0)), _mb(weights_after.get("float", 0))),
-            f"{low_name} weights": (_mb(weights_before.get(precision.dtype.name.lower(), 0)),
-                                    _mb(weights_after.get(precision.dtype.name.lower(), 0))),
+            f"{low_name} weights": (
+                _mb(weights_before.get(precision.dtype.name.lower(), 0)),
+                _mb(weights_after.get(precision.dtype.name.lower(), 0)),
+            ),
         },
         "measured_tensors": len(ranges),
         "unsafe_tensors": len(result.unsafe),
@@ -434,8 +462,7 @@ def _report(name, options, model, result: PrecisionReport, ranges, casts_before,
         "cast_hygiene": vars(result.casts),
         "weights_converted": precision.weights_converted,
         "residual_streams": [
-            {"values": len(d.stream.values), "peak": d.peak, "scale": d.scale, "note": d.note}
-            for d in result.streams
+            {"values": len(d.stream.values), "peak": d.peak, "scale": d.scale, "note": d.note} for d in result.streams
         ],
     }
     report.tables["fp32 islands"] = islands

@@ -72,9 +72,26 @@ FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
 #: Generic clean-ups before matching: no-op Casts (TorchScript's float->float), Flatten as Reshape, ...
 _CLEANUP = RewriteRuleSet([*_no_op.rules, *_basic_rules.basic_optimization_rules().rules])
 #: Ops worth a row in the before/after table.
-_REPORTED_OPS = ("MultiHeadAttention", "RotaryEmbedding", "SkipLayerNormalization", "BiasGelu", "LayerNormalization",
-                 "MatMul", "Add", "Mul", "Softmax", "Reshape", "Transpose", "Shape", "Gather", "Concat", "Expand",
-                 "Slice", "Split", "Cast")
+_REPORTED_OPS = (
+    "MultiHeadAttention",
+    "RotaryEmbedding",
+    "SkipLayerNormalization",
+    "BiasGelu",
+    "LayerNormalization",
+    "MatMul",
+    "Add",
+    "Mul",
+    "Softmax",
+    "Reshape",
+    "Transpose",
+    "Shape",
+    "Gather",
+    "Concat",
+    "Expand",
+    "Slice",
+    "Split",
+    "Cast",
+)
 
 
 @register
@@ -84,15 +101,25 @@ class Fuse(Transform):
 
     @dataclass
     class Options:
-        precision: str = field(default="fp32", metadata={
-            "choices": ["fp32", "fp16"],
-            "help": "fp16: MatMul, attention, RoPE and BiasGelu in fp16, residual stream and LayerNorms fp32; "
-                    "fp32: the same graph in fp32 (for CPU)"})
-        static_dims: list[str] = field(default_factory=list, metadata={
-            "help": "symbolic input dims to fix at the size of the inputs given with --shape (e.g. height,width); "
-                    "every other dim stays dynamic"})
-        prune_rows: bool = field(default=True, metadata={
-            "help": "compute only the token rows the outputs read (the CLS row of the last block)"})
+        precision: str = field(
+            default="fp32",
+            metadata={
+                "choices": ["fp32", "fp16"],
+                "help": "fp16: MatMul, attention, RoPE and BiasGelu in fp16, residual stream and LayerNorms fp32; "
+                "fp32: the same graph in fp32 (for CPU)",
+            },
+        )
+        static_dims: list[str] = field(
+            default_factory=list,
+            metadata={
+                "help": "symbolic input dims to fix at the size of the inputs given with --shape (e.g. height,width); "
+                "every other dim stays dynamic"
+            },
+        )
+        prune_rows: bool = field(
+            default=True,
+            metadata={"help": "compute only the token rows the outputs read (the CLS row of the last block)"},
+        )
 
     def tolerance(self, options: Options) -> tuple[float, float]:
         # Fusion reorders fp32 arithmetic (SkipLayerNormalization sums in one pass); fp16 rounds activations.
@@ -129,7 +156,8 @@ class Fuse(Transform):
                 report.notes.append(
                     f"{len(prune.pruned)} nodes compute only token rows "
                     f"{', '.join(f'[{a}:{b})' for a, b in sorted(rows))} of {tokens}: "
-                    + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n, _, _ in prune.pruned).items()))
+                    + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n, _, _ in prune.pruned).items())
+                )
         if options.precision == "fp16":
             report.notes.extend(_to_fp16(model, context))
         DeduplicateInitializersPass()(model)
@@ -142,24 +170,28 @@ class Fuse(Transform):
         after = _op_counts(model)
         report.stats["rules"] = {o.name: o.matched for o in outcomes}
         report.stats["before_after"] = {
-            op: (before.get(op, 0), after.get(op, 0)) for op in _REPORTED_OPS
-            if before.get(op, 0) or after.get(op, 0)}
+            op: (before.get(op, 0), after.get(op, 0)) for op in _REPORTED_OPS if before.get(op, 0) or after.get(op, 0)
+        }
         report.stats["op_counts"] = {"before": dict(sorted(before.items())), "after": dict(sorted(after.items()))}
         return report
 
 
 # ------------------------------------------------------------------ 1. shapes
 
+
 def input_dims(model: ir.Model, feeds: dict[str, np.ndarray], static: list[str] = ()) -> dict[str, int]:
     """Each symbolic input dim (unnamed ones get named) with its size in ``feeds``; ``static`` ones become fixed."""
     names = name_input_dims(model)
     unknown = sorted(set(static) - set(names))
     if unknown:
-        raise UsageError(f"--static-dims: the model has no symbolic input dim {', '.join(unknown)} "
-                         f"(it has: {', '.join(names) or 'none'})")
+        raise UsageError(
+            f"--static-dims: the model has no symbolic input dim {', '.join(unknown)} "
+            f"(it has: {', '.join(names) or 'none'})"
+        )
     sizes: dict[str, int] = {}
-    for value, spec in zip([v for v in model.graph.inputs if v.name not in model.graph.initializers],
-                           input_specs(model)):
+    for value, spec in zip(
+        [v for v in model.graph.inputs if v.name not in model.graph.initializers], input_specs(model)
+    ):
         shape = np.shape(feeds[spec.name]) if spec.name in feeds else ()
         for axis, dim in enumerate(value.shape or ()):
             if not isinstance(dim, int) and axis < len(shape):
@@ -167,13 +199,15 @@ def input_dims(model: ir.Model, feeds: dict[str, np.ndarray], static: list[str] 
     for name in static:
         for value in model.graph.inputs:
             if value.shape is not None:
-                value.shape = ir.Shape([sizes[name] if not isinstance(d, int) and d.value == name else d
-                                        for d in value.shape])
+                value.shape = ir.Shape(
+                    [sizes[name] if not isinstance(d, int) and d.value == name else d for d in value.shape]
+                )
     return {name: size for name, size in sizes.items() if name not in static}
 
 
-def prepare_shapes(model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None = None, *,
-                   progress=None) -> tuple[FoldShapesPass, RuleOutcome]:
+def prepare_shapes(
+    model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None = None, *, progress=None
+) -> tuple[FoldShapesPass, RuleOutcome]:
     """Step 1: shape arithmetic folded, Constants lifted, no-op Casts and Reshapes gone, dims named."""
     fold = FoldShapesPass(dims, feeds=feeds, progress=progress)
     fold(model)
@@ -195,6 +229,7 @@ def _bypass_identities(graph: ir.Graph) -> None:
 
 
 # ------------------------------------------------------------------ 2. fusions (3. rows: passes/prune_rows.py)
+
 
 def apply_fusion(model: ir.Model, name: str, stages: tuple[RewriteRuleSet, ...]) -> RuleOutcome:
     """One entry of ``FUSIONS``, on shapes inferred afresh (the previous rewrites made new values)."""
@@ -235,8 +270,10 @@ def _rescale_residual_streams(model: ir.Model, ranges: list[TensorRange]) -> lis
         writers = max((measured.get(v.name, 0.0) for v in stream.scaled), default=0.0)
         scale = choose_scale(max(peak, writers), limits.max_abs)
         rescale_residual(model, stream, scale)
-        notes.append(f"residual stream ({stream.describe()}, measured peak {peak:.3g}) carried scaled by "
-                     f"1/{round(1 / scale)} so the fp16 projections that write it fit")
+        notes.append(
+            f"residual stream ({stream.describe()}, measured peak {peak:.3g}) carried scaled by "
+            f"1/{round(1 / scale)} so the fp16 projections that write it fit"
+        )
     return notes
 
 
@@ -270,7 +307,8 @@ def _to_fp16(model: ir.Model, context: TransformContext) -> list[str]:
     return [
         f"fp16: {sum(low.values())} nodes compute in fp16 ({', '.join(f'{op} {n}' for op, n in low.most_common())}); "
         f"{len(precision.result.kept)} stay fp32 (residual stream, normalisations"
-        + (f", {len(unsafe)} tensors measured out of fp16's range" if unsafe else "") + ")",
+        + (f", {len(unsafe)} tensors measured out of fp16's range" if unsafe else "")
+        + ")",
         f"casts: {precision.result.casts_added} inserted; {hygiene.counts.describe()}",
     ]
 
@@ -305,11 +343,14 @@ def _picks_a_row(node: ir.Node) -> bool:
 
 # ------------------------------------------------------------------ the report
 
+
 def _fold_note(fold: FoldShapesPass) -> str:
     if fold.skipped:
         return f"shape computations left as they were: {fold.skipped}"
-    return (f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape "
-            f"targets constant, {fold.concats} Concat of repeated constants -> Pad + Add")
+    return (
+        f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape "
+        f"targets constant, {fold.concats} Concat of repeated constants -> Pad + Add"
+    )
 
 
 def _op_counts(model: ir.Model) -> Counter:

@@ -61,12 +61,12 @@ TARGETS = {
         "onnxruntime-web (WASM)": {
             "session_options": WASM_CONFIG,
             "why": "constant-folds the DequantizeLinear at load: fp32 MatMuls, fp32 speed "
-                   "(without it WASM fuses DequantizeLinear+MatMul into MatMulNBits and runs ~10x slower)",
+            "(without it WASM fuses DequantizeLinear+MatMul into MatMulNBits and runs ~10x slower)",
         },
         "onnxruntime native CPU": {
             "session_options": {},
             "why": "fuses DequantizeLinear+MatMul into MatMulNBits; session.qdq_matmulnbits_accuracy_level "
-                   "picks the activation precision (4, the default: int8; 0: fp32)",
+            "picks the activation precision (4, the default: int8; 0: fp32)",
         },
     },
     "nbits": {
@@ -81,29 +81,64 @@ TARGETS = {
 @dataclass
 class QuantizeOptions:
     scheme: str = field(default="q4", metadata={"help": "weight bits of the body", "choices": ["q4", "q8"]})
-    block_size: int = field(default=32, metadata={"help": "weights per quantization block along K (power of two, >= 16)"})
+    block_size: int = field(
+        default=32, metadata={"help": "weights per quantization block along K (power of two, >= 16)"}
+    )
     symmetric: bool = field(default=False, metadata={"help": "symmetric blocks (no zero points)"})
-    format: str = field(default="qdq", metadata={
-        "help": "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
-        "choices": list(FORMATS)})
-    accuracy_level: int | None = field(default=None, metadata={
-        "help": "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8", "choices": [0, 1, 2, 3, 4]})
-    head: str = field(default="int8", metadata={
-        "help": "LM head (and embedding): int8 per token, q4 blocks (ablation), keep", "choices": list(HEAD_MODES)})
-    lookups: str = field(default="auto", metadata={
-        "help": "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
-                "folds a transposed copy for the head), auto: rows for a model without a KV cache",
-        "choices": ["auto", *LOOKUPS]})
-    uneven: str = field(default="int8", metadata={
-        "help": "a weight whose K is not a multiple of the block: int8 per column, or keep it", "choices": list(UNEVEN)})
+    format: str = field(
+        default="qdq",
+        metadata={
+            "help": "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
+            "choices": list(FORMATS),
+        },
+    )
+    accuracy_level: int | None = field(
+        default=None,
+        metadata={
+            "help": "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8",
+            "choices": [0, 1, 2, 3, 4],
+        },
+    )
+    head: str = field(
+        default="int8",
+        metadata={
+            "help": "LM head (and embedding): int8 per token, q4 blocks (ablation), keep",
+            "choices": list(HEAD_MODES),
+        },
+    )
+    lookups: str = field(
+        default="auto",
+        metadata={
+            "help": "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
+            "folds a transposed copy for the head), auto: rows for a model without a KV cache",
+            "choices": ["auto", *LOOKUPS],
+        },
+    )
+    uneven: str = field(
+        default="int8",
+        metadata={
+            "help": "a weight whose K is not a multiple of the block: int8 per column, or keep it",
+            "choices": list(UNEVEN),
+        },
+    )
     last_token: bool = field(default=True, metadata={"help": "compute the logits of the last position only"})
-    simplify: bool = field(default=True, metadata={
-        "help": "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
-                "computed Reshape targets)"})
-    gemv_head: bool = field(default=True, metadata={
-        "help": "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"})
-    max_kl: float = field(default=lm.DEFAULT_MAX_KL, metadata={
-        "help": "gate: mean KL(source || variant) of next-token distributions, nats"})
+    simplify: bool = field(
+        default=True,
+        metadata={
+            "help": "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
+            "computed Reshape targets)"
+        },
+    )
+    gemv_head: bool = field(
+        default=True,
+        metadata={
+            "help": "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
+        },
+    )
+    max_kl: float = field(
+        default=lm.DEFAULT_MAX_KL,
+        metadata={"help": "gate: mean KL(source || variant) of next-token distributions, nats"},
+    )
     min_top1: float = field(default=lm.DEFAULT_MIN_TOP1, metadata={"help": "gate: top-1 agreement with the source"})
 
     @property
@@ -115,7 +150,7 @@ class QuantizeOptions:
             raise ValueError("block_size must be a power of two, at least 16")
         if self.accuracy_level is not None and self.format != "nbits":
             raise ValueError("accuracy_level applies to --format nbits only")
-        if not 0 < self.max_kl:
+        if not self.max_kl > 0:
             raise ValueError("max_kl must be > 0")
         if not 0 <= self.min_top1 <= 1:
             raise ValueError("min_top1 must be between 0 and 1")
@@ -142,34 +177,52 @@ class Quantize(Transform):
             report.notes.append(
                 f"graph simplified: {prepared.unflattened} Reshape pair(s) around MatMuls removed, "
                 f"{prepared.reshape_targets} computed Reshape target(s) made constant; "
-                f"{nodes_before} -> {prepared.nodes} nodes that run (Constant nodes not counted)")
+                f"{nodes_before} -> {prepared.nodes} nodes that run (Constant nodes not counted)"
+            )
 
         rows: list[dict] = []
         if head is not None:
             progress("quantize: LM head")
-            store = StoreHeadPass(head, options.head, block_size=options.block_size, symmetric=options.symmetric,
-                                  lookups=_lookups(model, options))
+            store = StoreHeadPass(
+                head,
+                options.head,
+                block_size=options.block_size,
+                symmetric=options.symmetric,
+                lookups=_lookups(model, options),
+            )
             store(model)
             report.notes.extend(store.notes)
             rows.extend(store.rows)
 
         progress(f"quantize: {len(body)} weights")
-        weights = QuantizeWeightsPass(bits=options.bits, block_size=options.block_size, symmetric=options.symmetric,
-                                      format=options.format, accuracy_level=options.accuracy_level,
-                                      uneven=options.uneven, exclude={head.matmul} if head else set())
+        weights = QuantizeWeightsPass(
+            bits=options.bits,
+            block_size=options.block_size,
+            symmetric=options.symmetric,
+            format=options.format,
+            accuracy_level=options.accuracy_level,
+            uneven=options.uneven,
+            exclude={head.matmul} if head else set(),
+        )
         weights(model)
-        report.notes.insert(0, f"{weights.quantized} of {len(body)} MatMul weight(s) quantized "
-                               f"({options.bits}-bit, block {options.block_size}, "
-                               f"{'symmetric' if options.symmetric else 'asymmetric'}, format {options.format})")
+        report.notes.insert(
+            0,
+            f"{weights.quantized} of {len(body)} MatMul weight(s) quantized "
+            f"({options.bits}-bit, block {options.block_size}, "
+            f"{'symmetric' if options.symmetric else 'asymmetric'}, format {options.format})",
+        )
         report.notes.extend(weights.notes)
         rows.extend(weights.rows)
 
         if options.gemv_head and head is not None and options.head != "keep":
             gemv = GemvHeadPass(head.matmul)
             gemv(model)
-            report.notes.append(f"head not laid out for a GEMV: {gemv.skipped}" if gemv.skipped else
-                                f"head weight is [1, {head.hidden}, {head.vocab}] ({gemv.how}): onnxruntime does "
-                                "not prepack it and runs the one-row head as a GEMV (faster decode)")
+            report.notes.append(
+                f"head not laid out for a GEMV: {gemv.skipped}"
+                if gemv.skipped
+                else f"head weight is [1, {head.hidden}, {head.vocab}] ({gemv.how}): onnxruntime does "
+                "not prepack it and runs the one-row head as a GEMV (faster decode)"
+            )
         if options.last_token:
             LastTokenLogitsPass(head.matmul, head.logits)(model)
             report.notes.append("logits for the last position only ([batch, 1, vocab]); generation reads nothing else")
@@ -178,8 +231,10 @@ class Quantize(Transform):
         RemoveUnusedOpsetsPass()(model)
         weight_bytes_after = _weight_bytes(model)
         nodes_after = count_nodes(model, folded=True)
-        report.stats["before_after"] = {"weight bytes": (weight_bytes_before, weight_bytes_after),
-                                        "nodes that run": (nodes_before, nodes_after)}
+        report.stats["before_after"] = {
+            "weight bytes": (weight_bytes_before, weight_bytes_after),
+            "nodes that run": (nodes_before, nodes_after),
+        }
         report.stats["nodes"] = {"before": nodes_before, "after": nodes_after}
         report.stats["weight_bytes"] = {"before": weight_bytes_before, "after": weight_bytes_after}
         report.stats["quantized_weights"] = weights.quantized
@@ -187,8 +242,10 @@ class Quantize(Transform):
         report.stats["targets"] = TARGETS[options.format]
         if options.format == "qdq":
             report.runtime.update(WASM_CONFIG)
-            report.notes.append("onnxruntime-web (WASM): create the session with session.disable_quant_qdq=1 "
-                                "(it folds the DequantizeLinear at load: fp32 speed); without it WASM runs ~10x slower")
+            report.notes.append(
+                "onnxruntime-web (WASM): create the session with session.disable_quant_qdq=1 "
+                "(it folds the DequantizeLinear at load: fp32 speed); without it WASM runs ~10x slower"
+            )
         return report
 
     def _upgrade_opset(self, model: ir.Model, options: QuantizeOptions, report: StepReport) -> None:
@@ -205,13 +262,22 @@ class Quantize(Transform):
             raise InputError(f"cannot convert the model from opset {current} to {target} (the converter refused)")
         if needs_blocks:
             model.ir_version = max(model.ir_version, BLOCKED_DQ_IR_VERSION)
-        report.notes.append(f"default opset {current} -> {target} (blocked DequantizeLinear)" if needs_blocks
-                            else f"default opset {current} -> {target}")
+        report.notes.append(
+            f"default opset {current} -> {target} (blocked DequantizeLinear)"
+            if needs_blocks
+            else f"default opset {current} -> {target}"
+        )
 
     def verify(self, options: QuantizeOptions, reference, candidate, feeds, *, atol, rtol):
         """The LM gate (verify/lm.py), running the variant as its target does (session options)."""
-        return lm.compare_lm(reference, candidate, feeds, max_kl=options.max_kl, min_top1=options.min_top1,
-                             candidate_config=WASM_CONFIG if options.format == "qdq" else None)
+        return lm.compare_lm(
+            reference,
+            candidate,
+            feeds,
+            max_kl=options.max_kl,
+            min_top1=options.min_top1,
+            candidate_config=WASM_CONFIG if options.format == "qdq" else None,
+        )
 
 
 @dataclass
@@ -268,6 +334,7 @@ def _lookups(model: ir.Model, options: QuantizeOptions) -> str:
 def count_nodes(model: ir.Model, *, folded: bool = False) -> int:
     """Nodes of the main graph that run: not Constant, and with ``folded`` not DequantizeLinear of constants
     either (onnxruntime folds them at load with session.disable_quant_qdq=1)."""
+
     def runs(node: ir.Node) -> bool:
         if node.op_type == "Constant":
             return False

@@ -34,8 +34,19 @@ from onnxsmith.passes.narrow_int64 import NarrowInt64Pass
 from onnxsmith.pipeline import options as opts
 from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-          "g": 2**30, "gb": 2**30, "gib": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 2**10,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 2**20,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 2**30,
+    "gib": 2**30,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -55,8 +66,10 @@ class Shrink(Transform):
     class Options:
         max_fold_growth: str = field(
             default="1MB",
-            metadata={"help": "a folded constant may grow the model by at most this much per node "
-                              "(e.g. 0, 64KB, 1MB); bigger results stay computed at run time"},
+            metadata={
+                "help": "a folded constant may grow the model by at most this much per node "
+                "(e.g. 0, 64KB, 1MB); bigger results stay computed at run time"
+            },
         )
         fold: bool = field(default=True, metadata={"help": "fold constant subexpressions (with the growth guard)"})
         narrow_int64: bool = field(default=True, metadata={"help": "store/compute int64 indices that fit as int32"})
@@ -76,10 +89,16 @@ class Shrink(Transform):
             fp64(model)
             if fp64.narrowed:
                 saved = sum(c.nbytes_before // 2 for c in fp64.narrowed)
-                report.notes.append(f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({human_bytes(saved)} saved)")
+                report.notes.append(
+                    f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({human_bytes(saved)} saved)"
+                )
             changes += [
-                {"change": "fp64 -> fp32", "where": c.name, "bytes": human_bytes(c.nbytes_before // 2),
-                 "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)"}
+                {
+                    "change": "fp64 -> fp32",
+                    "where": c.name,
+                    "bytes": human_bytes(c.nbytes_before // 2),
+                    "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)",
+                }
                 for c in fp64.narrowed
             ]
         if options.fold:
@@ -88,8 +107,12 @@ class Shrink(Transform):
             fold(model)
             report.notes.append(_fold_note(fold))
             changes += [
-                {"change": "kept computed", "where": f"{r.node} ({r.op_type})",
-                 "bytes": "?" if r.output_bytes is None else human_bytes(r.output_bytes), "why": r.reason}
+                {
+                    "change": "kept computed",
+                    "where": f"{r.node} ({r.op_type})",
+                    "bytes": "?" if r.output_bytes is None else human_bytes(r.output_bytes),
+                    "why": r.reason,
+                }
                 for r in fold.refused
             ]
         if options.narrow_int64:
@@ -99,15 +122,19 @@ class Shrink(Transform):
             narrow(model)
             report.notes.extend(_narrow_notes(narrow))
             for r in narrow.reports:
-                where = f"{', '.join(r.values[:4])}{' ...' if len(r.values) > 4 else ''} (read by {', '.join(r.read_by)})"
-                changes.append({
-                    "change": "int64 -> int32" if r.narrowed else "int64 kept",
-                    "where": where,
-                    "bytes": human_bytes(r.saved_bytes + r.saved_runtime_bytes),
-                    "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
-                    + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
-                    + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
-                })
+                where = (
+                    f"{', '.join(r.values[:4])}{' ...' if len(r.values) > 4 else ''} (read by {', '.join(r.read_by)})"
+                )
+                changes.append(
+                    {
+                        "change": "int64 -> int32" if r.narrowed else "int64 kept",
+                        "where": where,
+                        "bytes": human_bytes(r.saved_bytes + r.saved_runtime_bytes),
+                        "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
+                        + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
+                        + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
+                    }
+                )
         if options.dedup:
             dedup = DeduplicateConstantsPass()
             dedup(model)
@@ -115,7 +142,12 @@ class Shrink(Transform):
                 saved = sum(d.nbytes for d in dedup.removed)
                 report.notes.append(f"merged {len(dedup.removed)} duplicate constant(s) ({human_bytes(saved)})")
             changes += [
-                {"change": "duplicate merged", "where": d.name, "bytes": human_bytes(d.nbytes), "why": f"identical to {d.kept}"}
+                {
+                    "change": "duplicate merged",
+                    "where": d.name,
+                    "bytes": human_bytes(d.nbytes),
+                    "why": f"identical to {d.kept}",
+                }
                 for d in dedup.removed
             ]
         RemoveUnusedNodesPass()(model)
@@ -127,8 +159,9 @@ class Shrink(Transform):
             "nodes by op (changed)": _ops(before, after),
             "largest stored tensors before": _largest(before),
             "largest stored tensors after": _largest(after),
-            "inspect warnings": [{"when": when, "warning": w} for when, s in (("before", before), ("after", after))
-                                 for w in s.warnings],
+            "inspect warnings": [
+                {"when": when, "warning": w} for when, s in (("before", before), ("after", after)) for w in s.warnings
+            ],
         }
         return report
 
@@ -138,9 +171,11 @@ def _fold_note(fold: FoldConstantsGuardedPass) -> str:
     big = [r for r in fold.refused if r.output_bytes is not None]
     if big:
         largest = max(big, key=lambda r: r.output_bytes)
-        note += (f"; kept {len(big)} computed at run time that would have stored "
-                 f"{human_bytes(sum(r.output_bytes for r in big))} (largest: {largest.node}, {largest.op_type}, "
-                 f"{human_bytes(largest.output_bytes)})")
+        note += (
+            f"; kept {len(big)} computed at run time that would have stored "
+            f"{human_bytes(sum(r.output_bytes for r in big))} (largest: {largest.node}, {largest.op_type}, "
+            f"{human_bytes(largest.output_bytes)})"
+        )
     return note
 
 
@@ -159,25 +194,48 @@ def _narrow_notes(narrow: NarrowInt64Pass) -> list[str]:
 
 
 def _before_after(before: ModelSummary, after: ModelSummary) -> dict[str, tuple[str, str]]:
-    rows = {"stored bytes": (human_bytes(sum(before.bytes_by_dtype.values())), human_bytes(sum(after.bytes_by_dtype.values())))}
+    rows = {
+        "stored bytes": (
+            human_bytes(sum(before.bytes_by_dtype.values())),
+            human_bytes(sum(after.bytes_by_dtype.values())),
+        )
+    }
     for dtype in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype)):
-        rows[f"  {dtype}"] = (human_bytes(before.bytes_by_dtype.get(dtype, 0)), human_bytes(after.bytes_by_dtype.get(dtype, 0)))
+        rows[f"  {dtype}"] = (
+            human_bytes(before.bytes_by_dtype.get(dtype, 0)),
+            human_bytes(after.bytes_by_dtype.get(dtype, 0)),
+        )
     return rows
 
 
 def _by_dtype(before: ModelSummary, after: ModelSummary) -> list[dict]:
     return [
-        {"dtype": d, "before": human_bytes(before.bytes_by_dtype.get(d, 0)), "after": human_bytes(after.bytes_by_dtype.get(d, 0))}
+        {
+            "dtype": d,
+            "before": human_bytes(before.bytes_by_dtype.get(d, 0)),
+            "after": human_bytes(after.bytes_by_dtype.get(d, 0)),
+        }
         for d in sorted(set(before.bytes_by_dtype) | set(after.bytes_by_dtype))
     ]
 
 
 def _ops(before: ModelSummary, after: ModelSummary) -> list[dict]:
     ops = sorted(set(before.ops) | set(after.ops))
-    return [{"op": op, "before": before.ops.get(op, 0), "after": after.ops.get(op, 0)}
-            for op in ops if before.ops.get(op, 0) != after.ops.get(op, 0)]
+    return [
+        {"op": op, "before": before.ops.get(op, 0), "after": after.ops.get(op, 0)}
+        for op in ops
+        if before.ops.get(op, 0) != after.ops.get(op, 0)
+    ]
 
 
 def _largest(summary: ModelSummary) -> list[dict]:
-    return [{"name": t.name, "dtype": t.dtype, "shape": "x".join(map(str, t.shape)), "bytes": human_bytes(t.bytes),
-             "read by": ", ".join(t.readers[:3])} for t in summary.largest[:5]]
+    return [
+        {
+            "name": t.name,
+            "dtype": t.dtype,
+            "shape": "x".join(map(str, t.shape)),
+            "bytes": human_bytes(t.bytes),
+            "read by": ", ".join(t.readers[:3]),
+        }
+        for t in summary.largest[:5]
+    ]

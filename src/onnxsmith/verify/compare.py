@@ -93,9 +93,19 @@ def diff_output(name: str, ref: np.ndarray, test: np.ndarray, atol: float, rtol:
     shape = tuple(int(d) for d in ref.shape[1:])
     if ref.dtype.kind not in "fc" and test.dtype.kind not in "fc":
         mismatched = int(np.count_nonzero(ref != test))
-        return OutputDiff(name, shape, str(test.dtype), float(mismatched and np.max(np.abs(
-            ref.astype(np.float64) - test.astype(np.float64)))), float(mismatched / max(ref.size, 1)),
-            0.0, None, 0, 0, None, mismatched == 0)
+        return OutputDiff(
+            name,
+            shape,
+            str(test.dtype),
+            float(mismatched and np.max(np.abs(ref.astype(np.float64) - test.astype(np.float64)))),
+            float(mismatched / max(ref.size, 1)),
+            0.0,
+            None,
+            0,
+            0,
+            None,
+            mismatched == 0,
+        )
     a = ref.astype(np.float64)
     b = test.astype(np.float64)
     finite_a, finite_b = np.isfinite(a), np.isfinite(b)
@@ -107,7 +117,9 @@ def diff_output(name: str, ref: np.ndarray, test: np.ndarray, atol: float, rtol:
     max_rel = float((delta / (scale + atol)).max()) if delta.size else 0.0
     within = bool(np.all(delta <= atol + rtol * scale))
     # Non-finite values must match exactly (same NaN/inf places): new ones fail the comparison.
-    same_nonfinite = bool(np.array_equal(~finite_a, ~finite_b) and np.array_equal(a[~finite_a], b[~finite_b], equal_nan=True))
+    same_nonfinite = bool(
+        np.array_equal(~finite_a, ~finite_b) and np.array_equal(a[~finite_a], b[~finite_b], equal_nan=True)
+    )
     cosine = None
     if delta.size:
         va, vb = a[both], b[both]
@@ -117,8 +129,17 @@ def diff_output(name: str, ref: np.ndarray, test: np.ndarray, atol: float, rtol:
     if a.ndim >= 2 and a.shape[-1] >= 2 and both.all():  # axis 0 stacks the input sets
         argmax = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
     return OutputDiff(
-        name, shape, str(test.dtype), max_abs, mean_abs, max_rel, cosine,
-        int((~finite_a).sum()), int((~finite_b).sum()), argmax, within and same_nonfinite,
+        name,
+        shape,
+        str(test.dtype),
+        max_abs,
+        mean_abs,
+        max_rel,
+        cosine,
+        int((~finite_a).sum()),
+        int((~finite_b).sum()),
+        argmax,
+        within and same_nonfinite,
     )
 
 

@@ -37,8 +37,9 @@ def computing_model(model: ir.Model, outputs: list[ir.Value]) -> ir.Model:
     graph.sort()  # extraction copies nodes in graph order, which must be topological
     inputs = [v for v in graph.inputs if not v.is_initializer()]
     piece = ir.convenience.extract(graph, inputs=inputs, outputs=outputs)
-    return ir.Model(piece, ir_version=model.ir_version, functions=list(model.functions.values()),
-                    producer_name=model.producer_name)
+    return ir.Model(
+        piece, ir_version=model.ir_version, functions=list(model.functions.values()), producer_name=model.producer_name
+    )
 
 
 @contextlib.contextmanager

@@ -25,8 +25,14 @@ ROUNDING_MARK = "onnxsmith.fp16_rounding"
 F16 = ir.DataType.FLOAT16
 F32 = ir.DataType.FLOAT
 # Attributes that name a dtype for the node's output.
-_DTYPE_ATTRS = {"RandomNormal": "dtype", "RandomUniform": "dtype", "EyeLike": "dtype",
-                "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Multinomial": "dtype"}
+_DTYPE_ATTRS = {
+    "RandomNormal": "dtype",
+    "RandomUniform": "dtype",
+    "EyeLike": "dtype",
+    "RandomNormalLike": "dtype",
+    "RandomUniformLike": "dtype",
+    "Multinomial": "dtype",
+}
 
 
 def has_fp16(model: ir.Model) -> bool:

@@ -69,7 +69,9 @@ def lm_signature(model: ir.Model, label: str | os.PathLike | None = None) -> LMS
     """Read the decoder's inputs; InputError for an input onnxsmith doesn't know how to feed."""
     inputs = {v.name: v for v in model.graph.inputs if v.name not in model.graph.initializers}
     if IDS not in inputs:
-        raise InputError(f"not a causal language model: no '{IDS}' input (inputs: {', '.join(inputs) or 'none'})", label)
+        raise InputError(
+            f"not a causal language model: no '{IDS}' input (inputs: {', '.join(inputs) or 'none'})", label
+        )
     ids_value = inputs[IDS]
     batch_dim = _dim_name(ids_value, 0)
 
@@ -81,8 +83,11 @@ def lm_signature(model: ir.Model, label: str | os.PathLike | None = None) -> LMS
         if name in (IDS, MASK, POSITIONS):
             continue
         if value.shape is None or not ("past" in name or any("past" in str(d) for d in _dims(value))):
-            raise InputError(f"do not know what to feed input '{name}' of a language model "
-                             f"(known: {IDS}, {MASK}, {POSITIONS}, past_key_values.*)", label)
+            raise InputError(
+                f"do not know what to feed input '{name}' of a language model "
+                f"(known: {IDS}, {MASK}, {POSITIONS}, past_key_values.*)",
+                label,
+            )
         dims = []
         for d in _dims(value):
             if isinstance(d, int):
@@ -105,7 +110,10 @@ def lm_signature(model: ir.Model, label: str | os.PathLike | None = None) -> LMS
         ids=dtype(ids_value),
         mask=dtype(inputs[MASK]) if MASK in inputs else None,
         positions=dtype(inputs[POSITIONS]) if POSITIONS in inputs else None,
-        past=tuple(past), logits=logits.name, last_only=last_only, vocab=vocab,
+        past=tuple(past),
+        logits=logits.name,
+        last_only=last_only,
+        vocab=vocab,
     )
 
 
@@ -140,8 +148,9 @@ class LMRunner:
     def __init__(self, path: str | os.PathLike, *, config: dict[str, str] | None = None, threads: int | None = None):
         self.path = Path(path)
         self.sig = lm_signature(load_model(self.path), self.path)
-        self.session = runner.open_session(self.path, options=runner.session_options(config=config, threads=threads),
-                                           label=self.path)
+        self.session = runner.open_session(
+            self.path, options=runner.session_options(config=config, threads=threads), label=self.path
+        )
 
     def run(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         return runner.run(self.session, lm_feeds(self.sig, ids), label=self.path)
@@ -153,7 +162,7 @@ class LMRunner:
     def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
         """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""
         if not self.sig.last_only:
-            return self.logits(ids)[:, first - 1:]
+            return self.logits(ids)[:, first - 1 :]
         return np.concatenate([self.logits(ids[:, :t]) for t in range(first, ids.shape[1] + 1)], axis=1)
 
 
@@ -186,8 +195,9 @@ class Agreement:
         return cls(*(np.concatenate([getattr(a, f) for a in parts]) for f in ("kl", "top1", "entropy")))
 
 
-def sample_sequences(path: str | os.PathLike, *, count: int = 4, length: int = 32, seed: int = 0,
-                     temperature: float = 1.0) -> np.ndarray:
+def sample_sequences(
+    path: str | os.PathLike, *, count: int = 4, length: int = 32, seed: int = 0, temperature: float = 1.0
+) -> np.ndarray:
     """``count`` sequences of ``length`` tokens sampled from the model itself (the first uniformly)."""
     lm = LMRunner(path)
     rng = np.random.default_rng(seed)
@@ -223,27 +233,48 @@ class LMComparison(Comparison):
         return list(self.problems)
 
     def summary(self) -> str:
-        return (f"{self.positions} positions: mean KL {self.mean_kl:.4f} nats (gate ≤ {self.gate['max_kl']:g}), "
-                f"top-1 agreement {self.top1:.1%} (gate ≥ {self.gate['min_top1']:.0%}); "
-                f"the source's own entropy there {self.entropy:.3f} nats")
+        return (
+            f"{self.positions} positions: mean KL {self.mean_kl:.4f} nats (gate ≤ {self.gate['max_kl']:g}), "
+            f"top-1 agreement {self.top1:.1%} (gate ≥ {self.gate['min_top1']:.0%}); "
+            f"the source's own entropy there {self.entropy:.3f} nats"
+        )
 
     def to_json(self) -> dict:
         data = super().to_json()
-        data.update(positions=self.positions, mean_kl=self.mean_kl, max_kl=self.max_kl, top1=self.top1,
-                    entropy=self.entropy, gate=self.gate, problems=self.problems, passed=self.passed)
+        data.update(
+            positions=self.positions,
+            mean_kl=self.mean_kl,
+            max_kl=self.max_kl,
+            top1=self.top1,
+            entropy=self.entropy,
+            gate=self.gate,
+            problems=self.problems,
+            passed=self.passed,
+        )
         return data
 
 
-def compare_lm(reference: str | os.PathLike, candidate: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]],
-               *, max_kl: float = DEFAULT_MAX_KL, min_top1: float = DEFAULT_MIN_TOP1,
-               min_cosine: float = DEFAULT_MIN_COSINE, candidate_config: dict[str, str] | None = None) -> LMComparison:
+def compare_lm(
+    reference: str | os.PathLike,
+    candidate: str | os.PathLike,
+    feeds_list: list[dict[str, np.ndarray]],
+    *,
+    max_kl: float = DEFAULT_MAX_KL,
+    min_top1: float = DEFAULT_MIN_TOP1,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    candidate_config: dict[str, str] | None = None,
+) -> LMComparison:
     """The LM gate: ``candidate`` against ``reference`` on the token ids of ``feeds_list``."""
     ref = LMRunner(reference)
     cand = LMRunner(candidate, config=candidate_config)
     comparison = LMComparison(
-        reference=Path(reference).name, candidate=Path(candidate).name,
+        reference=Path(reference).name,
+        candidate=Path(candidate).name,
         modes={"reference": "native", "candidate": _mode(candidate_config)},
-        atol=0.0, rtol=0.0, samples=len(feeds_list), gate={"max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine},
+        atol=0.0,
+        rtol=0.0,
+        samples=len(feeds_list),
+        gate={"max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine},
     )
     parts = []
     for feeds in feeds_list:
@@ -264,8 +295,10 @@ def compare_lm(reference: str | os.PathLike, candidate: str | os.PathLike, feeds
             if name != ref.sig.logits and value.size:
                 ok = ok and (diff.cosine is not None and diff.cosine >= min_cosine)
                 if not ok:
-                    comparison.problems.append(f"output '{name}' has cosine {diff.cosine if diff.cosine is not None else float('nan'):.4f} "
-                                               f"with the source's (gate ≥ {min_cosine:g}) or new NaN/inf")
+                    comparison.problems.append(
+                        f"output '{name}' has cosine {diff.cosine if diff.cosine is not None else float('nan'):.4f} "
+                        f"with the source's (gate ≥ {min_cosine:g}) or new NaN/inf"
+                    )
             comparison.outputs.append(replace(diff, passed=ok))
     agreement = Agreement.concat(parts)
     comparison.positions = int(agreement.kl.size)
@@ -278,14 +311,18 @@ def compare_lm(reference: str | os.PathLike, candidate: str | os.PathLike, feeds
         comparison.problems.append("the logits have NaN/inf values the source's don't")
     else:
         if comparison.mean_kl > max_kl:
-            comparison.problems.append(f"mean KL(source || variant) {comparison.mean_kl:.4f} nats over "
-                                       f"{comparison.positions} positions > gate {max_kl:g}")
+            comparison.problems.append(
+                f"mean KL(source || variant) {comparison.mean_kl:.4f} nats over "
+                f"{comparison.positions} positions > gate {max_kl:g}"
+            )
         if comparison.top1 < min_top1:
-            comparison.problems.append(f"top-1 agreement {comparison.top1:.1%} over {comparison.positions} "
-                                       f"positions < gate {min_top1:.0%}")
+            comparison.problems.append(
+                f"top-1 agreement {comparison.top1:.1%} over {comparison.positions} positions < gate {min_top1:.0%}"
+            )
     lm_ok = not any("KL" in p or "top-1" in p or "logits" in p for p in comparison.problems)
-    comparison.outputs = [replace(o, passed=o.passed and lm_ok) if o.name == ref.sig.logits else o
-                          for o in comparison.outputs]
+    comparison.outputs = [
+        replace(o, passed=o.passed and lm_ok) if o.name == ref.sig.logits else o for o in comparison.outputs
+    ]
     return comparison
 
 

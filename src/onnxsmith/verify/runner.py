@@ -17,11 +17,22 @@ CPU = ["CPUExecutionProvider"]
 #: Initializers at least this big are fed to onnxruntime as input arrays (see open_session).
 FED_BYTES = 64 * 1024
 #: Their dtypes: those numpy and onnxruntime share (4-bit and bfloat16 weights stay in the protobuf).
-_FED_DTYPES = frozenset({
-    ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.INT8, ir.DataType.UINT8,
-    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
-    ir.DataType.UINT64, ir.DataType.BOOL,
-})
+_FED_DTYPES = frozenset(
+    {
+        ir.DataType.FLOAT,
+        ir.DataType.FLOAT16,
+        ir.DataType.DOUBLE,
+        ir.DataType.INT8,
+        ir.DataType.UINT8,
+        ir.DataType.INT16,
+        ir.DataType.UINT16,
+        ir.DataType.INT32,
+        ir.DataType.UINT32,
+        ir.DataType.INT64,
+        ir.DataType.UINT64,
+        ir.DataType.BOOL,
+    }
+)
 
 
 def session_options(*, optimize: bool = True, threads: int | None = None, config: dict[str, str] | None = None):
@@ -74,12 +85,20 @@ def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.n
     """
     graph = model.graph
     initializers = list(graph.initializers.values())
-    fed = [value for value in initializers
-           if value.const_value is not None and value.const_value.dtype in _FED_DTYPES
-           and value.const_value.nbytes >= FED_BYTES]
+    fed = [
+        value
+        for value in initializers
+        if value.const_value is not None
+        and value.const_value.dtype in _FED_DTYPES
+        and value.const_value.nbytes >= FED_BYTES
+    ]
     fed_set = set(fed)
-    inlined = [value for g in model.graphs() for value in g.initializers.values()
-               if value not in fed_set and isinstance(value.const_value, ir.ExternalTensor)]
+    inlined = [
+        value
+        for g in model.graphs()
+        for value in g.initializers.values()
+        if value not in fed_set and isinstance(value.const_value, ir.ExternalTensor)
+    ]
     if not fed and not inlined:
         return ir.serde.serialize_model(model), {}
     inputs = len(graph.inputs)
