@@ -161,3 +161,29 @@ def test_build_exits_1_naming_the_variant_that_failed_its_gate(project, tmp_path
     assert "'half' (max |Δage| " in last and "> gate 1e-09" in last
     assert not (tmp_path / "out" / "half.onnx").exists()
     assert "### half (not published)" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_included_files_keep_their_mode_and_the_card_names_what_came_from_outside(tmp_path):
+    root = tmp_path / "project"
+    (root / "shared").mkdir(parents=True)
+    source = save_toy_faceage(root / "toy.onnx")
+    private = root / "private.json"
+    private.write_text('{"token": "x"}\n')
+    private.chmod(0o600)
+    script = root / "shared" / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    outside = tmp_path / "vocab.txt"
+    outside.write_text("a b c\n")
+    (root / "recipe.toml").write_text(
+        recipe_text(source, '[[variants]]\nname = "same"\nsteps = [{ pass = "test-only-age-shift" }]\n')
+        + '[release]\nallow_outside = true\ninclude = ["private.json", "shared/run.sh", "../vocab.txt"]\n'
+    )
+    result = build(load_recipe(root / "recipe.toml"), tmp_path / "out", bench=False)
+    out = result.out
+    assert (out / "private.json").stat().st_mode & 0o777 == 0o600
+    assert (out / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (out / "vocab.txt").read_text() == "a b c\n"
+    card = (out / "README.md").read_text()
+    assert "Taken from outside the recipe's folder (the recipe sets `allow_outside = true`): `vocab.txt`." in card
+    assert json.loads((out / "measurements.json").read_text())["outside_recipe"] == ["vocab.txt"]

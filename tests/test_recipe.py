@@ -192,3 +192,157 @@ def test_a_bad_option_of_a_real_transform_in_the_example_recipe(tmp_path):
         f"recipe.toml:{line}: variant 'fused-fp32' step 1 (fuse): option 'precision' must be one of"
         in err.value.one_line()
     )
+
+
+# ---- what a release publishes ------------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A recipe's folder with a source model, beside a folder of files the recipe must not publish."""
+    root = tmp_path / "project"
+    root.mkdir()
+    source = save_toy_faceage(root / "toy.onnx")
+    secret = tmp_path / "elsewhere" / "shadow"
+    secret.parent.mkdir()
+    secret.write_text("root:$6$not-for-a-release\n")
+    (root / "tokenizer.json").write_text("{}\n")
+    return root, source, secret
+
+
+def _line(text: str, start: str) -> int:
+    return next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith(start))
+
+
+def _release(include: list[str], extra: str = "") -> str:
+    return "[release]\n" + extra + "include = [" + ", ".join(f'"{p}"' for p in include) + "]\n"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink", "symlinked folder"])
+def test_include_outside_the_recipes_folder_is_refused_at_its_line(project, how):
+    root, source, secret = project
+    if how == "absolute":
+        item = str(secret)
+    elif how == "dotdot":
+        item = "../elsewhere/shadow"
+    elif how == "symlink":
+        (root / "shadow").symlink_to(secret)
+        item = "shadow"
+    else:
+        (root / "linked").symlink_to(secret.parent, target_is_directory=True)
+        item = "linked/shadow"
+    text = recipe_text(source, VARIANT) + _release(["tokenizer.json", item])
+    with pytest.raises(RecipeError) as err:
+        _load(root, text)
+    message = err.value.one_line()
+    line = _line(text, "include")
+    assert message.startswith(f"{root / 'recipe.toml'}:{line}: [release] include: '{item}' resolves to "), message
+    assert f"{secret}, outside the recipe's folder" in message and "allow_outside = true" in message
+    assert err.value.exit_code == 2
+
+
+def test_license_file_outside_the_recipes_folder_is_refused(project):
+    root, source, _ = project
+    text = recipe_text(source, VARIANT, card='[card]\nlicense_file = "../elsewhere/shadow"')
+    with pytest.raises(RecipeError) as err:
+        _load(root, text)
+    assert f"recipe.toml:{_line(text, 'license_file')}: [card] license_file: '../elsewhere/shadow' resolves to" in str(
+        err.value
+    )
+
+
+def test_allow_outside_lets_them_in_and_says_which(project):
+    root, source, secret = project
+    (root / "link.json").symlink_to(secret)
+    text = recipe_text(source, VARIANT, card='[card]\nlicense_file = "../elsewhere/shadow"') + _release(
+        ["tokenizer.json", "link.json", str(secret)], extra="allow_outside = true\n"
+    )
+    recipe = _load(root, text.replace(f'"{secret}"', '"../elsewhere/shadow"'))
+    assert [p.name for p in recipe.include] == ["tokenizer.json", "link.json", "shadow"]
+    assert recipe.outside == ["link.json", "shadow", "license_file"]  # not tokenizer.json: it is inside
+    assert recipe.license_text() == secret.read_text()
+
+
+@pytest.mark.parametrize("name", ["README.md", "SHA256SUMS", "measurements.json", "report.html", "recipe.toml"])
+def test_an_include_named_like_a_file_the_build_writes_is_refused(project, name):
+    root, source, _ = project
+    (root / "docs").mkdir()
+    (root / "docs" / name).write_text("mine\n")
+    text = recipe_text(source, VARIANT) + _release([f"docs/{name}"])
+    with pytest.raises(
+        RecipeError,
+        match=rf"recipe.toml:\d+: \[release\] include: {name} would take the name of the release's own {name}",
+    ):
+        _load(root, text)
+
+
+@pytest.mark.parametrize(
+    "variants, needle",
+    [
+        # "$" matches before a trailing newline: the file's name must match whole
+        ('[[variants]]\nname = "v"\nfile = "v.onnx\\n"\nsteps = []\n', "file must be a name ending in .onnx"),
+        ('[[variants]]\nname = "v"\nfile = "v\\u0007.onnx"\nsteps = []\n', "file must be a name ending in .onnx"),
+        ('[[variants]]\nname = "v\\n"\nfile = "v.onnx"\nsteps = []\n', 'needs name = "..."'),
+        (
+            '[[variants]]\nname = "a"\nfile = "a.onnx"\nsteps = []\n[[variants]]\nname = "b"\nfile = "a.onnx/b.onnx"\nsteps = []\n',
+            "variant 'b': file a.onnx/b.onnx needs a folder 'a.onnx', which is the name of variant 'a''s file",
+        ),
+        (
+            '[[variants]]\nname = "b"\nfile = "README.md/b.onnx"\nsteps = []\n',
+            "needs a folder 'README.md', which is the name of the release's own README.md",
+        ),
+    ],
+)
+def test_variant_files_that_cannot_be_written_are_refused(project, variants, needle):
+    root, source, _ = project
+    with pytest.raises(RecipeError) as err:
+        _load(root, recipe_text(source, variants))
+    assert needle in err.value.one_line()
+    assert re.match(rf"{re.escape(str(root / 'recipe.toml'))}:\d+: ", err.value.one_line())
+
+
+def test_an_include_named_like_a_variant_folder_or_data_file_is_refused(project):
+    root, source, _ = project
+    (root / "onnx").write_text("a file, not a folder\n")
+    (root / "v.onnx.data").write_bytes(b"\0")
+    folder = '[[variants]]\nname = "v"\nfile = "onnx/v.onnx"\nsteps = []\n'
+    with pytest.raises(
+        RecipeError,
+        match=r"variant 'v': file onnx/v\.onnx needs a folder 'onnx', which is the name of the included onnx",
+    ):
+        _load(root, recipe_text(source, folder) + _release(["onnx"]))
+    with pytest.raises(RecipeError, match=r"include: v\.onnx\.data would take the name of variant 'v''s data file"):
+        _load(root, recipe_text(source, VARIANT) + _release(["v.onnx.data"]))
+
+
+def test_a_binary_license_file_is_one_line_exit_2(project, cli):
+    root, source, _ = project
+    (root / "LICENSE.bin").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0")
+    text = recipe_text(source, VARIANT, card='[card]\nlicense_file = "LICENSE.bin"')
+    (root / "recipe.toml").write_text(text)
+    line = _line(text, "license_file")
+    result = cli("build", root / "recipe.toml", "--out", root / "out")
+    assert_one_line_error(result, f"recipe.toml:{line}: [card] license_file: LICENSE.bin is not UTF-8 text (byte 0x89")
+    (root / "LICENSE.bin").write_bytes(b"text\0more")
+    result = cli("build", root / "recipe.toml", "--out", root / "out")
+    assert_one_line_error(
+        result, f"recipe.toml:{line}: [card] license_file: LICENSE.bin is binary (a NUL byte at offset 4)"
+    )
+    assert not (root / "out").exists()
+
+
+def test_build_reading_etc_shadow_style_paths_is_one_line_exit_2(project, cli):
+    """Through the CLI, as a user would meet it: nothing is written, nothing is read into a release."""
+    root, source, secret = project
+    text = recipe_text(source, VARIANT) + _release([str(secret)])
+    (root / "recipe.toml").write_text(text)
+    result = cli("build", root / "recipe.toml", "--out", root / "out")
+    assert_one_line_error(result, f"recipe.toml:{_line(text, 'include')}: [release] include:", "outside the recipe's")
+    assert not (root / "out").exists()
+
+
+def test_an_include_whose_name_has_a_control_character_is_refused(project):
+    root, source, _ = project
+    (root / "vocab\n.txt").write_text("a b c\n")  # its line in SHA256SUMS would be two lines
+    with pytest.raises(RecipeError, match=r"include: the name 'vocab\\n.txt' has a control character"):
+        _load(root, recipe_text(source, VARIANT) + '[release]\ninclude = ["vocab\\n.txt"]\n')

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -37,18 +38,13 @@ from onnxsmith.io.load import load_model
 from onnxsmith.pipeline.bench import bench_models
 from onnxsmith.pipeline.card import TIMED_END, TIMED_START, render_card
 from onnxsmith.pipeline.options import to_json as options_json
-from onnxsmith.pipeline.recipe import Recipe, Variant
+from onnxsmith.pipeline.recipe import CARD, CHECKSUMS, MEASUREMENTS, RECIPE_COPY, REPORT, Recipe, Variant
 from onnxsmith.pipeline.report import render_report
 from onnxsmith.pipeline.transform import produce_variant
 from onnxsmith.pipeline.validate import TaskRun, Validation
 from onnxsmith.verify.fp16_storage import has_fp16
 from onnxsmith.verify.inputs import random_inputs
 
-MEASUREMENTS = "measurements.json"
-CARD = "README.md"
-REPORT = "report.html"
-CHECKSUMS = "SHA256SUMS"
-RECIPE_COPY = "recipe.toml"
 FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
 
@@ -179,7 +175,8 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
 
     included = []
     for path in recipe.include:
-        (release / path.name).write_bytes(path.read_bytes())
+        shutil.copyfile(path, release / path.name)
+        shutil.copymode(path, release / path.name)  # a private file stays private
         included.append(FileRecord.of(release / path.name).to_json(release))
     files = [f for o in published for f in o.data["files"]] + included
     checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
@@ -213,6 +210,8 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         },
         "variants": [_variant_json(o) for o in outcomes],
         "included": included,
+        # taken from outside the recipe's folder (allow_outside = true): the card says so
+        "outside_recipe": recipe.outside,
         "ranges": ranges,
         "bench": bench,
     }

@@ -35,6 +35,7 @@ def render_card(m: dict[str, Any]) -> str:
         "",
     ]
     out += _files(published, m.get("included", []))
+    out += _outside(m.get("outside_recipe", []))
     out += _variants(variants)
     out += _io_table(source, published)
     if m.get("validation"):
@@ -60,6 +61,14 @@ def _files(published: list[dict], included: list[dict]) -> list[str]:
         out.append(f"| `{f['path']}` | {name} | {f['bytes']:,} | `{f['sha256']}` |")
     out += ["", "Check them with `sha256sum -c SHA256SUMS`; pin them by these hashes.", ""]
     return out
+
+
+def _outside(names: list[str]) -> list[str]:
+    """What the recipe took from outside its folder (it said allow_outside = true)."""
+    if not names:
+        return []
+    what = [f"`{n}`" if n != "license_file" else "the license text (license_file)" for n in names]
+    return [f"Taken from outside the recipe's folder (the recipe sets `allow_outside = true`): {', '.join(what)}.", ""]
 
 
 def _variants(variants: list[dict]) -> list[str]:

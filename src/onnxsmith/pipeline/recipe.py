@@ -27,6 +27,12 @@ Everything is checked before any work starts: unknown sections, keys, passes
 or options, wrong types, missing files and a source whose sha256 differs are
 reported as ``recipe.toml:LINE: problem`` (exit 2). tomllib gives no positions,
 so :func:`key_lines` scans the text for the line of every key.
+
+What a release publishes is checked too: ``include`` and ``license_file`` must be
+regular files inside the recipe's folder (after symbolic links; ``[release]
+allow_outside = true`` lifts this, and the card then names what came from
+outside), a license is UTF-8 text, and no two files of the release, nor a file
+and a variant's folder, share a name (the files a build writes itself included).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 
 from onnxsmith.errors import InputError, OnnxsmithError
 from onnxsmith.io.files import sha256_file
+from onnxsmith.io.save import data_file_name
 from onnxsmith.pipeline import options as opts
 from onnxsmith.pipeline.bench import BenchSettings
 from onnxsmith.pipeline.transform import get_transform
@@ -50,10 +57,20 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 KeyPath = tuple  # of str (keys) and int (array indices)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Matched whole (fullmatch): "$" would also match before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: A variant's file: a name, or one folder and a name (onnx/model_q4.onnx, as transformers.js expects).
-_FILE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\.onnx$")
+_FILE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*\.onnx")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SECTIONS = ("source", "variants", "validation", "bench", "card", "release")
+
+# The files every build writes into a release: nothing else in the release may take their names.
+CARD = "README.md"
+CHECKSUMS = "SHA256SUMS"
+MEASUREMENTS = "measurements.json"
+REPORT = "report.html"
+RECIPE_COPY = "recipe.toml"
+GENERATED = (CARD, CHECKSUMS, MEASUREMENTS, REPORT, RECIPE_COPY)
 
 
 class RecipeError(InputError):
@@ -93,7 +110,9 @@ class CardFields:
     title: str = field(default="", metadata={"help": "the card's heading"})
     description: str = field(default="", metadata={"help": "a paragraph under it (Markdown)"})
     license: str = field(default="", metadata={"help": "license text of the weights, passed through"})
-    license_file: str | None = field(default=None, metadata={"help": "or a file holding it", "path": True})
+    license_file: str | None = field(
+        default=None, metadata={"help": "or a file holding it (UTF-8 text)", "path": True, "published": True}
+    )
     homepage: str = field(default="", metadata={"help": "where the source model comes from"})
 
     def validate(self) -> None:
@@ -108,6 +127,14 @@ class ReleaseFields:
         metadata={
             "help": "more files for the release folder (a tokenizer, a config), relative to the recipe",
             "path": True,
+            "published": True,
+        },
+    )
+    allow_outside: bool = field(
+        default=False,
+        metadata={
+            "help": "include and license_file may name files outside the recipe's folder (absolute paths, "
+            "'..', symbolic links leading out); the card names every file taken from outside"
         },
     )
 
@@ -149,18 +176,21 @@ class Recipe:
     validation: ValidationSpec | None
     bench: BenchSettings | None
     card: CardFields
-    #: Files copied into the release beside the variants (and pinned with them).
+    #: Files copied into the release beside the variants (and pinned with them), named as the recipe names them.
     include: list[Path] = field(default_factory=list)
     lines: dict[KeyPath, int] = field(default_factory=dict, repr=False)
+    #: The card's license text (``license``, or what ``license_file`` holds, read when the recipe is).
+    license: str = ""
+    #: What the release takes from outside the recipe's folder (``allow_outside = true``): include
+    #: names, and "license_file" for the license text. The card lists them.
+    outside: list[str] = field(default_factory=list)
 
     @property
     def folder(self) -> Path:
         return self.path.parent
 
     def license_text(self) -> str:
-        if self.card.license_file:
-            return Path(self.card.license_file).read_text(encoding="utf-8")
-        return self.card.license
+        return self.license
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -194,6 +224,8 @@ class _Reader:
         self.data = data
         self.text = text
         self.lines = key_lines(text)
+        self.allow_outside = False
+        self.outside: list[str] = []
 
     def line(self, key: KeyPath) -> int | None:
         for n in range(len(key), 0, -1):
@@ -229,21 +261,90 @@ class _Reader:
                 threads=fields.threads,
                 shape=list(fields.shape),
             )
-        card = self.fields(("card",), CardFields, self.table(("card",), self.data.get("card", {}), "[card]"), "[card]")
+        # [release] first: its allow_outside governs the card's license_file too.
         release = self.fields(
             ("release",),
             ReleaseFields,
             self.table(("release",), self.data.get("release", {}), "[release]"),
             "[release]",
         )
+        card = self.fields(("card",), CardFields, self.table(("card",), self.data.get("card", {}), "[card]"), "[card]")
         include = [Path(p) for p in release.include]
-        names = [p.name for p in include] + [v.file for v in variants]
+        self.check_layout(variants, include)
+        license_text = card.license
+        if card.license_file:
+            license_text = self.text_file(("card", "license_file"), Path(card.license_file), "[card] license_file")
+        return Recipe(
+            self.path,
+            self.text,
+            source,
+            sha,
+            variants,
+            validation,
+            bench,
+            card,
+            include,
+            self.lines,
+            license=license_text,
+            outside=self.outside,
+        )
+
+    def check_layout(self, variants: list[Variant], include: list[Path]) -> None:
+        """Every file of the release has a name of its own, and no folder is named like a file."""
+        owners: dict[str, str] = {name: f"the release's own {name}" for name in GENERATED}
+        for v in variants:
+            if "/" not in v.file:
+                owners[v.file] = f"variant '{v.name}''s file"
+                owners[data_file_name(v.file)] = f"variant '{v.name}''s data file"
         for i, path in enumerate(include):
-            if not path.is_file():
-                self.fail(("release", "include", i), f"[release] include: {path.name} is not a file")
-            if names.count(path.name) > 1:
-                self.fail(("release", "include", i), f"[release] include: two files would be named {path.name}")
-        return Recipe(self.path, self.text, source, sha, variants, validation, bench, card, include, self.lines)
+            key = ("release", "include", i)
+            if _CONTROL.search(path.name):
+                self.fail(key, f"[release] include: the name {path.name!r} has a control character")
+            if path.name in owners:
+                self.fail(key, f"[release] include: {path.name} would take the name of {owners[path.name]}")
+            owners[path.name] = f"the included {path.name}"
+        for i, v in enumerate(variants):
+            folder = v.file.partition("/")[0] if "/" in v.file else None
+            if folder in owners:
+                self.fail(
+                    ("variants", i, "file"),
+                    f"variant '{v.name}': file {v.file} needs a folder '{folder}', "
+                    f"which is the name of {owners[folder]}",
+                )
+
+    def text_file(self, key: KeyPath, path: Path, what: str) -> str:
+        """A text file's contents (UTF-8, no NUL bytes: it goes into the card)."""
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            self.fail(key, f"{what}: cannot read {path.name} ({err.strerror or err})")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            self.fail(
+                key, f"{what}: {path.name} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+            )
+        if "\0" in text:
+            self.fail(key, f"{what}: {path.name} is binary (a NUL byte at offset {text.index(chr(0))}), not text")
+        return text
+
+    def published(self, key: KeyPath, what: str, item: str, path: Path) -> Path:
+        """``path`` (``item`` as the recipe wrote it) checked as a file whose contents go into the release.
+
+        It must be a regular file (after symbolic links) inside the recipe's folder, unless the
+        recipe says ``allow_outside = true``: a recipe must not publish /etc/shadow by accident."""
+        real = path.resolve()
+        if not real.is_file():
+            self.fail(key, f"{what}: '{item}' is not a regular file")
+        if not real.is_relative_to(self.path.parent.resolve()):
+            if not self.allow_outside:
+                self.fail(
+                    key,
+                    f"{what}: '{item}' resolves to {real}, outside the recipe's folder; only files inside it "
+                    "are published, unless [release] says allow_outside = true",
+                )
+            self.outside.append(path.name if key[0] == "release" else key[-1])
+        return real
 
     def fields(self, key: KeyPath, cls, table: dict, what: str, *, skip: tuple[str, ...] = ()):
         """``cls`` built from ``table`` (an Options-style dataclass), each key checked at its own line."""
@@ -257,18 +358,23 @@ class _Reader:
             built = opts.build(cls, given)
         except OnnxsmithError as err:
             self.fail(key, f"{what} {err.problem}")
+        if cls is ReleaseFields:
+            self.allow_outside = built.allow_outside
         for f in dataclasses.fields(cls):
             value = getattr(built, f.name)
             if f.metadata.get("path") and value:
                 many = isinstance(value, list)
                 resolved = []
                 for i, item in enumerate(value if many else [value]):
+                    where = key + (f.name, i) if many else key + (f.name,)
                     path = self.path.parent / item
                     if not path.exists():
                         self.fail(
-                            key + (f.name, i) if many else key + (f.name,),
+                            where,
                             f"{what} {f.name}: no such file or folder '{item}' (paths are relative to the recipe)",
                         )
+                    if f.metadata.get("published"):
+                        self.published(where, f"{what} {f.name}", item, path)
                     resolved.append(str(path))
                 setattr(built, f.name, resolved if many else resolved[0])
         return built
@@ -313,12 +419,12 @@ class _Reader:
                         f"[[variants]] unknown key '{name}' (known: name, file, steps, description, atol, rtol)",
                     )
             name = item.get("name")
-            if not isinstance(name, str) or not _NAME.match(name):
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
                 self.fail(key + ("name",), "[[variants]] needs name = \"...\" (letters, digits, '.', '_', '-')")
             if any(v.name == name for v in variants):
                 self.fail(key + ("name",), f"two variants are named '{name}'")
             file = item.get("file", f"{name}.onnx")
-            if not isinstance(file, str) or not _FILE.match(file) or file.startswith(".."):
+            if not isinstance(file, str) or not _FILE.fullmatch(file):
                 self.fail(
                     key + ("file",),
                     f"variant '{name}': file must be a name ending in .onnx, "
