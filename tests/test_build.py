@@ -17,6 +17,7 @@ from onnxsmith.errors import UsageError
 from onnxsmith.pipeline.build import build, rewrite_card
 from onnxsmith.pipeline.recipe import load_recipe
 from onnxsmith.pipeline.transform import StepReport, Transform, register
+from tests.conftest import assert_one_line_error
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 
 
@@ -137,7 +138,7 @@ def test_build_refuses_to_replace_a_folder_that_is_not_a_release(project, tmp_pa
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(UsageError, match="is not an onnxsmith release"):
+    with pytest.raises(UsageError, match=r"holds files that no earlier build made \(notes\.txt\)"):
         build(load_recipe(project / "recipe.toml"), precious)
     with pytest.raises(UsageError, match="holds the recipe or the source model"):
         build(load_recipe(project / "recipe.toml"), project)
@@ -187,3 +188,150 @@ def test_included_files_keep_their_mode_and_the_card_names_what_came_from_outsid
     card = (out / "README.md").read_text()
     assert "Taken from outside the recipe's folder (the recipe sets `allow_outside = true`): `vocab.txt`." in card
     assert json.loads((out / "measurements.json").read_text())["outside_recipe"] == ["vocab.txt"]
+
+
+# ---- --out: a rebuild deletes nothing it did not make; one build at a time -----------------
+
+
+def _quick_project(root, names=("same",)):
+    """A recipe without validation or benchmark (a build takes a second), variants ``names``."""
+    root.mkdir(parents=True, exist_ok=True)
+    source = root / "toy.onnx"
+    if not source.exists():
+        save_toy_faceage(source)
+    variants = "".join(f'[[variants]]\nname = "{n}"\nsteps = [{{ pass = "test-only-age-shift" }}]\n' for n in names)
+    (root / "recipe.toml").write_text(recipe_text(source, variants))
+    return load_recipe(root / "recipe.toml")
+
+
+def _verified_files(release) -> list[str]:
+    """The release's files, after checking each against SHA256SUMS as `sha256sum -c` would."""
+    from onnxsmith.io.files import sha256_file
+
+    listed = [line.split("  ", 1) for line in (release / "SHA256SUMS").read_text().splitlines()]
+    for digest, name in listed:
+        assert sha256_file(release / name) == digest, name
+    return sorted(name for _, name in listed)
+
+
+GENERATED_FILES = ["README.md", "SHA256SUMS", "measurements.json", "recipe.toml", "report.html"]
+
+
+def test_a_rebuild_refuses_an_out_holding_files_no_build_made(tmp_path, cli):
+    recipe = _quick_project(tmp_path / "project")
+    out = tmp_path / "release"
+    build(recipe, out, bench=False)
+    build(recipe, out, bench=False)  # an earlier release alone is replaced whole
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "notes.txt").write_text("keep me")
+    (out / "empty").mkdir()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match=r"holds files that no earlier build made \(\.git/, empty/, notes\.txt\);"):
+        build(recipe, out, bench=False)
+    result = cli("build", tmp_path / "project" / "recipe.toml", "--out", out, "--no-bench")
+    assert_one_line_error(result, "no earlier build made (.git/, empty/, notes.txt)", "pass --force to keep them")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "release"]  # no staging or lock left
+
+
+def test_force_keeps_what_no_build_made_and_replaces_the_release_files(tmp_path):
+    out = tmp_path / "release"
+    build(_quick_project(tmp_path / "project", names=("old", "kept")), out, bench=False)
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "notes.txt").write_text("keep me")
+    result = build(_quick_project(tmp_path / "project", names=("kept", "new")), out, bench=False, force=True)
+    assert result.out == out
+    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert not (out / "old.onnx").exists()  # the earlier release's, no longer built: removed
+    assert _verified_files(out) == ["kept.onnx", "new.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".git", "notes.txt", "kept.onnx", "new.onnx", *GENERATED_FILES]
+    )
+    measured = json.loads((out / "measurements.json").read_text())
+    assert [v["name"] for v in measured["variants"]] == ["kept", "new"]
+
+
+def test_force_never_writes_over_a_file_no_build_made(tmp_path):
+    recipe = _quick_project(tmp_path / "project")
+    out = tmp_path / "hub-repo"
+    out.mkdir()
+    (out / "README.md").write_text("my own model card")
+    with pytest.raises(UsageError, match=r"holds README\.md, which no earlier build made and the release would write"):
+        build(recipe, out, bench=False, force=True)
+    assert [p.name for p in out.iterdir()] == ["README.md"]
+    assert (out / "README.md").read_text() == "my own model card"
+
+
+def test_an_earlier_release_is_what_its_sha256sums_lists(tmp_path):
+    """A path in SHA256SUMS that leaves the release is not the release's: nothing outside is touched."""
+    recipe = _quick_project(tmp_path / "project")
+    out = tmp_path / "release"
+    build(recipe, out, bench=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the release's")
+    (out / "extra.bin").write_text("was it made by a build?")
+    with open(out / "SHA256SUMS", "a") as f:
+        f.write(f"{'0' * 64}  ../victim.txt\n{'0' * 64}  extra.bin\n")
+    build(recipe, out, bench=False)  # extra.bin is listed: the release's, replaced with the rest
+    assert not (out / "extra.bin").exists() and victim.read_text() == "not the release's"
+
+
+def test_a_build_refuses_while_another_holds_the_release(tmp_path):
+    import os
+
+    from onnxsmith.io.lock import hold_lock
+
+    recipe = _quick_project(tmp_path / "project")
+    out = tmp_path / "release"
+    lock = tmp_path / ".release.onnxsmith-lock"
+    with hold_lock(lock):
+        assert lock.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(UsageError, match=rf"another onnxsmith build \(pid {os.getpid()}\) is writing this release"):
+            build(recipe, out, bench=False)
+    assert not out.exists() and not lock.exists()
+    lock.write_text("4194304\n")  # left by a build killed with -9: nobody holds it any more
+    build(recipe, out, bench=False)
+    assert _verified_files(out) == ["same.onnx"] and not lock.exists()
+
+
+def test_two_builds_into_one_out_at_once(tmp_path):
+    """Two real processes, different recipes, one --out: each either wins cleanly or is refused in
+    one line (exit 2); the release is wholly one of them, never a mixture, and nothing is left over."""
+    import subprocess
+    import sys
+
+    from tests.conftest import assert_one_line_error
+
+    out = tmp_path / "releases" / "toy"
+    recipes = []
+    for name in ("a", "b"):
+        root = tmp_path / name
+        root.mkdir()
+        source = save_toy_faceage(root / "toy.onnx")
+        (root / "recipe.toml").write_text(
+            recipe_text(source, f'[[variants]]\nname = "{name}"\nsteps = [{{ pass = "shrink" }}]\n')
+        )
+        recipes.append(root / "recipe.toml")
+    build(load_recipe(recipes[0]), out, bench=False)  # both replace an existing release
+    command = [sys.executable, "-m", "onnxsmith", "build", "--no-bench", "--out", str(out)]
+    processes = [
+        subprocess.Popen([*command, str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in recipes
+    ]
+    results = [
+        subprocess.CompletedProcess(p.args, p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in processes
+    ]
+    codes = sorted(r.returncode for r in results)
+    assert codes in ([0, 0], [0, 2]), [(r.returncode, r.stderr[-2000:]) for r in results]
+    for r in results:
+        assert "Traceback" not in r.stderr
+        if r.returncode == 2:
+            assert_one_line_error(r, "another onnxsmith build (pid ", "is writing this release")
+    files = _verified_files(out)
+    assert files in (["a.onnx"], ["b.onnx"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*files, *GENERATED_FILES])
+    measured = json.loads((out / "measurements.json").read_text())
+    assert [v["file"] for v in measured["variants"]] == files
+    assert [p.name for p in out.parent.iterdir()] == ["toy"]  # no staging folder, no lock file

@@ -2,7 +2,8 @@
 
 Exit 0 when every variant is published; 1 when a variant failed its gate (the
 others are still published, the card says why it is missing); 2 for a bad
-recipe (``recipe.toml:LINE: problem``), before any work starts.
+recipe (``recipe.toml:LINE: problem``) or an ``--out`` holding files no build
+made (``--force`` keeps them), before any work starts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def register(subparsers) -> None:
         action="store_true",
         help="skip the benchmark (quicker while iterating on a recipe; the card then has no timings)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="build into a folder that also holds files no build made (a git checkout, notes): they are "
+        "kept, and only the earlier release's files are replaced",
+    )
     parser.set_defaults(func=run)
 
 
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     target = Path(args.out) if args.out else default_out(recipe.path)
     with err.status(f"building {target}") as status:
-        result = build(recipe, target, progress=status.update, log=err.print, bench=not args.no_bench)
+        result = build(recipe, target, progress=status.update, log=err.print, bench=not args.no_bench, force=args.force)
     table = Table(title=f"release {result.out}", title_justify="left")
     for column in ("variant", "status", "file", "bytes"):
         table.add_column(column, justify="right" if column == "bytes" else "left")

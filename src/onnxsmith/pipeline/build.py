@@ -9,21 +9,27 @@ one JSON of all measurements.
 
 The release is assembled in a staging folder beside ``--out`` and swapped in
 at the end, so ``--out`` is either the previous release or the new one, never
-half of one. Building twice gives byte-identical files, except what is timed:
+half of one. A build deletes nothing it did not make: an ``--out`` holding
+anything but an earlier release (the files its SHA256SUMS pins and the ones
+every build writes) is refused, unless ``force``: then the other files stay and
+the release's files are replaced one by one. While a build runs, a lock file
+beside ``--out`` (``.NAME.onnxsmith-lock``, naming its pid) refuses a second one. Building twice gives byte-identical files, except what is timed:
 ``measurements.json["bench"]`` and the parts of README.md and report.html
 between ``<!-- timed -->`` and ``<!-- /timed -->`` (see :data:`TIMED_START`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -35,10 +41,20 @@ from onnxsmith.analysis.summary import summarize
 from onnxsmith.errors import GateFailed, UsageError
 from onnxsmith.io.files import FileRecord, sha256_file, staging_dir, write_text_atomic
 from onnxsmith.io.load import load_model
+from onnxsmith.io.lock import LockHeld, hold_lock
 from onnxsmith.pipeline.bench import bench_models
 from onnxsmith.pipeline.card import TIMED_END, TIMED_START, render_card
 from onnxsmith.pipeline.options import to_json as options_json
-from onnxsmith.pipeline.recipe import CARD, CHECKSUMS, MEASUREMENTS, RECIPE_COPY, REPORT, Recipe, Variant
+from onnxsmith.pipeline.recipe import (
+    CARD,
+    CHECKSUMS,
+    GENERATED,
+    MEASUREMENTS,
+    RECIPE_COPY,
+    REPORT,
+    Recipe,
+    Variant,
+)
 from onnxsmith.pipeline.report import render_report
 from onnxsmith.pipeline.transform import produce_variant
 from onnxsmith.pipeline.validate import TaskRun, Validation
@@ -82,35 +98,122 @@ def build(
     progress: Callable[[str], None] = lambda _: None,
     log: Callable[[str], None] = lambda _: None,
     bench: bool = True,
+    force: bool = False,
 ) -> BuildResult:
-    """Build ``recipe`` into the folder ``out``; ``bench=False`` skips the (timed) benchmark."""
+    """Build ``recipe`` into the folder ``out``; ``bench=False`` skips the (timed) benchmark.
+
+    ``out`` may be missing, empty, or an earlier release; ``force`` also lets it hold files
+    no build made (a git checkout, notes), which are then kept: only the files of the
+    earlier release are replaced, one by one instead of the folder as a whole.
+    """
     out = Path(out)
-    _check_out(out, recipe)
-    with staging_dir(out.parent) as tmp:
-        release = tmp / "release"
-        release.mkdir()
-        result = _build_into(recipe, release, progress, log, bench)
-        progress(f"moving the release into {out}")
-        if out.exists():
-            os.replace(out, tmp / "previous")
-        os.replace(release, out)
+    with _exclusive(out):
+        previous = _check_out(out, recipe, force)
+        with staging_dir(out.parent) as tmp:
+            release = tmp / "release"
+            release.mkdir()
+            result = _build_into(recipe, release, progress, log, bench)
+            progress(f"moving the release into {out}")
+            if previous.foreign:
+                _replace_files(release, out, previous)
+            else:
+                if out.exists():
+                    os.replace(out, tmp / "previous")
+                os.replace(release, out)
     result.out = out
     return result
 
 
-def _check_out(out: Path, recipe: Recipe) -> None:
-    """Refuse to replace a folder that is not an earlier release (or that holds the inputs)."""
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """One build at a time into ``out``: a lock file beside it (the folder itself is swapped whole)."""
+    where = out.absolute()
+    lock = where.parent / f".{where.name}.onnxsmith-lock"
+    with contextlib.ExitStack() as stack:
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(hold_lock(lock))
+        except LockHeld as held:
+            who = f"pid {held.pid}" if held.pid else "another process"
+            raise UsageError(
+                f"another onnxsmith build ({who}) is writing this release; wait for it to finish or choose another --out",
+                out,
+            ) from None
+        except OSError as err:
+            raise UsageError(
+                f"cannot create the build's lock file {lock.name} beside it ({err.strerror})", out
+            ) from None
+        yield
+
+
+@dataclass
+class _Previous:
+    """What is in ``--out`` before a build: the files an earlier build made, and the others."""
+
+    made: set[str] = field(default_factory=set)  # relative POSIX paths
+    foreign: list[str] = field(default_factory=list)
+
+
+def _check_out(out: Path, recipe: Recipe, force: bool) -> _Previous:
+    """Refuse an ``--out`` that holds the inputs or, without ``force``, files no earlier build made."""
+    if out.is_symlink():
+        raise UsageError("is a symbolic link; give the folder itself as --out", out)
     if not out.exists():
-        return
+        return _Previous()
     if not out.is_dir():
         raise UsageError("exists and is not a folder; choose another --out", out)
     inputs = [recipe.path.resolve(), recipe.source.resolve()]
     if any(out.resolve() == p or out.resolve() in p.parents for p in inputs):
         raise UsageError("holds the recipe or the source model; choose another --out", out)
-    if any(out.iterdir()) and not _is_release(out / MEASUREMENTS):
+    previous = _Previous(made=_made_by_earlier_build(out))
+    previous.foreign = [f for f in _files_in(out) if f not in previous.made]
+    if previous.foreign and not force:
+        top = sorted({f.split("/")[0] + ("/" if "/" in f else "") for f in previous.foreign})
+        shown = ", ".join(top[:6]) + (f" and {len(top) - 6} more" if len(top) > 6 else "")
         raise UsageError(
-            "exists and is not an onnxsmith release (no measurements.json); choose another --out or remove it", out
+            f"holds files that no earlier build made ({shown}); remove them or choose another --out, "
+            "or pass --force to keep them and replace only the release's own files",
+            out,
         )
+    planned = [*GENERATED, *(v.file for v in recipe.variants), *(p.name for p in recipe.include)]
+    _refuse_collisions(out, planned, previous)
+    return previous
+
+
+def _made_by_earlier_build(out: Path) -> set[str]:
+    """The files of the release in ``out``: those its SHA256SUMS pins and those every build writes."""
+    if not _is_release(out / MEASUREMENTS):
+        return set()
+    made = {name for name in GENERATED if (out / name).is_file() and not (out / name).is_symlink()}
+    try:
+        lines = (out / CHECKSUMS).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return made
+    for line in lines:
+        found = re.fullmatch(r"[0-9a-f]{64}  (.+)", line)
+        if found and _plain_relative(found.group(1)):
+            made.add(found.group(1))
+    return made
+
+
+def _plain_relative(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def _files_in(folder: Path) -> list[str]:
+    """Every file and link under ``folder``, and every empty folder (with a trailing "/"), as
+    relative POSIX paths; links are not followed."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        links = [d for d in dirs if (here / d).is_symlink()]
+        dirs[:] = sorted(d for d in dirs if d not in links)
+        for name in sorted(files + links):
+            found.append((here / name).relative_to(folder).as_posix())
+        if not files and not dirs and not links and here != folder:
+            found.append(here.relative_to(folder).as_posix() + "/")
+    return found
 
 
 def _is_release(path: Path) -> bool:
@@ -118,6 +221,45 @@ def _is_release(path: Path) -> bool:
         return "onnxsmith" in json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+
+
+def _refuse_collisions(out: Path, planned: list[str], previous: _Previous) -> None:
+    """Never write over, or put a folder where, something no build made (``--force`` or not)."""
+    foreign = set(previous.foreign)
+    for path in planned:
+        parts = PurePosixPath(path).parts
+        for n in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:n])
+            if prefix in foreign or (n < len(parts) and (out / prefix).exists() and not (out / prefix).is_dir()):
+                raise UsageError(
+                    f"holds {prefix}, which no earlier build made and the release would write over "
+                    f"(for {path}); move it away or choose another --out",
+                    out,
+                )
+        if (out / path).is_dir() and not (out / path).is_symlink():
+            raise UsageError(f"holds a folder {path} where the release writes a file; move it away", out)
+
+
+def _replace_files(release: Path, out: Path, previous: _Previous) -> None:
+    """Move the new release's files into ``out`` one by one, keeping what no build made there.
+
+    The models first and SHA256SUMS last: until it is replaced, ``sha256sum -c`` on a release
+    interrupted half-way fails rather than vouching for a mixture."""
+    new = [f for f in _files_in(release) if not f.endswith("/")]
+    _refuse_collisions(out, new, previous)
+    last = [f for f in new if f in GENERATED]
+    last.sort(key=lambda f: f == CHECKSUMS)
+    first = [f for f in new if f not in GENERATED]
+    for rel in first:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(release / rel, out / rel)
+    for rel in sorted(previous.made - set(new), key=lambda f: -f.count("/")):
+        (out / rel).unlink(missing_ok=True)
+        folder = (out / rel).parent
+        if folder != out and not any(folder.iterdir()):
+            folder.rmdir()
+    for rel in last:
+        os.replace(release / rel, out / rel)
 
 
 def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -> BuildResult:
