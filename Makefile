@@ -26,6 +26,7 @@ example: setup
 test: setup clients/web/node_modules
 	$(VENV)/bin/ruff check src tests tools benchmarks
 	$(VENV)/bin/ruff format --check src tests tools benchmarks
+	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md (pyproject.toml [tool.importlinter])
 	tools/setup-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -46,8 +46,8 @@ CHECK = """
 import sys, json
 import numpy as np
 from onnxsmith.io.load import load_model
-from onnxsmith.verify.compare import prepare_session, run_all
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.runner import prepare_session, run_all
+from onnxsmith.runtime.inputs import random_inputs
 feeds = [random_inputs(load_model(sys.argv[1]), seed=0)]
 session, model, mode = prepare_session(sys.argv[2])
 out = run_all(session, model, feeds, sys.argv[2])

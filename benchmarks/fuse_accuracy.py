@@ -4,7 +4,7 @@
 Ages (sum of sigmoids of the CORAL logits) and genders of the fused fp32 and fused
 fp16 variants against the source, on seeded random faces. The fp16 variant runs
 storage-faithfully (every fp16 tensor rounded to fp16, as a GPU holds it; see
-verify/fp16_storage.py), so overflow or precision loss a GPU would see shows here.
+runtime/fp16_storage.py), so overflow or precision loss a GPU would see shows here.
 
     flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/fuse_accuracy.py [--faces 8]
 
@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from onnxsmith.io.load import load_model  # noqa: E402
-from onnxsmith.pipeline.transform import produce_variant  # noqa: E402
+from onnxsmith.release.variant import produce_variant  # noqa: E402
+from onnxsmith.runtime.inputs import random_inputs  # noqa: E402
+from onnxsmith.runtime.runner import prepare_session, run_all  # noqa: E402
 from onnxsmith.transforms.fuse import Fuse  # noqa: E402
-from onnxsmith.verify.compare import prepare_session, run_all  # noqa: E402
-from onnxsmith.verify.inputs import random_inputs  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from fuse_cpu import DEFAULT_MODEL  # noqa: E402

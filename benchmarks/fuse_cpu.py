@@ -36,9 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from onnxsmith.io.load import load_model  # noqa: E402
-from onnxsmith.pipeline.transform import produce_variant  # noqa: E402
+from onnxsmith.release.variant import produce_variant  # noqa: E402
+from onnxsmith.runtime.inputs import random_inputs  # noqa: E402
 from onnxsmith.transforms.fuse import Fuse  # noqa: E402
-from onnxsmith.verify.inputs import random_inputs  # noqa: E402
 
 DEFAULT_MODEL = Path(os.environ.get("ONNXSMITH_VITL_CACHE", Path.home() / ".cache" / "onnxsmith" / "vitl")) / (
     "faceage_vitl_dynamo.onnx"

@@ -60,8 +60,9 @@ def gpu_name() -> str:
 def build(source: Path, work: Path, plain: Path | None, fused: Path | None) -> tuple[Path, Path]:
     """The two fp16 variants, made with onnxsmith unless given."""
     from onnxsmith.io.load import load_model
-    from onnxsmith.pipeline.transform import get_transform, produce_variant
-    from onnxsmith.verify.inputs import random_inputs
+    from onnxsmith.release.variant import produce_variant
+    from onnxsmith.runtime.inputs import random_inputs
+    from onnxsmith.transforms import get_transform
 
     work.mkdir(parents=True, exist_ok=True)
     feeds = None

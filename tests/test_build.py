@@ -13,10 +13,10 @@ import onnx_ir as ir
 import pytest
 
 from onnxsmith.cli.main import main
-from onnxsmith.errors import UsageError
-from onnxsmith.pipeline.build import build, rewrite_card
-from onnxsmith.pipeline.recipe import load_recipe
-from onnxsmith.pipeline.transform import StepReport, Transform, register
+from onnxsmith.core.errors import UsageError
+from onnxsmith.core.transform import StepReport, Transform, register
+from onnxsmith.release.build import build, rewrite_card
+from onnxsmith.release.recipe import load_recipe
 from tests.conftest import assert_one_line_error
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 

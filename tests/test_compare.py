@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 
 from onnxsmith.io.load import load_model
+from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.verify.compare import compare_models, diff_output
-from onnxsmith.verify.inputs import random_inputs
 from tests.support.models import mlp
 
 
@@ -69,7 +69,7 @@ def test_compare_models_api_multiple_samples(save_proto):
 
 
 def test_symbolic_dim_expressions_add_up():
-    from onnxsmith.verify.inputs import InputSpec, resolve_shape
+    from onnxsmith.runtime.inputs import InputSpec, resolve_shape
 
     mask = InputSpec("attention_mask", np.dtype(np.int64), ("batch_size", "past_sequence_length + sequence_length"))
     assert resolve_shape(mask, {}, {}) == (1, 8)  # an empty cache plus the default sequence

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from onnxsmith.pipeline.build import strip_timed
+from onnxsmith.release.build import strip_timed
 from tests.conftest import run_cli
 from tests.support.browser import screenshot
 from tests.support.release import EXAMPLE, REPO

@@ -13,13 +13,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxsmith.analysis.cut import plan_cut
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
 from onnxsmith.passes.extract import ExtractPass
-from onnxsmith.pipeline.extract import extract_piece
-from onnxsmith.verify import exposed
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.release.extract import extract_piece
+from onnxsmith.runtime import exposed
+from onnxsmith.runtime.inputs import random_inputs
 from tests.conftest import assert_one_line_error
 from tests.support.surgery_models import chain, data_dependent_shape
 

@@ -14,16 +14,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import infer_types
-from onnxsmith.errors import GateFailed, InputError, UsageError
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import GateFailed, InputError, UsageError
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.cast_hygiene import round_trip_pairs
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.runner import FAITHFUL, prepare_session, run_all
 from onnxsmith.tasks.faceage import coral_age
 from onnxsmith.transforms.fp16 import Options
-from onnxsmith.verify.compare import FAITHFUL, prepare_session, run_all
-from onnxsmith.verify.inputs import random_inputs
 from tests.conftest import assert_one_line_error
 from tests.support.models import mlp, overflowing_fp16
 from tests.support.realmodels import real_model

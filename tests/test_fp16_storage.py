@@ -7,8 +7,8 @@ import json
 import numpy as np
 import onnxruntime as ort
 
-from onnxsmith.verify import runner
-from onnxsmith.verify.compare import FAITHFUL, prepare_session
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.runner import FAITHFUL, prepare_session
 from onnxsmith.verify.diagnose import first_nonfinite
 from tests.support.models import overflowing_fp16
 

@@ -15,12 +15,12 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.runner import prepare_session, run_all
 from onnxsmith.transforms.fuse import FUSIONS, Fuse
-from onnxsmith.verify.compare import prepare_session, run_all
-from onnxsmith.verify.inputs import random_inputs
 from tests.support.fusion import FACEAGE, op_count
 
 BLOCKS, TOKENS = 4, 201

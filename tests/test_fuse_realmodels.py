@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from onnxsmith.analysis.graph import all_nodes
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.irutil.walk import all_nodes
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.transforms.fuse import Fuse
 from onnxsmith.verify.compare import compare_models
-from onnxsmith.verify.inputs import random_inputs
 from tests.support.fusion import op_count
 from tests.support.realmodels import real_model
 

@@ -62,7 +62,7 @@ def test_warns_about_big_int64_and_bloat_chains_and_size(save_proto, monkeypatch
         [shape, row],
     )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
-    from onnxsmith.analysis.graph import infer_types
+    from onnxsmith.irutil.types import infer_types
 
     infer_types(model)
     monkeypatch.setattr(summary_module, "INT64_WARN_BYTES", 4000)

@@ -11,7 +11,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io import load as load_module
 from onnxsmith.io import save as save_module
 from onnxsmith.io.files import sha256_file

@@ -1,4 +1,4 @@
-"""onnxsmith.tasks.lm and verify/lm.py: tokenizing, scoring, generating, and the LM gate's arithmetic."""
+"""onnxsmith.tasks.lm (scoring.py and gate.py): tokenizing, scoring, generating, and the LM gate's arithmetic."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
+from onnxsmith.tasks import lm
 from onnxsmith.tasks import lm as task
-from onnxsmith.verify import lm
 from tests.support.lm_models import TEXT, glassllm_folder, glassllm_wheel, gpt2_folder, prompt_ids
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxsmith.analysis.ranges import DATA_MOVEMENT_OPS, measure_ranges
 from onnxsmith.io.load import load_model
-from onnxsmith.verify.compare import prepare_session, run_all
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.ranges import DATA_MOVEMENT_OPS, measure_ranges
+from onnxsmith.runtime.runner import prepare_session, run_all
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "faceage_torchscript.onnx"
 

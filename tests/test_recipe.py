@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 import tomllib
 
-from onnxsmith.errors import InputError
-from onnxsmith.pipeline.recipe import RecipeError, key_lines, load_recipe
-from onnxsmith.pipeline.transform import StepReport, Transform, register
+from onnxsmith.core.errors import InputError
+from onnxsmith.core.transform import StepReport, Transform, register
+from onnxsmith.release.recipe import RecipeError, key_lines, load_recipe
 from tests.conftest import assert_one_line_error
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 

@@ -133,7 +133,7 @@ def test_validate_a_language_model_on_held_out_text(tmp_path, cli, run):
 
 
 def test_the_web_lm_example_recipe_is_valid():
-    from onnxsmith.pipeline.recipe import load_recipe
+    from onnxsmith.release.recipe import load_recipe
 
     recipe = load_recipe(REPO / "examples" / "gpt2-web" / "recipe.toml")
     assert [v.file for v in recipe.variants] == ["onnx/model_q4.onnx", "onnx/model_quantized.onnx"]
@@ -150,7 +150,7 @@ def test_bench_measures_each_model_in_its_own_memory(toy):
     """The benchmark process's peak RSS is its own, not the peak of the process that started it."""
     import numpy as np
 
-    from onnxsmith.pipeline.bench import BenchSettings, bench_models
+    from onnxsmith.release.bench import BenchSettings, bench_models
 
     _, source, _ = toy
     ballast = np.ones(400 * 2**20, dtype=np.uint8)  # this process: 400 MiB more resident

@@ -1,4 +1,4 @@
-"""verify/runner.py: sessions on in-memory models feed their big weights as inputs."""
+"""runtime/runner.py: sessions on in-memory models feed their big weights as inputs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import onnx_ir as ir
 
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
-from onnxsmith.verify import runner
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import random_inputs
 from tests.support.models import mlp
 
 
@@ -24,7 +24,7 @@ def test_an_in_memory_model_runs_like_its_file_and_is_left_as_it_was(tmp_path):
     session = runner.open_session(model)
     # The big weights are inputs of the session, fed by runner.run with the weights' own arrays.
     assert set(big) <= {i.name for i in session.get_inputs()}
-    assert set(big) == set(session._onnxsmith_weights)
+    assert set(big) == set(session.weights)
     feeds = random_inputs(model, dims={"batch": 3}, seed=1)
     in_memory = runner.run(session, feeds)
     from_file = runner.run(runner.open_session(path), feeds)

@@ -14,12 +14,12 @@ import pytest
 from onnx import TensorProto
 
 from onnxsmith.cli.transform_cmd import print_result
-from onnxsmith.errors import UsageError
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import produce_variant
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.transforms.shrink import Shrink, parse_bytes
-from onnxsmith.verify.inputs import random_inputs
 from tests.support.realmodels import real_model
 from tests.support.surgery_models import hitnet_bloat, hitnet_bloat_elements
 

@@ -8,9 +8,9 @@ import pytest
 import sympy
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, named_dim, same
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from tests.support.lm_models import lm_folder
 
 

@@ -7,11 +7,12 @@ import onnx
 import pytest
 from PIL import Image
 
-from onnxsmith.errors import InputError, UsageError
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.validate import TaskRun, check_gates
-from onnxsmith.tasks.base import Sample, get_task
+from onnxsmith.release.validate import TaskRun, check_gates
+from onnxsmith.tasks import get_task
+from onnxsmith.tasks.base import Sample
 from onnxsmith.tasks.faceage import coral_age, face_crop, face_tensor
 from onnxsmith.tasks.widerface import padded_box, read_boxes
 from tests.support.release import face_images, save_toy_faceage, toy_faceage, wider_annotations

@@ -1,10 +1,10 @@
-"""analysis/graph.py: ensure_types infers only when a value that is read has no dtype."""
+"""irutil/types.py: ensure_types infers only when a value that is read has no dtype."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import ensure_types
+from onnxsmith.irutil.types import ensure_types
 from tests.support.models import mlp
 
 

@@ -1,3 +1,5 @@
 """onnxsmith: turn a source ONNX model into deployment variants proven against their source."""
 
-__version__ = "0.1.0"
+from onnxsmith.core.version import __version__
+
+__all__ = ["__version__"]

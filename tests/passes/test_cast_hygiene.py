@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.cast_hygiene import CastHygienePass, count_casts, round_trip_pairs
 from onnxsmith.verify.compare import compare_models
 from tests.support.check import assert_pass_preserves_outputs, save_ir

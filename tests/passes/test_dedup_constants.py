@@ -8,9 +8,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import constant_tensors
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
+from onnxsmith.irutil.walk import constant_tensors
 from onnxsmith.passes import dedup_constants
 from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from tests.support.check import assert_pass_preserves_outputs

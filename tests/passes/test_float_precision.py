@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.cast_hygiene import round_trip_pairs
 from onnxsmith.passes.float_precision import FloatPrecisionPass
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.inputs import random_inputs
 from tests.support.check import assert_pass_preserves_outputs, save_ir
 from tests.support.models import mlp, with_if_subgraph
 

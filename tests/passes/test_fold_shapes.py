@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from onnxsmith.analysis.graph import const_array
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes.fold_shapes import FoldShapesPass
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.evaluate import evaluate_shapes
+from onnxsmith.runtime.inputs import random_inputs
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.fusion import FACEAGE, op_count
 from tests.support.models import mlp
@@ -18,7 +19,7 @@ SHAPE_OPS = ("Shape", "Size", "Expand", "ConstantOfShape", "Range", "Tile", "If"
 @pytest.mark.parametrize("exporter", sorted(FACEAGE))
 def test_no_shape_arithmetic_left_for_a_fixed_image_size(exporter, tmp_path):
     model = load_model(FACEAGE[exporter])
-    fold = FoldShapesPass({"batch": 1})
+    fold = FoldShapesPass(evaluate_shapes(model, {"batch": 1}))
     assert fold(model).modified
     assert all(op_count(model, op) == 0 for op in SHAPE_OPS)
     # Every Reshape takes a constant target with -1 for the batch, and nothing else free.
@@ -43,7 +44,7 @@ def test_no_shape_arithmetic_left_for_a_fixed_image_size(exporter, tmp_path):
 def test_torchscript_rope_angles_are_evaluated_for_224x224():
     """The TorchScript export builds the angle table from the input's H and W (Shape, Range, If, Tile)."""
     model = load_model(FACEAGE["torchscript"])
-    FoldShapesPass({"batch": 1})(model)
+    FoldShapesPass(evaluate_shapes(model, {"batch": 1}))(model)
     cos = next(n for n in model.graph if n.op_type == "Cos")  # Cos/Sin stay: the rotary rule wants the angles
     angles = const_array(cos.inputs[0])
     reference = next(n for n in load_model(FACEAGE["dynamo"]).graph if n.op_type == "Cos")
@@ -53,7 +54,7 @@ def test_torchscript_rope_angles_are_evaluated_for_224x224():
 
 def test_nothing_to_fold_leaves_the_graph_alone(save_proto):
     model = load_model(save_proto(mlp()))
-    assert not FoldShapesPass({"batch": 1})(model).modified
+    assert not FoldShapesPass(evaluate_shapes(model, {"batch": 1}))(model).modified
 
 
 def test_a_size_the_model_cannot_run_at_folds_nothing(save_proto):
@@ -74,6 +75,6 @@ def test_a_size_the_model_cannot_run_at_folds_nothing(save_proto):
         [onnx.numpy_helper.from_array(np.array([4, 2], np.int64), "fixed")],
     )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
-    fold = FoldShapesPass({"width": 4})
+    fold = FoldShapesPass(evaluate_shapes(model, {"width": 4}))
     assert not fold(model).modified
     assert "failed to run" in fold.skipped and op_count(model, "Shape") == 1

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import infer_types
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
 from onnxsmith.passes.tied_head import find_lm_head
-from onnxsmith.verify import runner
+from onnxsmith.runtime import runner
 from tests.support.check import save_ir
 from tests.support.lm_models import lm_folder, lm_gate_feeds
 

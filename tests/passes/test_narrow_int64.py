@@ -9,9 +9,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.io.load import load_model
-from onnxsmith.passes.narrow_int64 import REGION_OPS, NarrowInt64Pass
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.passes.narrow_int64 import REGION_OPS, NarrowInt64Pass, values_to_evaluate
+from onnxsmith.runtime.evaluate import evaluate_min_max
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.surgery_models import folded_index, hitnet_bloat
 
@@ -22,10 +23,10 @@ INT32, INT64 = ir.DataType.INT32, ir.DataType.INT64
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 
 
-def _narrowed(path, **kwargs) -> tuple[ir.Model, NarrowInt64Pass]:
+def _narrowed(path, min_bytes: int = 64 * 1024) -> tuple[ir.Model, NarrowInt64Pass]:
     model = load_model(path)
     infer_types(model)
-    narrow = NarrowInt64Pass(**kwargs)
+    narrow = NarrowInt64Pass(min_bytes, evaluated=evaluate_min_max(model, values_to_evaluate(model, min_bytes)))
     narrow(model)
     return model, narrow
 

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.graph import const_array, infer_types
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes.prune_rows import PruneRowsPass
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.inputs import random_inputs
 from tests.support.check import assert_pass_preserves_outputs
 
 TOKENS, HIDDEN, HEADS = 6, 8, 2

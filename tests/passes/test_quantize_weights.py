@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsmith.io.load import load_model
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_weights import QuantizeWeightsPass
-from onnxsmith.verify import runner
+from onnxsmith.runtime import runner
 from tests.support.check import save_ir
 
 CONFIGS = [(4, False), (4, True), (8, False), (8, True)]

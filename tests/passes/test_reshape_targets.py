@@ -7,8 +7,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxsmith.analysis.graph import const_array, infer_types
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.lm_models import assert_lm_pass_preserves_outputs, lm_folder

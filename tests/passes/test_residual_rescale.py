@@ -10,7 +10,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.ranges import measure_ranges
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.residual_rescale import (
     ResidualRescalePass,
@@ -18,7 +17,8 @@ from onnxsmith.passes.residual_rescale import (
     find_residual_streams,
     rescale_residual,
 )
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.ranges import measure_ranges
 from tests.support.check import assert_pass_preserves_outputs, save_ir
 from tests.support.models import mlp
 

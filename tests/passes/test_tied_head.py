@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.tied_head import StoreHeadPass, find_lm_head

@@ -7,8 +7,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
 from tests.support.check import assert_pass_preserves_outputs, save_ir

@@ -4,7 +4,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from onnxsmith.analysis.graph import const_array
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.rules.rotary import all_tokens_rotary_rules, prefix_rotary_rules
 from tests.support.fusion import FACEAGE, assert_same_outputs, assert_untouched, fusion_trace, op_count, prepared_mlp
 

@@ -9,8 +9,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.io.save import save_model
+from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.verify.compare import Comparison, compare_models
-from onnxsmith.verify.inputs import random_inputs
 
 
 def save_ir(model: ir.Model, path: Path) -> Path:

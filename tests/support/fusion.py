@@ -14,12 +14,12 @@ from pathlib import Path
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.prune_rows import PruneRowsPass
 from onnxsmith.rules.apply import RuleOutcome, apply_rules
+from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.transforms import fuse
-from onnxsmith.verify.inputs import random_inputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FACEAGE = {"dynamo": FIXTURES / "faceage_dynamo.onnx", "torchscript": FIXTURES / "faceage_torchscript.onnx"}

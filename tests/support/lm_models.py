@@ -77,7 +77,7 @@ def prompt_ids(folder: Path, text: str) -> list[int]:
 def lm_gate_feeds(model_path: Path, *, count: int = 2, length: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Feeds for before/after checks of an LM pass: token sequences sampled from the model itself."""
     from onnxsmith.io.load import load_model
-    from onnxsmith.verify import lm
+    from onnxsmith.tasks import lm
 
     ids = lm.sample_sequences(model_path, count=count, length=length, seed=seed)
     return [lm.lm_feeds(lm.lm_signature(load_model(model_path)), ids)]
@@ -92,7 +92,8 @@ def prefill_and_decode_feeds(
     Sequences are sampled from the model; without a cache both feeds are full-sequence runs.
     """
     from onnxsmith.io.load import load_model
-    from onnxsmith.verify import lm, runner
+    from onnxsmith.runtime import runner
+    from onnxsmith.tasks import lm
 
     sig = lm.lm_signature(load_model(model_path))
     ids = lm.sample_sequences(model_path, count=count, length=length, seed=seed)

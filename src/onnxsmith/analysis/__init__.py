@@ -1,1 +1,1 @@
-"""Analysis: reading a model without changing it (structure, sizes, types, activation ranges)."""
+"""Analysis: reading a model without running it (structure, sizes, types, shapes, bounds, precision policy)."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import subgraphs_of
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
+from onnxsmith.irutil.walk import subgraphs_of
 
 
 @dataclass

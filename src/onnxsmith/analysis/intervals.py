@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import const_array
+from onnxsmith.irutil.walk import const_array
 
 Interval = tuple[int, int]
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import all_nodes, constant_tensors, node_label
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.walk import all_nodes, constant_tensors
 
 INT64_WARN_BYTES = 64 * 2**20
 LARGE_CONSTANT_BYTES = 64 * 2**20

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import bench_table
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.pipeline.bench import PROVIDERS, BenchSettings, bench_models
+from onnxsmith.release.bench import PROVIDERS, BenchSettings, bench_models
 
 
 def _batches(text: str) -> list[int]:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_text_atomic(args.json, json.dumps({"settings": vars(settings), "results": data}, indent=1) + "\n")
     if args.plot:
-        from onnxsmith.pipeline import plots  # matplotlib: only when plotting
+        from onnxsmith.release import plots  # matplotlib: only when plotting
 
         write_text_atomic(args.plot, plots.latency_figure(data))
         out.print(f"wrote {args.plot}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.table import Table
 
 from onnxsmith.cli.common import err, out
-from onnxsmith.errors import GateFailed
+from onnxsmith.core.errors import GateFailed
 
 
 def register(subparsers) -> None:
@@ -38,8 +38,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnxsmith.pipeline.build import build, default_out  # matplotlib & co: only when building
-    from onnxsmith.pipeline.recipe import load_recipe
+    from onnxsmith.release.build import build, default_out  # matplotlib & co: only when building
+    from onnxsmith.release.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
     target = Path(args.out) if args.out else default_out(recipe.path)

@@ -21,8 +21,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnxsmith.pipeline.build import rewrite_card  # matplotlib & co: only when writing
-    from onnxsmith.pipeline.recipe import load_recipe
+    from onnxsmith.release.build import rewrite_card  # matplotlib & co: only when writing
+    from onnxsmith.release.recipe import load_recipe
 
     fields = None
     if args.recipe:

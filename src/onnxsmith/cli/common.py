@@ -10,8 +10,8 @@ import numpy as np
 import onnx_ir as ir
 from rich.console import Console
 
-from onnxsmith.errors import UsageError
-from onnxsmith.verify.inputs import DEFAULT_SEED, load_input_sets, load_npz, parse_shape_options, random_inputs
+from onnxsmith.core.errors import UsageError
+from onnxsmith.runtime.inputs import DEFAULT_SEED, load_input_sets, load_npz, parse_shape_options, random_inputs
 
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
 out = Console(highlight=False, soft_wrap=False, width=200)

@@ -7,7 +7,8 @@ import argparse
 from onnxsmith.cli.common import add_input_options, feeds_from_args, out, print_json
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.io.load import load_model
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, FP16_MODES, compare_models
+from onnxsmith.runtime.runner import FP16_MODES
+from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_models
 
 
 def register(subparsers) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.table import Table
 
 from onnxsmith.cli.common import err, out, print_json
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.tasks import lm as task
 

@@ -13,9 +13,9 @@ from onnxsmith.cli.common import err, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.io.files import human_bytes, write_text_atomic
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline.extract import extract_piece
+from onnxsmith.release.extract import extract_piece
+from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
-from onnxsmith.verify.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 
 
 def _names(text: str) -> list[str]:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.summary import summarize
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.render import bytes_table
 from onnxsmith.io.files import human_bytes
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 
 
 def register(subparsers) -> None:

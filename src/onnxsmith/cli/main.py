@@ -2,7 +2,7 @@
 
 Each command module exposes ``register(subparsers)``, which adds its parser and
 sets ``func`` to a callable taking the parsed arguments and returning an exit
-status. Errors the user can fix are :class:`~onnxsmith.errors.OnnxsmithError`:
+status. Errors the user can fix are :class:`~onnxsmith.core.errors.OnnxsmithError`:
 they become one line on stderr and exit status 2 (1 for a failed gate).
 """
 
@@ -12,8 +12,8 @@ import argparse
 import importlib
 import sys
 
-from onnxsmith import __version__
-from onnxsmith.errors import OnnxsmithError
+from onnxsmith.core.errors import OnnxsmithError
+from onnxsmith.core.version import __version__
 
 #: Command modules under onnxsmith.cli, in the order ``--help`` lists them.
 COMMANDS = [

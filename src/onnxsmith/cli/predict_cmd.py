@@ -6,12 +6,12 @@ import argparse
 
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.task_args import add_task_arguments, task_options_from_args
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
-from onnxsmith.tasks.base import get_task
-from onnxsmith.verify import runner
-from onnxsmith.verify.compare import FP16_MODES, prepare_session
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import adapt_feeds
+from onnxsmith.runtime.runner import FP16_MODES, prepare_session
+from onnxsmith.tasks import get_task
 
 
 def register(subparsers) -> None:

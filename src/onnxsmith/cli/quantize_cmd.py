@@ -8,7 +8,7 @@ tokenizer files) or an .onnx file. OUT becomes such a folder::
     OUT/config.json, tokenizer.json, ...   copied from the source folder
     OUT/quantize_report.json      what was done, the gates, the session options each runtime needs
 
-Each .onnx is made by ``produce_variant`` and judged by the LM gate (verify/lm.py) on
+Each .onnx is made by ``produce_variant`` and judged by the LM gate (tasks/lm/gate.py) on
 sequences sampled from the source. Everything is staged beside OUT and moved into
 place only when every variant has passed: a failure leaves OUT as it was.
 """
@@ -27,7 +27,9 @@ from rich.table import Table
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import rows_table
-from onnxsmith.errors import InputError, UsageError
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.transform import Progress
 from onnxsmith.io.files import (
     FileRecord,
     commit_files,
@@ -38,11 +40,10 @@ from onnxsmith.io.files import (
     write_text_atomic,
 )
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import Progress, VariantResult, produce_variant
+from onnxsmith.release.variant import VariantResult, produce_variant
+from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm import FOLDER_FILES
 from onnxsmith.transforms.quantize import Quantize, QuantizeOptions, prepare
-from onnxsmith.verify import lm
 
 REPORT_FILE = "quantize_report.json"
 #: transformers.js's file suffix per dtype (model{suffix}.onnx).

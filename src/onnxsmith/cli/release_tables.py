@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from onnxsmith.io.files import human_bytes
-from onnxsmith.pipeline.bench import BenchResult
-from onnxsmith.pipeline.validate import Validation
+from onnxsmith.release.bench import BenchResult
+from onnxsmith.release.validate import Validation
 
 
 def validation_table(validations: list[Validation]) -> Table:

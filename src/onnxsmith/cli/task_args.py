@@ -3,7 +3,7 @@
 The task is chosen by ``--task`` at run time, so each option field of every task
 becomes one flag (tasks share ``--data``); the values of the chosen task's
 fields are converted by their dataclass types and checked by
-:func:`onnxsmith.pipeline.options.build`, like a recipe's keys.
+:func:`onnxsmith.core.options.build`, like a recipe's keys.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import dataclasses
 import types
 import typing
 
-from onnxsmith.errors import UsageError
-from onnxsmith.pipeline import options as opts
-from onnxsmith.tasks.base import Task, tasks
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import UsageError
+from onnxsmith.tasks import tasks
+from onnxsmith.tasks.base import Task
 
 _PREFIX = "task_option_"
 

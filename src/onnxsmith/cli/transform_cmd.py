@@ -15,10 +15,11 @@ from rich.table import Table
 
 from onnxsmith.cli.common import add_input_options, err, feeds_from_args, out
 from onnxsmith.cli.render import comparison_table
+from onnxsmith.core import options as opts
+from onnxsmith.core.transform import Transform
 from onnxsmith.io.files import human_bytes, write_text_atomic
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import Transform, VariantResult, produce_variant
+from onnxsmith.release.variant import VariantResult, produce_variant
 
 
 def register_transform(subparsers, transform_cls: type[Transform], *, samples: int = 4) -> argparse.ArgumentParser:

@@ -14,9 +14,9 @@ from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.pipeline.validate import TaskRun, check_gates
-from onnxsmith.tasks.base import get_task
-from onnxsmith.verify.compare import FP16_MODES
+from onnxsmith.release.validate import TaskRun, check_gates
+from onnxsmith.runtime.runner import FP16_MODES
+from onnxsmith.tasks import get_task
 
 
 def register(subparsers) -> None:

@@ -17,7 +17,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
 from onnxsmith.io import wire
 
 #: Files at least this big are read through a memory map (weights stay on disk).

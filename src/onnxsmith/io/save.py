@@ -24,8 +24,8 @@ from typing import BinaryIO
 import onnx
 import onnx_ir as ir
 
-from onnxsmith import __version__
-from onnxsmith.errors import InputError, UsageError
+from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.version import __version__
 from onnxsmith.io import wire
 from onnxsmith.io.files import FileRecord, commit_files, same_file, staging_dir
 

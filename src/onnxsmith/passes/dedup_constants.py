@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import node_label
+from onnxsmith.irutil.names import node_label
 
 
 @dataclass

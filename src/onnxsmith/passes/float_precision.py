@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import infer_types, node_label, subgraphs_of, unique_name
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS, Limits, policy_reason, unsafe_constant
 from onnxsmith.analysis.type_rules import Signature, opset_of, signature
+from onnxsmith.irutil.names import node_label, unique_name
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import subgraphs_of
 
 F32 = ir.DataType.FLOAT
 LOW_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnxscript.optimizer import fold_constants_ir
 
-from onnxsmith.analysis.graph import node_label
+from onnxsmith.irutil.names import node_label
 
 DEFAULT_MAX_GROWTH = 2**20
 #: Nodes whose constant inputs total more than this are not evaluated (memory, time).

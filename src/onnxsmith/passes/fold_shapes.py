@@ -6,10 +6,12 @@ ViT's 2-D RoPE angle table from the input's height and width through ``Range``,
 ``Tile`` and ``If``. For an input whose height and width are fixed all of that
 is constant, and what is not (the batch) only ever scales one entry.
 
-Rather than reason about each op symbolically, this pass *evaluates* the part
-of the graph that depends only on constants and on input shapes (the "static"
-values), running the model in onnxruntime once at the base sizes and once more
-per symbolic dim with that dim changed (doubled):
+Rather than reason about each op symbolically, the part of the graph that
+depends only on constants and on input shapes (the "static" values) is
+*evaluated*: :func:`onnxsmith.runtime.evaluate.evaluate_shapes` runs the model
+in onnxruntime once at the base sizes and once more per symbolic dim with that
+dim changed (doubled), and this pass, given those runs (:class:`ShapeRuns`),
+rewrites the graph:
 
 * a static value that is the same in every run is a constant: it becomes an
   initializer and the nodes that computed it go away;
@@ -27,17 +29,14 @@ angle table itself (the rotary rule computes its tables in float64).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxsmith.analysis.graph import infer_types
-from onnxsmith.errors import InputError
-from onnxsmith.passes.name_dims import varied
-from onnxsmith.verify import runner
-from onnxsmith.verify.inputs import input_specs, random_inputs
+from onnxsmith.irutil.types import infer_types
 
 #: Transcendental functions of constants stay nodes so their consumers choose the precision.
 DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
@@ -46,27 +45,31 @@ MAX_FOLDED_ELEMENTS = 1 << 20
 _NONDETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"})
 
 
+@dataclass
+class ShapeRuns:
+    """The evaluated static values (:func:`shape_values`), by name, once per assignment of the symbolic dims.
+
+    The first run is at the base sizes, each further one with one dim changed. A Reshape
+    whose target is among them also has its data's and its result's shapes
+    (:func:`shape_probe`). ``skipped``: why there are no runs (the model did not run).
+    """
+
+    runs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    skipped: str = ""
+
+
 class FoldShapesPass(ir.passes.InPlacePass):
     """Replace what depends only on constants and input shapes by constants (see the module doc).
 
-    ``dims``: every symbolic input dim that stays dynamic, with the size to evaluate it at.
-    ``feeds``: inputs at those sizes, when values matter (a sample rate, valid token ids);
-    the other sizes are made from them by repeating them. Default: random inputs.
+    ``evaluation``: the static values evaluated at several sizes of the symbolic input dims
+    that stay dynamic (:func:`onnxsmith.runtime.evaluate.evaluate_shapes`, on this model as it
+    is now).
     """
 
-    def __init__(
-        self,
-        dims: dict[str, int],
-        *,
-        feeds: dict[str, np.ndarray] | None = None,
-        keep_ops: Iterable[str] = DEFAULT_KEEP_OPS,
-        progress: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, evaluation: ShapeRuns, *, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> None:
         super().__init__()
-        self.dims = dict(dims)
-        self.feeds = feeds
+        self.evaluation = evaluation
         self.keep_ops = frozenset(keep_ops)
-        self.progress = progress
         self.folded = 0  # static values replaced by constants
         self.reshapes = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
         self.concats = 0  # Concats of batch-repeated constants turned into Pad + Add
@@ -78,13 +81,10 @@ class FoldShapesPass(ir.passes.InPlacePass):
         frontier = _frontier(graph, static)
         if not frontier:
             return ir.passes.PassResult(model, False)
-        if self.progress:
-            self.progress(f"evaluating {len(frontier)} shape computations")
-        try:
-            runs = _evaluate(model, frontier, self._assignments(), self.feeds)
-        except InputError as err:  # the model does not run at a varied size: leave it as it is
-            self.skipped = err.problem
+        if self.evaluation.skipped:  # the model does not run at a varied size: leave it as it is
+            self.skipped = self.evaluation.skipped
             return ir.passes.PassResult(model, False)
+        runs = self.evaluation.runs
         constants = _ConstantPool(graph)
         varying: dict[ir.Value, list[np.ndarray]] = {}
         for value in frontier:
@@ -118,10 +118,11 @@ class FoldShapesPass(ir.passes.InPlacePass):
         RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, bool(self.folded or self.reshapes or self.concats))
 
-    def _assignments(self) -> list[dict[str, int]]:
-        """The base sizes, then each dim in turn changed: a value that changes with a dim shows it."""
-        base = dict(self.dims)
-        return [base] + [{**base, name: varied(base[name])} for name in sorted(base)]
+
+def shape_values(graph: ir.Graph, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> list[ir.Value]:
+    """The static values worth evaluating (in graph order): those something non-static reads."""
+    keep = frozenset(keep_ops)
+    return _frontier(graph, _static_values(graph, keep))
 
 
 def _static_values(graph: ir.Graph, keep_ops: frozenset[str]) -> set[ir.Value]:
@@ -180,60 +181,8 @@ def _is_static(node: ir.Node, static: set[ir.Value]) -> bool:
     return bool(node.outputs) and node.outputs[0] in static
 
 
-def _evaluate(
-    model: ir.Model, values: list[ir.Value], assignments: list[dict[str, int]], feeds: dict[str, np.ndarray] | None
-) -> list[dict[str, np.ndarray]]:
-    """Each value's array for each assignment of the symbolic dims, computed by onnxruntime.
-
-    A Reshape whose target is among ``values`` also reports the shapes of its data and
-    its result (:func:`shape_probe`): the constant target is rebuilt from them.
-    """
-    graph = model.graph
-    original_outputs = list(graph.outputs)
-    probes = []
-    for value in values:
-        for user, index in value.uses():
-            if _is_op(user, "Reshape") and index == 1 and user.graph is graph:
-                for side, probed in (("out", user.outputs[0]), ("in", user.inputs[0])):
-                    probe = ir.node("Shape", [probed], num_outputs=1)
-                    probe.outputs[0].name = shape_probe(user, side)
-                    probes.append(probe)
-    graph.extend(probes)
-    graph.outputs.extend(values)
-    graph.outputs.extend(p.outputs[0] for p in probes)
-    try:
-        # A size the model cannot run at is an answer (nothing folds), not an error to log.
-        session = runner.open_session(model, options=_quiet_session(), label="shape evaluation")
-    finally:
-        graph.outputs.clear()
-        graph.outputs.extend(original_outputs)
-        graph.remove(probes, safe=True)
-    names = [v.name for v in values] + [p.outputs[0].name for p in probes]
-    return [runner.run(session, _inputs(model, dims, feeds), names) for dims in assignments]
-
-
-def _inputs(model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Inputs with the symbolic dims at ``dims``: ``feeds`` repeated (or cut) to those sizes, else random."""
-    if feeds is None:
-        return random_inputs(model, dims=dims)
-    resized = {}
-    for spec in input_specs(model):
-        array = feeds[spec.name]
-        for axis, dim in enumerate(spec.dims):
-            if isinstance(dim, str) and dim in dims and axis < array.ndim and array.shape[axis] != dims[dim]:
-                array = np.take(array, np.arange(dims[dim]) % max(array.shape[axis], 1), axis=axis)
-        resized[spec.name] = array
-    return resized
-
-
-def _quiet_session():
-    options = runner.session_options()
-    options.log_severity_level = 4
-    return options
-
-
 def shape_probe(reshape: ir.Node, side: str) -> str:
-    """The name under which :func:`_evaluate` reports a Reshape's data ("in") or result ("out") shape."""
+    """The name under which an evaluation reports a Reshape's data ("in") or result ("out") shape."""
     return f"onnxsmith::{side}_shape::{reshape.outputs[0].name}"
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import const_array
+from onnxsmith.irutil.walk import const_array
 
 
 class GemmToMatMulPass(ir.passes.InPlacePass):

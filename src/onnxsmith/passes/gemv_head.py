@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import const_array, node_label
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.walk import const_array
 
 
 class GemvHeadPass(ir.passes.InPlacePass):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import node_label
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
+from onnxsmith.irutil.names import node_label
 
 _INT64_MAX = np.iinfo(np.int64).max
 

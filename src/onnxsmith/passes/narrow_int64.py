@@ -13,8 +13,10 @@ them, the values flowing through ops that move or combine them and run on int32
 in onnxruntime (Expand, Tile, Reshape, Concat, Add, Mod, Range, ...). A region
 is narrowed when every value in it provably fits int32 — by static bounds
 (:mod:`onnxsmith.analysis.intervals`), or, for a producer static reasoning
-cannot bound but that depends on constants only, by evaluating its min and max
-once with onnxruntime — and when it saves at least ``min_bytes``. Then:
+cannot bound but that depends on constants only (:func:`values_to_evaluate`), by
+its min and max evaluated once with onnxruntime and given to the pass
+(:func:`onnxsmith.runtime.evaluate.evaluate_min_max`) — and when it saves at least
+``min_bytes``. Then:
 
 * constants in the region are stored as int32 (born int32, no Cast);
 * ConstantOfShape and Cast-from-a-small-int producers are told to make int32;
@@ -31,8 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import node_label, unique_name
 from onnxsmith.analysis.intervals import Bounds, Interval, fits_int32, hull, static_size
+from onnxsmith.irutil.names import node_label, unique_name
 
 INT64 = ir.DataType.INT64
 INT32 = ir.DataType.INT32
@@ -216,22 +218,54 @@ def find_regions(graph: ir.Graph, opset: int) -> list[Region]:
     return list(groups.values())
 
 
-class NarrowInt64Pass(ir.passes.InPlacePass):
-    """Store and compute int64 index regions as int32 where their values provably fit."""
+def values_to_evaluate(
+    model: ir.Model, min_bytes: int = 64 * 1024, evaluate_limit_bytes: int = EVALUATE_LIMIT_BYTES
+) -> list[ir.Value]:
+    """Region values static bounds miss but whose min/max can be evaluated: computed from constants only,
+    at most ``evaluate_limit_bytes``, in regions worth narrowing (give their intervals to the pass)."""
+    regions = _worth_narrowing(model, min_bytes)
+    static = Bounds()
+    wanted: list[ir.Value] = []
+    for region in regions:
+        for value in region.values:
+            if value.producer() is None or static.of(value) is not None:
+                continue
+            size = static_size(value)
+            if size is None or size * 8 > evaluate_limit_bytes or not _constant_only(value):
+                continue
+            wanted.append(value)
+    return wanted
 
-    def __init__(self, min_bytes: int = 64 * 1024, evaluate_limit_bytes: int = EVALUATE_LIMIT_BYTES) -> None:
+
+def _worth_narrowing(model: ir.Model, min_bytes: int) -> list[Region]:
+    opset = model.opset_imports.get("", 1)
+    return [r for r in find_regions(model.graph, opset) if _savings(r)[0] + _savings(r)[1] >= min_bytes]
+
+
+class NarrowInt64Pass(ir.passes.InPlacePass):
+    """Store and compute int64 index regions as int32 where their values provably fit.
+
+    ``evaluated``: (min, max) of values static bounds miss, by name (:func:`values_to_evaluate`,
+    measured by :func:`onnxsmith.runtime.evaluate.evaluate_min_max`).
+    """
+
+    def __init__(self, min_bytes: int = 64 * 1024, evaluated: dict[str, Interval] | None = None) -> None:
         super().__init__()
         self.min_bytes = min_bytes
-        self.evaluate_limit_bytes = evaluate_limit_bytes
+        self.evaluated = dict(evaluated or {})
         self.reports: list[RegionReport] = []
         self._names: set[str] = set()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.reports = []
         graph = model.graph
-        opset = model.opset_imports.get("", 1)
-        regions = [r for r in find_regions(graph, opset) if _savings(r)[0] + _savings(r)[1] >= self.min_bytes]
-        measured = self._evaluate_unbounded_sources(model, regions)
+        regions = _worth_narrowing(model, self.min_bytes)
+        measured = {
+            value: self.evaluated[value.name]
+            for region in regions
+            for value in region.values
+            if value.name in self.evaluated
+        }
         bounds = Bounds(measured)
         self._names = {v.name for v in ir.convenience.create_value_mapping(graph).values() if v.name}
         modified = False
@@ -284,22 +318,6 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         )
         report.narrowed = True
         return report
-
-    def _evaluate_unbounded_sources(self, model: ir.Model, regions: list[Region]) -> dict[ir.Value, Interval]:
-        """Min/max, by onnxruntime, of region values that depend on constants only but resist static bounds."""
-        static = Bounds()
-        wanted: list[ir.Value] = []
-        for region in regions:
-            for value in region.values:
-                if value.producer() is None or static.of(value) is not None:
-                    continue
-                size = static_size(value)
-                if size is None or size * 8 > self.evaluate_limit_bytes or not _constant_only(value):
-                    continue
-                wanted.append(value)
-        if not wanted:
-            return {}
-        return _evaluate_min_max(model, wanted)
 
     # -- rewriting -------------------------------------------------------------------
 
@@ -428,27 +446,3 @@ def _constant_only(value: ir.Value) -> bool:
             return False
         stack.extend(i for i in producer.inputs if i is not None)
     return True
-
-
-def _evaluate_min_max(model: ir.Model, values: list[ir.Value]) -> dict[ir.Value, Interval]:
-    """Run the constant-only subgraph behind ``values`` once; only min and max come out."""
-    from onnxsmith.verify import runner  # the evaluation is a run, not reasoning
-
-    model.graph.sort()  # extraction copies nodes in graph order, which must be topological
-    piece = ir.convenience.extract(model.graph, inputs=[], outputs=values)
-    outputs = []
-    for i, value in enumerate(piece.outputs):
-        for op in ("ReduceMin", "ReduceMax"):
-            node = ir.node(op, [value], attributes={"keepdims": 0}, num_outputs=1)
-            node.outputs[0].name = f"onnxsmith::{op}_{i}"
-            piece.append(node)
-            outputs.append(node.outputs[0])
-    piece.outputs.clear()
-    piece.outputs.extend(outputs)
-    probe = ir.Model(piece, ir_version=model.ir_version, functions=list(model.functions.values()))
-    session = runner.open_session(probe, label="an int64 index chain")
-    results = runner.run(session, {})
-    return {
-        value: (int(results[f"onnxsmith::ReduceMin_{i}"]), int(results[f"onnxsmith::ReduceMax_{i}"]))
-        for i, value in enumerate(values)
-    }

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.rules.constants import constant
+from onnxsmith.irutil.walk import constant
 
 ALL = None  # "every row" in a demand
 Rows = tuple[int, int] | None  # [start, stop) of the tokens axis, or ALL

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import const_array
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
 FORMATS = ("qdq", "nbits")

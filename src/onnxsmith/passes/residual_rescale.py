@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import node_label
+from onnxsmith.irutil.names import node_label
 
 #: Normalisations that are scale-invariant with eps scaled by S**2.
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import const_array, infer_types, node_label
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
 #: What the head can be stored as.

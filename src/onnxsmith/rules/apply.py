@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnxscript.rewriter import MatchingTracer, MatchStatus, RewriteRuleSet
 
-from onnxsmith.analysis.graph import node_label
+from onnxsmith.irutil.names import node_label
 
 
 @dataclass

@@ -17,8 +17,7 @@ the slowest kernel of the packed variant.
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter import MatchResult, pattern
 from onnxscript.rewriter.ort_fusions import mha, mha_bias, mha_scale, sdpa, sdpa_via_mha
 
 #: The domain of onnxscript's intermediate SDPA op; none may remain after the attention stages.

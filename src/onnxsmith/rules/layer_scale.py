@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter import MatchResult, pattern
 
-from onnxsmith.rules.constants import constant, fresh_name
+from onnxsmith.irutil.names import fresh_name
+from onnxsmith.irutil.walk import constant
 
 
 class LayerScaleFold(pattern.RewriteRuleClassBase):

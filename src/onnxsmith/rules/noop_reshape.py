@@ -9,8 +9,7 @@ included.
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter import MatchResult, pattern
 
 
 class NoOpReshape(pattern.RewriteRuleClassBase):

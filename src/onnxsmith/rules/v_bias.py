@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter import MatchResult, pattern
 
-from onnxsmith.rules.constants import constant, fresh_name
+from onnxsmith.irutil.names import fresh_name
+from onnxsmith.irutil.walk import constant
 
 # MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ...
 _BIAS, _PAST_KEY = 3, 6

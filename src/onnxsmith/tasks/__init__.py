@@ -1,14 +1,18 @@
 """Task adapters for validation (``--task NAME``, a recipe's ``[validation] task``).
 
 A task makes a model's inputs from real data, decodes its outputs and measures
-how far a variant is from its source; see :mod:`onnxsmith.tasks.base`.
-Importing this package registers every task module listed here.
+how far a variant is from its source; see :mod:`onnxsmith.tasks.base`. A task
+may also be the gate a transform's variants are judged by (``lm`` for ``quantize``).
+Importing this package registers every task module it imports here.
 """
 
-import importlib
+from onnxsmith.tasks import faceage, generic, lm  # noqa: F401  (importing registers them)
+from onnxsmith.tasks.base import TASKS, Task
 
-#: Task modules under onnxsmith.tasks.
-MODULES: list[str] = ["generic", "faceage", "lm_task"]
 
-for _name in MODULES:
-    importlib.import_module(f"onnxsmith.tasks.{_name}")
+def tasks() -> dict[str, type[Task]]:
+    return TASKS.classes()
+
+
+def get_task(name: str) -> Task:
+    return TASKS.create(name)

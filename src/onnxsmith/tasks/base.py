@@ -33,9 +33,11 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.errors import UsageError
-from onnxsmith.verify import runner
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.core.errors import UsageError
+from onnxsmith.core.registry import Registry
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import adapt_feeds
+from onnxsmith.verify.compare import Comparison
 
 LOWER = "lower"  # the metric is an error: a gate is an upper bound
 HIGHER = "higher"  # the metric is an agreement: a gate is a lower bound
@@ -133,6 +135,11 @@ class Task:
                     outputs.append({k: v[i : i + 1] for k, v in result.items()})
         return outputs
 
+    def gate(self, reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]], **settings: Any) -> Comparison:
+        """Judge a transform's variant against its source on ``feeds``, for a transform that names this
+        task as its ``gate_task`` (``settings``: that transform's ``gate_settings``)."""
+        raise NotImplementedError(f"task '{self.name}' has no gate for transforms")
+
     def metric(self, name: str) -> MetricSpec:
         for spec in self.metrics:
             if spec.name == name:
@@ -141,22 +148,10 @@ class Task:
         raise UsageError(f"task '{self.name}' has no metric '{name}' (its metrics: {known})")
 
 
-_REGISTRY: dict[str, type[Task]] = {}
+#: Every task, by name; filled by importing :mod:`onnxsmith.tasks`.
+TASKS: Registry[Task] = Registry("task")
 
 
 def register_task(cls: type[Task]) -> type[Task]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def tasks() -> dict[str, type[Task]]:
-    import onnxsmith.tasks  # noqa: F401  (importing registers every task)
-
-    return dict(_REGISTRY)
-
-
-def get_task(name: str) -> Task:
-    known = tasks()
-    if name not in known:
-        raise UsageError(f"unknown task '{name}' (known: {', '.join(sorted(known))})")
-    return known[name]()
+    """Class decorator: a task recipes and ``--task`` can name."""
+    return TASKS.register(cls)

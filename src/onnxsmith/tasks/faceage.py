@@ -22,10 +22,10 @@ import numpy as np
 import onnx_ir as ir
 from PIL import Image, UnidentifiedImageError
 
-from onnxsmith.errors import InputError, UsageError
+from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.runtime.inputs import input_specs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.widerface import padded_box, read_boxes
-from onnxsmith.verify.inputs import input_specs
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)

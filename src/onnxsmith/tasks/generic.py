@@ -13,10 +13,10 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
+from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import diff_output
-from onnxsmith.verify.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 
 #: Histograms need no more than this many |Δ| values per variant.
 _HISTOGRAM_VALUES = 20000

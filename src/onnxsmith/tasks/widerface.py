@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
 
 _INVALID_FLAG = 7  # index of WIDER's "invalid" attribute on a box line
 

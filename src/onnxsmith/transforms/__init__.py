@@ -1,12 +1,15 @@
 """The transforms a user asks for by name (``onnxsmith NAME`` and a recipe's ``pass = "NAME"``).
 
-Importing this package registers every transform module listed here.
+Importing this package registers every transform module it imports here.
 """
 
-import importlib
+from onnxsmith.core.transform import TRANSFORMS, Transform
+from onnxsmith.transforms import fp16, fuse, quantize, shrink  # noqa: F401  (importing registers them)
 
-#: Transform modules under onnxsmith.transforms.
-MODULES: list[str] = ["quantize", "shrink", "fp16", "fuse"]
 
-for _name in MODULES:
-    importlib.import_module(f"onnxsmith.transforms.{_name}")
+def transforms() -> dict[str, type[Transform]]:
+    return TRANSFORMS.classes()
+
+
+def get_transform(name: str) -> Transform:
+    return TRANSFORMS.create(name)

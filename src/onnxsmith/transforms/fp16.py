@@ -1,7 +1,7 @@
 """``fp16``: weights and compute in fp16, with fp32 islands where measurement says fp16 overflows.
 
 1. Measure the source on the calibration inputs: every float tensor's max |x|
-   (:func:`onnxsmith.analysis.ranges.measure_ranges`; the same run gives the gate its
+   (:func:`onnxsmith.runtime.ranges.measure_ranges`; the same run gives the gate its
    reference outputs).
 2. Residual streams (:mod:`onnxsmith.passes.residual_rescale`): a pre-LN transformer's
    stream that overflows fp16 stays one fp32 path end to end, and so does the branch
@@ -18,8 +18,8 @@ The gate (``produce_variant``) then runs the variant storage-faithfully — ever
 tensor really rounded to fp16, as a GPU holds it — and refuses to write it if an output
 is NaN/inf or outside tolerance, naming the first tensor that overflowed.
 
-For other transforms (``fuse --precision fp16``): :func:`convert_precision` is steps
-2-4 on an in-memory model given measured ranges; the passes can be used one by one.
+Steps 2-4 are :func:`onnxsmith.precision.convert.convert_precision`, on an in-memory model
+given measured ranges; the passes can be used one by one.
 """
 
 from __future__ import annotations
@@ -30,25 +30,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import FLOAT_TYPES, all_nodes, constant_tensors, infer_types, node_label
-from onnxsmith.analysis.precision_policy import (
-    DEFAULT_HEADROOM,
-    Limits,
-    SmallNodes,
-    Unsafe,
-    policy_reason,
-    unsafe_activations,
-)
-from onnxsmith.analysis.ranges import TensorRange, measure_ranges
+from onnxsmith.analysis.precision_policy import DEFAULT_HEADROOM, Limits
 from onnxsmith.analysis.type_rules import opset_of, signature
-from onnxsmith.errors import InputError, UsageError
-from onnxsmith.passes.cast_hygiene import CastCounts, CastHygienePass, count_casts
-from onnxsmith.passes.float_precision import FloatPrecisionPass, PrecisionResult
-from onnxsmith.passes.residual_rescale import ResidualStream, choose_scale, find_residual_streams, rescale_residual
-from onnxsmith.pipeline.options import to_json
-from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.verify.compare import FAITHFUL, NATIVE, Comparison, compare_models
-from onnxsmith.verify.fp16_storage import has_fp16
+from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.options import to_json
+from onnxsmith.core.transform import ReferenceOutputs, StepReport, Transform, TransformContext, register
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.types import FLOAT_TYPES, infer_types
+from onnxsmith.irutil.walk import all_nodes, constant_tensors
+from onnxsmith.passes.cast_hygiene import count_casts
+from onnxsmith.precision.convert import PrecisionReport, convert_precision
+from onnxsmith.precision.islands import islands_table
+from onnxsmith.runtime.fp16_storage import has_fp16
+from onnxsmith.runtime.ranges import measure_ranges
+from onnxsmith.runtime.runner import FAITHFUL, NATIVE
 
 DTYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
@@ -88,140 +83,6 @@ class Options:
             raise ValueError(f"headroom must be at least 1, not {self.headroom}")
 
 
-@dataclass
-class StreamDecision:
-    stream: ResidualStream
-    peak: float  # measured max |x| over the stream (source scale)
-    peak_tensor: str = ""
-    scale: float = 1.0
-    kept_fp32: bool = False
-    note: str = ""
-    #: (writer, its measured max |x|, nodes kept fp32 to compute it) for over-range writers
-    writers: list[tuple[str, float, int]] = field(default_factory=list)
-
-
-#: How a node computing a massive activation is kept (the islands table groups on it).
-WRITER_REASON = "computes what writes into the residual stream"
-
-
-@dataclass
-class PrecisionReport:
-    """What :func:`convert_precision` did, for a StepReport."""
-
-    streams: list[StreamDecision] = field(default_factory=list)
-    unsafe: dict[str, Unsafe] = field(default_factory=dict)
-    precision: PrecisionResult | None = None
-    casts: CastCounts | None = None
-    keep_fp32: dict[str, str] = field(default_factory=dict)
-    small: dict[str, str] = field(default_factory=dict)  # tensors small enough to stay fp32
-
-    def islands(self) -> list[dict]:
-        """The fp32 islands as table rows (see :func:`_islands`)."""
-        return _islands(self, self.small)
-
-
-def convert_precision(
-    model: ir.Model,
-    ranges: list[TensorRange],
-    *,
-    dtype: ir.DataType = ir.DataType.FLOAT16,
-    headroom: float = DEFAULT_HEADROOM,
-    rescale: bool | None = None,
-    residual_fp32: bool = True,
-    small_fp32: bool = True,
-    keep_io_types: bool = True,
-    keep_fp32: dict[str, str] | None = None,
-    infer: bool = True,
-) -> PrecisionReport:
-    """Rescale overflowing residual streams, then convert ``model`` in place to ``dtype`` with fp32 islands.
-
-    ``ranges`` are the source's measured ranges (names as in ``model``); ``keep_fp32``
-    adds tensors the caller wants kept fp32 (name -> reason).
-
-    A residual stream that overflows is handled one of two ways:
-
-    * ``residual_fp32`` (default): the stream stays one fp32 path end to end, and so does
-      each branch that writes an over-range value into it (DINOv3's massive activation comes
-      from one block's MLP): such a value is only as exact as the arithmetic that made it,
-      and fp16's relative error at 1.5e5 is an absolute error larger than the other channels,
-      which LayerNorm's mean then spreads over every channel. Nothing needs rescaling.
-    * ``residual_fp32=False``: the stream is carried scaled by a power of two so that it and
-      its writers fit fp16, and everything runs in fp16 (LayerNorm inputs included).
-
-    ``rescale``: True rescales every rescalable stream whatever ``residual_fp32`` says (then
-    the writers, fitting, run fp16), False none, None (default) when the second way needs it.
-    ``infer``: False when the caller has just run :func:`infer_types` on ``model``.
-    """
-    limits = Limits.for_dtype(dtype, headroom)
-    measured = {r.name: r.absmax for r in ranges}
-    report = PrecisionReport()
-    scale_of: dict[str, float] = {}
-    keep = dict(keep_fp32 or {})
-    if infer:
-        infer_types(model)
-    for stream in find_residual_streams(model):
-        peak_value = max(stream.values, key=lambda v: measured.get(v.name, 0.0))
-        peak = measured.get(peak_value.name, 0.0)
-        decision = StreamDecision(stream, peak, peak_value.name)
-        report.streams.append(decision)
-        overflows = peak > limits.max_abs
-        wanted = rescale if rescale is not None else (overflows and not residual_fp32)
-        if wanted and stream.problem is not None:
-            decision.note = f"not rescaled: {stream.problem}"
-        elif wanted:
-            writers_peak = max((measured.get(v.name, 0.0) for v in stream.scaled), default=0.0)
-            decision.scale = choose_scale(max(peak, writers_peak), limits.max_abs)
-            if decision.scale != 1.0:
-                rescale_residual(model, stream, decision.scale)
-                scale_of.update({v.name: decision.scale for v in stream.scaled})
-        if overflows and residual_fp32:
-            decision.kept_fp32 = True
-            reason = f"residual stream, max |x| {peak:.3g} in the source"
-            keep.update({v.name: reason for v in stream.values if v.name not in keep})
-            if decision.scale == 1.0:
-                _keep_massive_writers(stream, measured, limits, keep, decision)
-    report.unsafe = unsafe_activations(ranges, limits, scale=scale_of)
-    for name, unsafe in report.unsafe.items():
-        keep.setdefault(name, unsafe.reason)
-    report.keep_fp32 = keep
-    small = SmallNodes(model, ranges) if small_fp32 else None
-    report.small = small.tensors if small else {}
-
-    def policy(node: ir.Node) -> str | None:
-        reason = policy_reason(node)
-        if reason is None and small is not None:
-            reason = small.reason(node)
-        return reason
-
-    # Rescaling changed constants and attributes only: the types inferred above still hold.
-    precision = FloatPrecisionPass(
-        dtype, keep_fp32=keep, policy=policy, keep_io_types=keep_io_types, limits=limits, infer=False
-    )
-    precision(model)
-    report.precision = precision.result
-    hygiene = CastHygienePass()
-    hygiene(model)
-    report.casts = hygiene.counts
-    return report
-
-
-def _keep_massive_writers(
-    stream: ResidualStream, measured: dict[str, float], limits: Limits, keep: dict[str, str], decision: StreamDecision
-) -> None:
-    """Keep fp32 every branch that writes an over-range value into the (fp32) stream."""
-    for writer in stream.writers():
-        peak = measured.get(writer.name, 0.0)
-        if peak <= limits.max_abs:
-            continue
-        reason = f"{WRITER_REASON} '{writer.name}' (max |x| {peak:.3g})"
-        nodes = stream.writer_nodes(writer)
-        decision.writers.append((writer.name, peak, len(nodes)))
-        for node in nodes:
-            for out in node.outputs:
-                if out.dtype in FLOAT_TYPES and out.name:
-                    keep.setdefault(out.name, reason)
-
-
 @register
 class Fp16(Transform):
     name = "fp16"
@@ -230,15 +91,6 @@ class Fp16(Transform):
 
     def tolerance(self, options: Options) -> tuple[float, float]:
         return (2e-2, 2e-2) if options.dtype == "fp16" else (8e-2, 8e-2)
-
-    def verify(self, options: Options, reference, candidate, feeds, *, atol: float, rtol: float) -> Comparison:
-        """The usual comparison, without running the source again when calibration already did."""
-        cached = getattr(self, "_reference", None)
-        if cached is not None and cached[0] is feeds:
-            return compare_models(
-                reference, candidate, feeds, atol=atol, rtol=rtol, reference_outputs=cached[1], reference_mode=cached[2]
-            )
-        return compare_models(reference, candidate, feeds, atol=atol, rtol=rtol)
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         source = context.source_path
@@ -261,9 +113,8 @@ class Fp16(Transform):
             ranges = measure_ranges(measured, context.feeds, outputs=outputs, derive_movement=True)
         # Calibrating the source computed its outputs: the gate compares with them (after an
         # earlier step of a chain they are that step's outputs, not the source's: not reused).
-        self._reference = (
-            (context.feeds, outputs, FAITHFUL if has_fp16(model) else NATIVE) if context.model_is_source else None
-        )
+        if context.model_is_source:
+            context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)
         context.progress("fp16: converting")
         result = convert_precision(
             model,
@@ -320,91 +171,9 @@ def _float_weight_bytes(model: ir.Model) -> dict[str, int]:
     return dict(sizes)
 
 
-def _islands(result: PrecisionReport, small: dict[str, str]) -> list[dict]:
-    """The fp32 islands: connected groups of fp32 nodes kept for the same kind of reason."""
-    precision = result.precision
-    stream_peak = {v.name: d for d in result.streams for v in d.stream.values}
-
-    def kind(node: ir.Node) -> str:
-        tensor = precision.kept_for.get(node)
-        if tensor is None:
-            reason = precision.kept[node_label(node)]
-            return "small tensors" if reason.startswith("small") else reason.split(" ")[0] + " policy"
-        if tensor in stream_peak:
-            return "residual stream"
-        if result.keep_fp32.get(tensor, "").startswith(WRITER_REASON):
-            return "stream writer"
-        if tensor in result.unsafe:
-            return "over range" if "max |x|" in result.unsafe[tensor].reason else "underflow"
-        return "constant out of range" if tensor not in result.keep_fp32 else "kept by caller"
-
-    kept = precision.kept_nodes
-    kinds = {node: kind(node) for node in kept}
-    parent = {node: node for node in kept}
-
-    def find(node):
-        while parent[node] is not node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    for node in kept:
-        for value in node.outputs:
-            for user, _ in value.uses():
-                if user in parent and kinds[user] == kinds[node]:
-                    parent[find(user)] = find(node)
-    groups: dict[ir.Node, list[ir.Node]] = {}
-    for node in kept:
-        groups.setdefault(find(node), []).append(node)
-    rows = []
-    for nodes in groups.values():
-        what = kinds[nodes[0]]
-        tensors = [precision.kept_for[n] for n in nodes if precision.kept_for.get(n)]
-        measured, tensor, peak = "-", "-", -1.0
-        if what == "residual stream":
-            decision = stream_peak[tensors[0]]
-            peak = decision.peak
-            measured = f"{peak:.3g}" + (
-                f" (carried x1/{round(1 / decision.scale)}: {peak * decision.scale:.3g})"
-                if decision.scale != 1.0
-                else ""
-            )
-            tensor = decision.peak_tensor
-        elif what == "stream writer":
-            writer = next(w for d in result.streams for w in d.writers if w[0] in result.keep_fp32[tensors[0]])
-            peak, tensor = writer[1], writer[0]
-            measured = f"{peak:.3g}"
-        elif what in ("over range", "underflow"):
-            worst = max(tensors, key=lambda t: result.unsafe[t].absmax)
-            peak, tensor = result.unsafe[worst].absmax, worst
-            measured = f"{peak:.3g}" if what == "over range" else result.unsafe[worst].reason
-        elif what == "small tensors":
-            outs = [o.name for n in nodes for o in n.outputs if o.name in small]
-            tensor = outs[0] if outs else "-"
-            measured = small.get(tensor, "-")
-        else:
-            measured = precision.kept[node_label(nodes[0])]
-        ops = Counter(n.op_type for n in nodes)
-        rows.append(
-            {
-                "island": node_label(nodes[0]),
-                "kept for": what,
-                "nodes": len(nodes),
-                "ops": ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-                "measured": measured,
-                "tensor": tensor,
-                "_peak": peak,
-            }
-        )
-    rows.sort(key=lambda r: (-r["_peak"], r["kept for"], r["island"]))
-    for row in rows:
-        del row["_peak"]
-    return rows
-
-
 def _report(name, options, model, result: PrecisionReport, ranges, casts_before, weights_before) -> StepReport:
     precision = result.precision
-    islands = result.islands()
+    islands = islands_table(result)
     report = StepReport(step=name, options=to_json(options))
     low = sum(precision.low_nodes.values())
     convertible = sum(precision.float_nodes.values())

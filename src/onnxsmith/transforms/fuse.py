@@ -16,7 +16,7 @@ BiasGelu -> MatMul. The steps:
    tokens (a CLS head), the last block computes only those.
 4. Precision: ``fp32`` keeps every type; ``fp16`` runs MatMul, attention, RoPE
    and BiasGelu in fp16 while the residual stream and the LayerNorms stay fp32
-   (built on the fp16 transform's passes).
+   (:mod:`onnxsmith.precision.fused`, on measured ranges).
 
 The result is verified against the source before it is written (produce_variant).
 """
@@ -37,24 +37,22 @@ from onnx_ir.passes.common import (
     RemoveUnusedOpsetsPass,
 )
 from onnxscript.rewriter import RewritePass, RewriteRuleSet
-from onnxscript.rewriter.rules.common import _basic_rules, _no_op
 
-from onnxsmith.analysis.graph import all_nodes, const_array, infer_types
-from onnxsmith.analysis.precision_policy import Limits, policy_reason, unsafe_activations
-from onnxsmith.analysis.ranges import TensorRange, measure_ranges
-from onnxsmith.errors import UsageError
-from onnxsmith.io.save import save_model
-from onnxsmith.passes.cast_hygiene import CastHygienePass
-from onnxsmith.passes.float_precision import FloatPrecisionPass
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import UsageError
+from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_shapes import FoldShapesPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
-from onnxsmith.passes.residual_rescale import choose_scale, find_residual_streams, rescale_residual
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.precision.fused import fused_to_fp16, rescale_residual_streams
 from onnxsmith.rules import attention, bias_gelu, layer_scale, noop_reshape, rotary, skip_layernorm, v_bias
 from onnxsmith.rules.apply import RuleOutcome, apply_rules
-from onnxsmith.verify.inputs import input_specs
+from onnxsmith.rules.cleanup import cleanup_rules
+from onnxsmith.runtime.evaluate import evaluate_shapes
+from onnxsmith.runtime.inputs import input_specs
+from onnxsmith.runtime.ranges import measure_ranges
 
 #: The fusions in the order they run: (name in the report, rule sets applied in turn).
 FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
@@ -69,8 +67,6 @@ FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
     ("Add + LayerNorm -> SkipLayerNormalization", (skip_layernorm.skip_layernorm_rules,)),
     ("Add + Gelu -> BiasGelu", (bias_gelu.bias_gelu_rules,)),
 ]
-#: Generic clean-ups before matching: no-op Casts (TorchScript's float->float), Flatten as Reshape, ...
-_CLEANUP = RewriteRuleSet([*_no_op.rules, *_basic_rules.basic_optimization_rules().rules])
 #: Ops worth a row in the before/after table.
 _REPORTED_OPS = (
     "MultiHeadAttention",
@@ -134,7 +130,7 @@ class Fuse(Transform):
             context.progress("fuse: measuring activation ranges of the source")
             with context.model_file(model) as path:
                 ranges = measure_ranges(path, context.feeds)
-            report.notes.extend(_rescale_residual_streams(model, ranges))
+            report.notes.extend(rescale_residual_streams(model, ranges))
 
         context.progress("fuse: folding shape computations")
         fold, noop = prepare_shapes(model, dims, context.feeds[0], progress=context.progress)
@@ -159,7 +155,12 @@ class Fuse(Transform):
                     + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n, _, _ in prune.pruned).items())
                 )
         if options.precision == "fp16":
-            report.notes.extend(_to_fp16(model, context))
+            context.progress("fuse: measuring activation ranges of the fused graph")
+            with tempfile.TemporaryDirectory(prefix="onnxsmith-fuse-") as tmp:
+                path = Path(tmp) / "fused_fp32.onnx"
+                context.save(model, path)
+                ranges = measure_ranges(path, context.feeds)
+            report.notes.extend(fused_to_fp16(model, ranges, context.progress))
         DeduplicateInitializersPass()(model)
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)  # onnxscript's private fusion domain
@@ -209,10 +210,10 @@ def prepare_shapes(
     model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None = None, *, progress=None
 ) -> tuple[FoldShapesPass, RuleOutcome]:
     """Step 1: shape arithmetic folded, Constants lifted, no-op Casts and Reshapes gone, dims named."""
-    fold = FoldShapesPass(dims, feeds=feeds, progress=progress)
+    fold = FoldShapesPass(evaluate_shapes(model, dims, feeds=feeds, progress=progress))
     fold(model)
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-    RewritePass(_CLEANUP)(model)
+    RewritePass(cleanup_rules)(model)
     RemoveUnusedNodesPass()(model)
     NameDimsPass(dims)(model)
     noop = apply_rules(model, "no-op Reshape", noop_reshape.noop_reshape_rules)
@@ -242,103 +243,6 @@ def _check_no_fusion_ops(model: ir.Model) -> None:
     left = [n for n in all_nodes(model) if n.domain == attention.FUSION_DOMAIN]
     if left:
         raise RuntimeError(f"internal error: {len(left)} {left[0].op_type} node(s) of {attention.FUSION_DOMAIN} left")
-
-
-# ------------------------------------------------------------------ 4. precision (fp16)
-#
-# Built on the fp16 transform's passes: its residual rescaling (passes/residual_rescale.py)
-# runs on the unfused graph, where the stream is a chain of Adds read by LayerNorms; its
-# converter (passes/float_precision.py) then runs on the fused graph with the fuse policy.
-
-#: Normalisations compute in fp32 (they read the fp32 residual stream and reduce over it).
-_FP32_OPS = frozenset({"LayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
-
-
-def _rescale_residual_streams(model: ir.Model, ranges: list[TensorRange]) -> list[str]:
-    """Scale a residual stream that overflows fp16 by a power of two, so the fp16 projections writing it fit."""
-    limits = Limits.for_dtype(ir.DataType.FLOAT16)
-    measured = {r.name: r.absmax for r in ranges}
-    notes = []
-    infer_types(model)
-    for stream in find_residual_streams(model):
-        peak = max((measured.get(v.name, 0.0) for v in stream.values), default=0.0)
-        if peak <= limits.max_abs:
-            continue
-        if stream.problem is not None:
-            notes.append(f"residual stream peaks at {peak:.3g} but is not rescaled: {stream.problem}")
-            continue
-        writers = max((measured.get(v.name, 0.0) for v in stream.scaled), default=0.0)
-        scale = choose_scale(max(peak, writers), limits.max_abs)
-        rescale_residual(model, stream, scale)
-        notes.append(
-            f"residual stream ({stream.describe()}, measured peak {peak:.3g}) carried scaled by "
-            f"1/{round(1 / scale)} so the fp16 projections that write it fit"
-        )
-    return notes
-
-
-def _to_fp16(model: ir.Model, context: TransformContext) -> list[str]:
-    """MatMul, attention, RoPE, BiasGelu in fp16; the residual stream and the normalisations in fp32."""
-    context.progress("fuse: measuring activation ranges of the fused graph")
-    with tempfile.TemporaryDirectory(prefix="onnxsmith-fuse-") as tmp:
-        path = Path(tmp) / "fused_fp32.onnx"
-        save_model(model, path)
-        ranges = measure_ranges(path, context.feeds)
-    limits = Limits.for_dtype(ir.DataType.FLOAT16)
-    keep = _fused_residual_stream(model)
-    unsafe = unsafe_activations(ranges, limits)
-    for name, why in unsafe.items():
-        keep.setdefault(name, why.reason)
-    head = _per_sample_tail(model)
-
-    def policy(node: ir.Node) -> str | None:
-        if node.op_type in _FP32_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
-            return "normalisation (fuse keeps LayerNorms fp32)"
-        if node in head:
-            return "after the token row is selected: one vector per sample, fp32 costs nothing"
-        return policy_reason(node)
-
-    context.progress("fuse: converting to fp16")
-    precision = FloatPrecisionPass(ir.DataType.FLOAT16, keep_fp32=keep, policy=policy, limits=limits)
-    precision(model)
-    hygiene = CastHygienePass()
-    hygiene(model)
-    low = precision.result.low_nodes
-    return [
-        f"fp16: {sum(low.values())} nodes compute in fp16 ({', '.join(f'{op} {n}' for op, n in low.most_common())}); "
-        f"{len(precision.result.kept)} stay fp32 (residual stream, normalisations"
-        + (f", {len(unsafe)} tensors measured out of fp16's range" if unsafe else "")
-        + ")",
-        f"casts: {precision.result.casts_added} inserted; {hygiene.counts.describe()}",
-    ]
-
-
-def _fused_residual_stream(model: ir.Model) -> dict[str, str]:
-    """The residual stream of a fused graph: what SkipLayerNormalization adds to (its skip) and its sums."""
-    keep: dict[str, str] = {}
-    for node in model.graph:
-        if node.domain == "com.microsoft" and node.op_type in _FP32_OPS:
-            keep[node.inputs[1].name] = "residual stream"
-            if len(node.outputs) > 3 and node.outputs[3].uses():
-                keep[node.outputs[3].name] = "residual stream"
-    return keep
-
-
-def _per_sample_tail(model: ir.Model) -> set[ir.Node]:
-    """Nodes from a Gather that picks one token row on (a CLS head): they see one vector per sample."""
-    tail: set[ir.Node] = set()
-    for node in model.graph:  # topological: a node's producers come first
-        if _picks_a_row(node) or any(v is not None and v.producer() in tail for v in node.inputs):
-            tail.add(node)
-    return tail
-
-
-def _picks_a_row(node: ir.Node) -> bool:
-    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.inputs[0].shape is None:
-        return False
-    rank = node.inputs[0].shape.rank()
-    index = const_array(node.inputs[1])
-    return rank >= 3 and index is not None and index.ndim == 0 and node.attributes.get_int("axis", 0) in (rank - 2, -2)
 
 
 # ------------------------------------------------------------------ the report

@@ -35,8 +35,11 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
 from onnxscript.version_converter import ConvertVersionPass
 
-from onnxsmith.analysis.graph import infer_types
-from onnxsmith.errors import InputError
+from onnxsmith.analysis.lm_signature import lm_signature
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import InputError
+from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
@@ -44,9 +47,6 @@ from onnxsmith.passes.quantize_weights import FORMATS, UNEVEN, QuantizeWeightsPa
 from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from onnxsmith.passes.tied_head import HEAD_MODES, LOOKUPS, LMHead, StoreHeadPass, find_lm_head
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.verify import lm
 
 #: Blocked DequantizeLinear (block_size, 4-bit types) is opset 21, which needs IR version 10.
 BLOCKED_DQ_OPSET = 21
@@ -135,11 +135,12 @@ class QuantizeOptions:
             "help": "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
         },
     )
+    # The defaults are the lm gate's (tasks/lm/gate.py DEFAULT_MAX_KL, DEFAULT_MIN_TOP1).
     max_kl: float = field(
-        default=lm.DEFAULT_MAX_KL,
+        default=0.1,
         metadata={"help": "gate: mean KL(source || variant) of next-token distributions, nats"},
     )
-    min_top1: float = field(default=lm.DEFAULT_MIN_TOP1, metadata={"help": "gate: top-1 agreement with the source"})
+    min_top1: float = field(default=0.8, metadata={"help": "gate: top-1 agreement with the source"})
 
     @property
     def bits(self) -> int:
@@ -161,6 +162,7 @@ class Quantize(Transform):
     name = "quantize"
     summary = "4-bit / 8-bit weights for a language model (web-ready; see docs/quantize.md)"
     Options = QuantizeOptions
+    gate_task = "lm"  # next-token KL and top-1 agreement (tasks/lm/gate.py), not output atol
 
     def apply(self, model: ir.Model, options: QuantizeOptions, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))
@@ -268,16 +270,13 @@ class Quantize(Transform):
             else f"default opset {current} -> {target}"
         )
 
-    def verify(self, options: QuantizeOptions, reference, candidate, feeds, *, atol, rtol):
-        """The LM gate (verify/lm.py), running the variant as its target does (session options)."""
-        return lm.compare_lm(
-            reference,
-            candidate,
-            feeds,
-            max_kl=options.max_kl,
-            min_top1=options.min_top1,
-            candidate_config=WASM_CONFIG if options.format == "qdq" else None,
-        )
+    def gate_settings(self, options: QuantizeOptions) -> dict:
+        """The LM gate's bounds, and the variant run as its target runs it (session options)."""
+        return {
+            "max_kl": options.max_kl,
+            "min_top1": options.min_top1,
+            "candidate_config": WASM_CONFIG if options.format == "qdq" else None,
+        }
 
 
 @dataclass
@@ -326,7 +325,7 @@ def _lookups(model: ir.Model, options: QuantizeOptions) -> str:
     if options.lookups != "auto":
         return options.lookups
     try:
-        return "columns" if lm.lm_signature(model).past else "rows"
+        return "columns" if lm_signature(model).past else "rows"
     except InputError:
         return "columns"
 

@@ -24,15 +24,16 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxsmith.analysis.graph import infer_types
 from onnxsmith.analysis.summary import ModelSummary, summarize
+from onnxsmith.core import options as opts
+from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.io.files import human_bytes
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
-from onnxsmith.passes.narrow_int64 import NarrowInt64Pass
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, values_to_evaluate
+from onnxsmith.runtime.evaluate import evaluate_min_max
 
 _UNITS = {
     "": 1,
@@ -118,7 +119,8 @@ class Shrink(Transform):
         if options.narrow_int64:
             context.progress("shrink: narrowing int64 indices")
             infer_types(model)  # folding created values; the regions need their shapes
-            narrow = NarrowInt64Pass()
+            evaluated = evaluate_min_max(model, values_to_evaluate(model))
+            narrow = NarrowInt64Pass(evaluated=evaluated)
             narrow(model)
             report.notes.extend(_narrow_notes(narrow))
             for r in narrow.reports:

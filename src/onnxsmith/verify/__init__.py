@@ -1,1 +1,1 @@
-"""Verification: inputs, running models in onnxruntime, storage-faithful fp16, comparing outputs."""
+"""Verification: a variant compared with its source (every output, or a task's gate), and where it went wrong."""

@@ -11,19 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
 
-from onnxsmith.errors import InputError
-from onnxsmith.io.load import load_model
-from onnxsmith.verify import runner
-from onnxsmith.verify.fp16_storage import emulate_fp16_storage, has_fp16
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.core.errors import InputError
+from onnxsmith.runtime.runner import NATIVE, prepare_session, run_all
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
-
-FAITHFUL = "storage-faithful fp16"
-NATIVE = "native"
 
 
 @dataclass
@@ -141,40 +134,6 @@ def diff_output(name: str, ref: np.ndarray, test: np.ndarray, atol: float, rtol:
         argmax,
         within and same_nonfinite,
     )
-
-
-FP16_MODES = ("auto", "native")
-
-
-def run_mode(model: ir.Model, fp16_mode: str) -> str:
-    """``auto``: a model with fp16 tensors runs storage-faithfully; ``native``: as onnxruntime likes."""
-    if fp16_mode not in FP16_MODES:
-        raise InputError(f"unknown fp16 mode '{fp16_mode}' (choose from {', '.join(FP16_MODES)})")
-    return FAITHFUL if fp16_mode == "auto" and has_fp16(model) else NATIVE
-
-
-def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None):
-    """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode).
-
-    ``model`` is what the session runs: emulated when it is, with the file's inputs and outputs either way.
-    """
-    model = load_model(path)
-    mode = run_mode(model, fp16_mode)
-    if mode == FAITHFUL and not providers:
-        emulate_fp16_storage(model)  # keeps the interface: feeds are made for the file's inputs
-        session = runner.open_session(model, label=path)
-    else:
-        session = runner.open_session(path, providers=providers, label=path)
-    return session, model, mode
-
-
-def run_all(session, model: ir.Model, feeds_list: list[dict[str, np.ndarray]], label) -> dict[str, np.ndarray]:
-    """Every output for every feed, concatenated along a new leading axis."""
-    collected: dict[str, list[np.ndarray]] = {}
-    for feeds in feeds_list:
-        for name, value in runner.run(session, adapt_feeds(feeds, model), label=label).items():
-            collected.setdefault(name, []).append(value)
-    return {name: np.stack(values) for name, values in collected.items()}
 
 
 def compare_models(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxsmith.analysis.ranges import measure_ranges
+from onnxsmith.runtime.ranges import measure_ranges
 
 
 @dataclass

@@ -9,34 +9,20 @@ values too small for fp16) whose scalar results are the only extra outputs.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
-from onnxsmith.analysis.graph import FLOAT_TYPES, ensure_types, node_label
+from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
 from onnxsmith.io.load import load_model, release_weights
-from onnxsmith.verify import runner
-from onnxsmith.verify.fp16_storage import ROUNDING_MARK, emulate_fp16_storage, has_fp16
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.types import FLOAT_TYPES, ensure_types
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.fp16_storage import ROUNDING_MARK, emulate_fp16_storage, has_fp16
+from onnxsmith.runtime.inputs import adapt_feeds
 
-#: Smallest positive normal fp16; below it values lose precision, below 2**-24 they vanish.
-FP16_MIN_NORMAL = 2.0**-14
 _SUFFIXES = ("absmax", "nonfinite", "tiny", "elements")
-
-
-@dataclass
-class TensorRange:
-    name: str
-    node: str  # the node that produces it ("" for a graph input)
-    op_type: str
-    order: int  # position of the producer in the graph's topological order
-    absmax: float  # over all input sets; NaN/inf excluded
-    nonfinite: int  # NaN/inf values seen
-    tiny_fraction: float  # share of nonzero values below fp16's smallest normal
-    dtype: str
-    elements: int = 0  # largest element count seen (how big the tensor is at the calibration shapes)
 
 
 def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:

@@ -1,6 +1,6 @@
 """The ``lm`` task: a language-model variant judged on held-out text.
 
-A thin adapter over :mod:`onnxsmith.tasks.lm` (the scoring ``eval-lm`` uses too):
+A thin adapter over :mod:`onnxsmith.tasks.lm.scoring` (the scoring ``eval-lm`` uses too):
 the text is tokenized with the source's tokenizer and cut into windows; both
 models score every next token of every window; the metrics are the variant's
 loss and perplexity, its mean KL divergence from the source's next-token
@@ -21,10 +21,12 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.errors import UsageError
-from onnxsmith.tasks import lm
+from onnxsmith.analysis.lm_signature import lm_signature
+from onnxsmith.core.errors import UsageError
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
-from onnxsmith.verify.lm import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, lm_feeds, lm_signature
+from onnxsmith.tasks.lm import scoring as lm
+from onnxsmith.tasks.lm.feeding import lm_feeds
+from onnxsmith.tasks.lm.gate import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, LMComparison, compare_lm
 
 
 @dataclass
@@ -73,6 +75,10 @@ class LanguageModel(Task):
         self._text = Path(options.text).name
         sig = lm_signature(model, source)
         return [Sample(f"window {i}", lm_feeds(sig, row[None]), target=row) for i, row in enumerate(windows)]
+
+    def gate(self, reference, candidate, feeds, **settings) -> LMComparison:
+        """The gate of ``quantize``: next-token KL and top-1 agreement on ``feeds`` (:func:`compare_lm`)."""
+        return compare_lm(reference, candidate, feeds, **settings)
 
     def describe_data(self, options: LMOptions, samples: list[Sample]) -> str:
         tokens = sum(len(s.target) for s in samples)

@@ -1,6 +1,6 @@
 """Latency, throughput and memory of models, each measured in its own process.
 
-Each model runs in a fresh Python process (``python -m onnxsmith.pipeline.bench``)
+Each model runs in a fresh Python process (``python -m onnxsmith.runtime.latency``)
 so that one model's memory and caches do not pollute the next one's numbers: the
 process times the session's creation, runs every batch size (warm-up runs, then
 timed runs) and reports its peak resident memory. Inputs are seeded random
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+from onnxsmith.runtime.latency import PROVIDERS
 
 
 @dataclass
@@ -83,7 +83,7 @@ def bench_models(
 
     ``inputs``: the feeds for each batch size (default: seeded random values from the input spec).
     """
-    from onnxsmith.errors import UsageError
+    from onnxsmith.core.errors import UsageError
 
     if settings.provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{settings.provider}' (choose from {', '.join(PROVIDERS)})")
@@ -109,9 +109,9 @@ def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: dict
     """One .npz of inputs per batch size; returns batch -> file."""
     import numpy as np
 
-    from onnxsmith.errors import UsageError
+    from onnxsmith.core.errors import UsageError
     from onnxsmith.io.load import load_model
-    from onnxsmith.verify.inputs import adapt_feeds, input_specs, parse_shape_options, random_inputs
+    from onnxsmith.runtime.inputs import adapt_feeds, input_specs, parse_shape_options, random_inputs
 
     model = load_model(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,10 +139,10 @@ def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: dict
 
 
 def _run_worker(name: str, path: Path, job: dict, settings: BenchSettings) -> BenchResult:
-    from onnxsmith.errors import InputError
+    from onnxsmith.core.errors import InputError
 
     done = subprocess.run(
-        [sys.executable, "-m", "onnxsmith.pipeline.bench"],
+        [sys.executable, "-m", "onnxsmith.runtime.latency"],
         input=json.dumps(job),
         capture_output=True,
         text=True,
@@ -165,86 +165,3 @@ def _run_worker(name: str, path: Path, job: dict, settings: BenchSettings) -> Be
         threads=settings.threads,
         session_config=dict(job["config"]),
     )
-
-
-# ---- the worker process ---------------------------------------------------------------------
-
-
-def _proc_status(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _rss_now() -> int:
-    return _proc_status("VmRSS") or _peak_rss()
-
-
-def _peak_rss() -> int:
-    """This process's peak resident memory.
-
-    Linux: VmHWM, which starts afresh at exec; ru_maxrss would carry over the peak of the
-    forked parent (the whole build) into every benchmark process.
-    """
-    peak = _proc_status("VmHWM")
-    if peak is not None:
-        return peak
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
-
-
-def _worker(job: dict) -> dict:
-    import time
-
-    import numpy as np
-    import onnxruntime as ort
-
-    providers = PROVIDERS[job["provider"]]
-    if providers[0] not in ort.get_available_providers():
-        return {"error": f"onnxruntime here has no {providers[0]} (it has {', '.join(ort.get_available_providers())})"}
-    feeds = {int(b): dict(np.load(f)) for b, f in job["inputs"].items()}
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if job["threads"]:
-        options.intra_op_num_threads = int(job["threads"])
-    for key, value in job["config"].items():
-        options.add_session_config_entry(key, value)
-    rss_before = _rss_now()
-    start = time.perf_counter()
-    try:
-        session = ort.InferenceSession(job["path"], sess_options=options, providers=providers)
-    except Exception as err:  # onnxruntime's own exception types
-        return {"error": f"onnxruntime cannot load the model: {str(err).strip().splitlines()[0]}"}
-    load_ms = (time.perf_counter() - start) * 1000
-    batches = []
-    for batch, inputs in feeds.items():
-        for _ in range(job["warmup"]):
-            session.run(None, inputs)
-        times = []
-        for _ in range(job["runs"]):
-            t0 = time.perf_counter()
-            session.run(None, inputs)
-            times.append((time.perf_counter() - t0) * 1000)
-        ms = np.array(times)
-        batches.append(
-            {
-                "batch": batch,
-                "runs": len(times),
-                "median_ms": float(np.median(ms)),
-                "p90_ms": float(np.percentile(ms, 90)),
-                "mean_ms": float(ms.mean()),
-                "min_ms": float(ms.min()),
-            }
-        )
-    return {"load_ms": load_ms, "rss_before": rss_before, "peak_rss": _peak_rss(), "batches": batches}
-
-
-if __name__ == "__main__":
-    print(json.dumps(_worker(json.loads(sys.stdin.read()))))

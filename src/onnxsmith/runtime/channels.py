@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import FLOAT_TYPES, node_label
 from onnxsmith.io.load import load_model
-from onnxsmith.verify import runner
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.types import FLOAT_TYPES
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import adapt_feeds
 
 #: Normalisation ops whose first input is the residual stream.
 NORM_OPS = frozenset(

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.verify import runner
-from onnxsmith.verify.inputs import adapt_feeds
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import adapt_feeds
 
 _MODEL_NAME = "__exposed__.onnx"
 

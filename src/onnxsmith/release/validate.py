@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from onnxsmith.io.load import load_model
-from onnxsmith.pipeline.transform import Progress
+from onnxsmith.core.transform import Progress
 from onnxsmith.tasks.base import Evaluation, Sample, Task
-from onnxsmith.verify.compare import prepare_session
+from onnxsmith.runtime.runner import prepare_session
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Causal language models: feeding them, and judging a variant by what it predicts.
+"""The LM gate: a language-model variant judged by what it predicts, not by its raw logits.
 
 A quantized LM's logits are not equal to the source's within any useful atol: 4-bit
 weights move every logit a little. What must hold is that it predicts the same
@@ -28,148 +28,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
 
-from onnxsmith.errors import InputError
-from onnxsmith.io.load import load_model
-from onnxsmith.verify import runner
+from onnxsmith.analysis.lm_signature import IDS
+from onnxsmith.core.errors import InputError
+from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
 from onnxsmith.verify.compare import Comparison, diff_output
-
-IDS = "input_ids"
-MASK = "attention_mask"
-POSITIONS = "position_ids"
 
 #: Defaults of the gate: see the module doc and docs/quantize.md.
 DEFAULT_MAX_KL = 0.1
 DEFAULT_MIN_TOP1 = 0.8
 DEFAULT_MIN_COSINE = 0.98
-
-
-@dataclass(frozen=True)
-class PastInput:
-    name: str
-    dims: tuple  # ints, or "batch" / "past" for the symbolic ones
-    dtype: np.dtype
-
-
-@dataclass(frozen=True)
-class LMSignature:
-    """What a decoder takes and returns, as onnxsmith feeds it."""
-
-    ids: np.dtype
-    mask: np.dtype | None
-    positions: np.dtype | None
-    past: tuple[PastInput, ...]
-    logits: str
-    last_only: bool  # the logits output is [batch, 1, vocab]: the last position only
-    vocab: int | None
-
-
-def lm_signature(model: ir.Model, label: str | os.PathLike | None = None) -> LMSignature:
-    """Read the decoder's inputs; InputError for an input onnxsmith doesn't know how to feed."""
-    inputs = {v.name: v for v in model.graph.inputs if v.name not in model.graph.initializers}
-    if IDS not in inputs:
-        raise InputError(
-            f"not a causal language model: no '{IDS}' input (inputs: {', '.join(inputs) or 'none'})", label
-        )
-    ids_value = inputs[IDS]
-    batch_dim = _dim_name(ids_value, 0)
-
-    def dtype(v: ir.Value) -> np.dtype:
-        return np.dtype(v.dtype.numpy())
-
-    past = []
-    for name, value in inputs.items():
-        if name in (IDS, MASK, POSITIONS):
-            continue
-        if value.shape is None or not ("past" in name or any("past" in str(d) for d in _dims(value))):
-            raise InputError(
-                f"do not know what to feed input '{name}' of a language model "
-                f"(known: {IDS}, {MASK}, {POSITIONS}, past_key_values.*)",
-                label,
-            )
-        dims = []
-        for d in _dims(value):
-            if isinstance(d, int):
-                dims.append(d)
-            elif d == batch_dim or "batch" in str(d):
-                dims.append("batch")
-            elif "past" in str(d):
-                dims.append("past")
-            else:
-                raise InputError(f"input '{name}' has a dim '{d}' that is neither the batch nor the past length", label)
-        past.append(PastInput(name, tuple(dims), dtype(value)))
-    outputs = list(model.graph.outputs)
-    logits = next((o for o in outputs if o.name == "logits"), outputs[0] if outputs else None)
-    if logits is None:
-        raise InputError("the model has no outputs", label)
-    dims = _dims(logits)
-    last_only = len(dims) == 3 and dims[1] == 1
-    vocab = dims[-1] if dims and isinstance(dims[-1], int) else None
-    return LMSignature(
-        ids=dtype(ids_value),
-        mask=dtype(inputs[MASK]) if MASK in inputs else None,
-        positions=dtype(inputs[POSITIONS]) if POSITIONS in inputs else None,
-        past=tuple(past),
-        logits=logits.name,
-        last_only=last_only,
-        vocab=vocab,
-    )
-
-
-def _dims(value: ir.Value) -> list:
-    if value.shape is None:
-        return []
-    return [d if isinstance(d, int) else (d.value or "?") for d in value.shape]
-
-
-def _dim_name(value: ir.Value, index: int):
-    dims = _dims(value)
-    return dims[index] if len(dims) > index else None
-
-
-def lm_feeds(sig: LMSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Feeds for running ``ids`` [batch, seq] from an empty cache."""
-    batch, seq = ids.shape
-    feeds = {IDS: ids.astype(sig.ids)}
-    if sig.mask is not None:
-        feeds[MASK] = np.ones((batch, seq), dtype=sig.mask)
-    if sig.positions is not None:
-        feeds[POSITIONS] = np.tile(np.arange(seq, dtype=sig.positions), (batch, 1))
-    for p in sig.past:
-        shape = [batch if d == "batch" else 0 if d == "past" else d for d in p.dims]
-        feeds[p.name] = np.zeros(shape, dtype=p.dtype)
-    return feeds
-
-
-class LMRunner:
-    """A decoder in onnxruntime: logits for token ids from an empty cache."""
-
-    def __init__(self, path: str | os.PathLike, *, config: dict[str, str] | None = None, threads: int | None = None):
-        self.path = Path(path)
-        self.sig = lm_signature(load_model(self.path), self.path)
-        self.session = runner.open_session(
-            self.path, options=runner.session_options(config=config, threads=threads), label=self.path
-        )
-
-    def run(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        return runner.run(self.session, lm_feeds(self.sig, ids), label=self.path)
-
-    def logits(self, ids: np.ndarray) -> np.ndarray:
-        """[batch, seq, vocab] for a full-logits model, [batch, 1, vocab] for a last-position one."""
-        return runner.run(self.session, lm_feeds(self.sig, ids), [self.sig.logits], label=self.path)[self.sig.logits]
-
-    def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
-        """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""
-        if not self.sig.last_only:
-            return self.logits(ids)[:, first - 1 :]
-        return np.concatenate([self.logits(ids[:, :t]) for t in range(first, ids.shape[1] + 1)], axis=1)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 @dataclass

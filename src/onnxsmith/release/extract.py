@@ -3,7 +3,7 @@
 A piece is not a variant: its inputs and outputs differ from the source's, so
 it cannot be compared output for output. It is verified the way it will be
 used: the source runs on the sample inputs with the cut tensors exposed as
-outputs (weights left in place, see :mod:`onnxsmith.verify.exposed`), those
+outputs (weights left in place, see :mod:`onnxsmith.runtime.exposed`), those
 values are fed to the staged piece, and the piece's outputs must match the
 source's values of the same tensors — integers exactly, floats within
 tolerance. Only then is the piece moved into place; otherwise nothing is written.
@@ -19,16 +19,17 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.cut import plan_cut
-from onnxsmith.analysis.graph import infer_types
-from onnxsmith.errors import GateFailed
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.core.errors import GateFailed
 from onnxsmith.io.files import FileRecord, sha256_file
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import Provenance, staged_model
 from onnxsmith.passes.extract import ExtractPass
-from onnxsmith.pipeline.transform import Progress, count_nodes
-from onnxsmith.verify import runner
+from onnxsmith.core.transform import Progress
+from onnxsmith.release.variant import count_nodes
+from onnxsmith.runtime import runner
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
-from onnxsmith.verify.exposed import run_exposed
+from onnxsmith.runtime.exposed import run_exposed
 
 STEP = "extract"
 

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any
 
-from onnxsmith.errors import UsageError
+from onnxsmith.core.errors import UsageError
 
 
 def _base_type(annotation) -> tuple[type, bool]:

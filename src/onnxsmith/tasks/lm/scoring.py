@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxsmith.errors import InputError, UsageError
-from onnxsmith.verify import runner
-from onnxsmith.verify.lm import IDS, MASK, POSITIONS, Agreement, LMRunner, lm_feeds, log_softmax
+from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS
+from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.runtime import runner
+from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, log_softmax
+from onnxsmith.tasks.lm.gate import Agreement
 
 TOKENIZER_FILE = "tokenizer.json"
 #: Files of a model folder that describe the model rather than hold it (copied beside variants).

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.errors import InputError, UsageError
+from onnxsmith.core.errors import InputError, UsageError
 
 DEFAULT_SEED = 0
 

@@ -1,7 +1,7 @@
 """report.html: the release's measurements as one self-contained page.
 
 No script, no external CSS, fonts or images: the figures are SVG data URIs
-(see :mod:`onnxsmith.pipeline.plots`), so the page renders offline and its bytes
+(see :mod:`onnxsmith.release.plots`), so the page renders offline and its bytes
 depend only on measurements.json. The latency section is timed and sits between
 the ``<!-- timed -->`` markers.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from onnxsmith.pipeline import plots
-from onnxsmith.pipeline.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs
+from onnxsmith.release import plots
+from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 0;

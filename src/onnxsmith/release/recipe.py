@@ -43,13 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxsmith.errors import InputError, OnnxsmithError
+from onnxsmith.core.errors import InputError, OnnxsmithError
 from onnxsmith.io.files import sha256_file
+from onnxsmith.core import options as opts
 from onnxsmith.io.save import data_file_name
-from onnxsmith.pipeline import options as opts
-from onnxsmith.pipeline.bench import BenchSettings
-from onnxsmith.pipeline.transform import get_transform
-from onnxsmith.tasks.base import Task, get_task
+from onnxsmith.release.bench import BenchSettings
+from onnxsmith.tasks import get_task
+from onnxsmith.tasks.base import Task
+from onnxsmith.transforms import get_transform
 
 try:
     import tomllib

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.graph import ensure_types
+from onnxsmith.irutil.types import ensure_types
 
 #: Marks the Cast nodes this module inserts (node.meta), so measurements can see through them.
 ROUNDING_MARK = "onnxsmith.fp16_rounding"
@@ -80,7 +80,7 @@ def _widen_constants(graph: ir.Graph, is_main: bool) -> None:
     """fp16 weights are read as fp32 (exactly: every fp16 value is an fp32 value).
 
     The main graph's weights stay fp16 and get a Cast to fp32, so a big model's weights
-    are never held twice: verify/runner.py feeds them to onnxruntime as they are stored,
+    are never held twice: runtime/runner.py feeds them to onnxruntime as they are stored,
     and each Cast's output lives only while its node runs. A subgraph's (small) weights
     and Constant nodes are widened in place.
     """

@@ -1,82 +1,13 @@
-"""Walking a model: every node (subgraphs included), every constant, every value's type."""
+"""Every value's type: onnx's inference, with a fallback for the contrib ops onnxsmith writes."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
-
-
-def all_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
-    """Every node, recursing into If/Loop/Scan subgraphs (parents before their subgraphs)."""
-    graph = model_or_graph.graph if isinstance(model_or_graph, ir.Model) else model_or_graph
-    yield from ir.traversal.RecursiveGraphIterator(graph)
-
-
-def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.value)
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.value)
-    return graphs
-
-
-@dataclass
-class ConstantTensor:
-    """A weight, wherever the exporter put it."""
-
-    value: ir.Value
-    tensor: ir.TensorProtocol
-    node: ir.Node | None  # the Constant node holding it, None for an initializer
-
-    @property
-    def kind(self) -> str:
-        return "initializer" if self.node is None else "Constant node"
-
-
-def constant_tensors(model: ir.Model) -> Iterator[ConstantTensor]:
-    """Initializers and Constant-node tensors of every graph (PP-OCR keeps all its weights in Constants)."""
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                yield ConstantTensor(value, value.const_value, None)
-        for node in graph:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                attr = node.attributes.get("value")
-                if attr is not None and attr.type == ir.AttributeType.TENSOR:
-                    yield ConstantTensor(node.outputs[0], attr.value, node)
-
-
-def node_label(node: ir.Node) -> str:
-    """How a node is named in messages: its name, else its op and first output."""
-    if node.name:
-        return node.name
-    first = node.outputs[0].name if node.outputs else "?"
-    return f"{node.op_type}->{first}"
-
-
-def unique_name(base: str, taken: set[str]) -> str:
-    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken``, which records it."""
-    name, n = base, 1
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
-
-
-def const_array(value: ir.Value | None):
-    """The numpy value of a constant (initializer or Constant node output), else None."""
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    return None if tensor is None else tensor.numpy()
 
 
 def infer_types(model: ir.Model) -> None:

@@ -34,18 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from onnxsmith import __version__
-from onnxsmith.analysis.channels import residual_channel_peaks
-from onnxsmith.analysis.ranges import measure_ranges
+from onnxsmith.core.version import __version__
+from onnxsmith.runtime.channels import residual_channel_peaks
+from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.analysis.summary import summarize
-from onnxsmith.errors import GateFailed, UsageError
+from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.io.files import FileRecord, sha256_file, staging_dir, write_text_atomic
 from onnxsmith.io.load import load_model
 from onnxsmith.io.lock import LockHeld, hold_lock
-from onnxsmith.pipeline.bench import bench_models
-from onnxsmith.pipeline.card import TIMED_END, TIMED_START, render_card
-from onnxsmith.pipeline.options import to_json as options_json
-from onnxsmith.pipeline.recipe import (
+from onnxsmith.release.bench import bench_models
+from onnxsmith.release.card import TIMED_END, TIMED_START, render_card
+from onnxsmith.core.options import to_json as options_json
+from onnxsmith.release.recipe import (
     CARD,
     CHECKSUMS,
     GENERATED,
@@ -55,11 +55,11 @@ from onnxsmith.pipeline.recipe import (
     Recipe,
     Variant,
 )
-from onnxsmith.pipeline.report import render_report
-from onnxsmith.pipeline.transform import produce_variant
-from onnxsmith.pipeline.validate import TaskRun, Validation
-from onnxsmith.verify.fp16_storage import has_fp16
-from onnxsmith.verify.inputs import random_inputs
+from onnxsmith.release.report import render_report
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.release.validate import TaskRun, Validation
+from onnxsmith.runtime.fp16_storage import has_fp16
+from onnxsmith.runtime.inputs import random_inputs
 
 FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")

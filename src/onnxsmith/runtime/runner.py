@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,16 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from onnxsmith.errors import InputError
+from onnxsmith.core.errors import InputError
+from onnxsmith.io.load import load_model
+from onnxsmith.runtime.fp16_storage import emulate_fp16_storage, has_fp16
+from onnxsmith.runtime.inputs import adapt_feeds
 
 CPU = ["CPUExecutionProvider"]
+
+#: How a model was run: fp16 tensors rounded to fp16 as a GPU holds them, or as onnxruntime likes.
+FAITHFUL = "storage-faithful fp16"
+NATIVE = "native"
 
 #: Initializers at least this big are fed to onnxruntime as input arrays (see open_session).
 FED_BYTES = 64 * 1024
@@ -47,13 +55,28 @@ def session_options(*, optimize: bool = True, threads: int | None = None, config
     return options
 
 
+@dataclass
+class Session:
+    """An onnxruntime session and the weights :func:`run` feeds it (those of an in-memory model)."""
+
+    ort_session: ort.InferenceSession
+    #: Weights the session takes as inputs, by name (see :func:`open_session`).
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def get_inputs(self):
+        return self.ort_session.get_inputs()
+
+    def get_outputs(self):
+        return self.ort_session.get_outputs()
+
+
 def open_session(
     model: ir.Model | str | os.PathLike,
     *,
     providers: list[str] | None = None,
     options: ort.SessionOptions | None = None,
     label: str | os.PathLike | None = None,
-) -> ort.InferenceSession:
+) -> Session:
     """An onnxruntime session on a file or on an in-memory model.
 
     An in-memory model is never written out. Its big weights go to onnxruntime as inputs
@@ -69,10 +92,8 @@ def open_session(
     options = options or session_options()
     if isinstance(model, ir.Model):
         proto, weights = _weights_as_inputs(model)
-        session = _session(proto.SerializeToString(), options, providers, label or "<in-memory model>")
-        session._onnxsmith_weights = weights  # fed by run()
-        return session
-    return _session(os.fspath(Path(model)), options, providers, label or model)
+        return Session(_session(proto.SerializeToString(), options, providers, label or "<in-memory model>"), weights)
+    return Session(_session(os.fspath(Path(model)), options, providers, label or model))
 
 
 def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -132,7 +153,7 @@ def _session(model: str | bytes, options, providers, label) -> ort.InferenceSess
 
 
 def run(
-    session: ort.InferenceSession,
+    session: Session,
     feeds: dict[str, np.ndarray],
     outputs: list[str] | None = None,
     *,
@@ -140,10 +161,44 @@ def run(
 ) -> dict[str, np.ndarray]:
     """Outputs by name."""
     names = outputs or [o.name for o in session.get_outputs()]
-    feeds = {**feeds, **getattr(session, "_onnxsmith_weights", {})}
+    feeds = {**feeds, **session.weights}
     try:
-        values = session.run(names, feeds)
+        values = session.ort_session.run(names, feeds)
     except Exception as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"onnxruntime failed to run the model: {message}", label) from None
     return dict(zip(names, values))
+
+
+FP16_MODES = ("auto", "native")
+
+
+def run_mode(model: ir.Model, fp16_mode: str) -> str:
+    """``auto``: a model with fp16 tensors runs storage-faithfully; ``native``: as onnxruntime likes."""
+    if fp16_mode not in FP16_MODES:
+        raise InputError(f"unknown fp16 mode '{fp16_mode}' (choose from {', '.join(FP16_MODES)})")
+    return FAITHFUL if fp16_mode == "auto" and has_fp16(model) else NATIVE
+
+
+def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None):
+    """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode).
+
+    ``model`` is what the session runs: emulated when it is, with the file's inputs and outputs either way.
+    """
+    model = load_model(path)
+    mode = run_mode(model, fp16_mode)
+    if mode == FAITHFUL and not providers:
+        emulate_fp16_storage(model)  # keeps the interface: feeds are made for the file's inputs
+        session = open_session(model, label=path)
+    else:
+        session = open_session(path, providers=providers, label=path)
+    return session, model, mode
+
+
+def run_all(session: Session, model: ir.Model, feeds_list: list[dict[str, np.ndarray]], label) -> dict[str, np.ndarray]:
+    """Every output for every feed, concatenated along a new leading axis."""
+    collected: dict[str, list[np.ndarray]] = {}
+    for feeds in feeds_list:
+        for name, value in run(session, adapt_feeds(feeds, model), label=label).items():
+            collected.setdefault(name, []).append(value)
+    return {name: np.stack(values) for name, values in collected.items()}

@@ -1,0 +1,36 @@
+"""One name -> class registry, for transforms (``pass = "fp16"``) and tasks (``task = "lm"``).
+
+A registry is filled by the package whose classes it holds: importing
+``onnxsmith.transforms`` registers every transform, ``onnxsmith.tasks`` every task.
+Whoever looks a name up imports that package first (its ``get_*`` functions do).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from onnxsmith.core.errors import UsageError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Classes by their ``name`` attribute; ``kind`` is what an unknown name is called in errors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._classes: dict[str, type[T]] = {}
+
+    def register(self, cls: type[T]) -> type[T]:
+        """Class decorator: ``@REGISTRY.register``."""
+        self._classes[cls.name] = cls
+        return cls
+
+    def classes(self) -> dict[str, type[T]]:
+        return dict(self._classes)
+
+    def create(self, name: str) -> T:
+        """An instance of the class registered as ``name``; UsageError naming the known ones otherwise."""
+        if name not in self._classes:
+            raise UsageError(f"unknown {self.kind} '{name}' (known: {', '.join(sorted(self._classes))})")
+        return self._classes[name]()

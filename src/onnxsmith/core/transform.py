@@ -1,0 +1,125 @@
+"""What a transform is: the user-facing operations (fp16, fuse, quantize, shrink, ...).
+
+A transform turns an in-memory model into a variant and reports what it did. It
+is built from IR passes (:mod:`onnxsmith.passes`) and may measure the source
+first (calibration). Its options are a dataclass, so the CLI flags and a
+recipe's keys come from one definition (:mod:`onnxsmith.core.options`).
+
+What a step measures travels in its :class:`TransformContext`, never on the
+transform object; how its variant is judged is declared (:attr:`Transform.gate_task`)
+and applied by the release layer (:func:`onnxsmith.release.variant.produce_variant`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.core.registry import Registry
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class ReferenceOutputs:
+    """The source's outputs on the calibration feeds, computed while calibrating (stacked per output)."""
+
+    outputs: dict[str, np.ndarray]
+    #: How the source was run (``runtime.runner.NATIVE`` or ``FAITHFUL``).
+    mode: str
+
+
+@dataclass
+class TransformContext:
+    """What a transform may use besides the model, and what it leaves for the gate."""
+
+    source_path: Path
+    #: Input sets to measure the source on (calibration) — random from the input spec unless given.
+    feeds: list[dict[str, np.ndarray]]
+    #: Writes a model to a file (``io.save.save_model``): given by whoever runs the chain, so this layer reads no files.
+    save: Callable[[ir.Model, Path], Any]
+    progress: Progress = _quiet
+    #: Whether the model a step receives is still the source as loaded (the first step of a chain).
+    model_is_source: bool = True
+    #: The source's outputs on ``feeds``, if a step computed them while measuring (the gate then reuses them).
+    reference: ReferenceOutputs | None = None
+
+    @contextlib.contextmanager
+    def model_file(self, model: ir.Model) -> Iterator[Path]:
+        """A file holding ``model`` as it is now, for a measurement that runs it.
+
+        The source file itself while the model is still the source (nothing written);
+        after an earlier step of a chain, a temporary copy of what that step made: a
+        calibration must see the tensors of the graph it converts.
+        """
+        if self.model_is_source:
+            yield self.source_path
+            return
+        with tempfile.TemporaryDirectory(prefix="onnxsmith-step-") as tmp:
+            path = Path(tmp) / self.source_path.name
+            self.save(model, path)
+            yield path
+
+
+@dataclass
+class StepReport:
+    """What one transform did, for the console, the card and the report."""
+
+    step: str
+    options: dict[str, Any]
+    #: Sentences for the card, e.g. "removed 118 up-casts and 47 orphaned down-casts".
+    notes: list[str] = field(default_factory=list)
+    #: Numbers worth keeping (nodes before/after, Casts, bytes, ...).
+    stats: dict[str, Any] = field(default_factory=dict)
+    #: Named tables (lists of rows) such as the fp32 islands with their measured ranges.
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: Session options the variant needs at run time, e.g. {"session.disable_quant_qdq": "1"}.
+    runtime: dict[str, str] = field(default_factory=dict)
+    #: Tables shown only on ``--explain``: each change and why, before/after breakdowns.
+    details: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Transform:
+    """Base class: subclasses set ``name``, ``Options`` and implement :meth:`apply`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type]
+    #: The task whose gate judges this transform's variants (e.g. ``"lm"``: next-token KL and
+    #: top-1 agreement) instead of comparing every output within :meth:`tolerance`.
+    gate_task: ClassVar[str | None] = None
+
+    def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
+        raise NotImplementedError
+
+    def tolerance(self, options: Any) -> tuple[float, float]:
+        """The (atol, rtol) its gate compares outputs with, unless the user sets them."""
+        return 1e-4, 1e-3
+
+    def gate_settings(self, options: Any) -> dict[str, Any]:
+        """Keyword arguments for the :attr:`gate_task`'s gate (its bounds, how to run the variant)."""
+        return {}
+
+
+#: Every transform, by name; filled by importing :mod:`onnxsmith.transforms`.
+TRANSFORMS: Registry[Transform] = Registry("pass")
+
+
+def register(cls: type[Transform]) -> type[Transform]:
+    """Class decorator: a transform users can ask for by name."""
+    return TRANSFORMS.register(cls)

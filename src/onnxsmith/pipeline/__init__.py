@@ -1,1 +1,0 @@
-"""The pipeline: transforms with their options, producing verified variants, and release builds."""

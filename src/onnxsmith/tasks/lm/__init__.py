@@ -1,0 +1,69 @@
+"""Language models, in one package: feeding a decoder, scoring it on text, and the LM gate.
+
+* :mod:`.feeding`: inputs for token ids (:func:`lm_feeds`) and :class:`LMRunner` (logits);
+* :mod:`.scoring`: held-out text in windows, loss / perplexity / KL / top-1 of models on it,
+  greedy generation (``eval-lm``, the quantize benchmark);
+* :mod:`.gate`: the gate ``quantize`` names (:func:`compare_lm`: next-token KL and top-1
+  agreement on sequences sampled from the source);
+* :mod:`.task`: the ``lm`` task of ``validate`` and a recipe's ``[validation]``.
+
+What a decoder takes and returns is read statically (:mod:`onnxsmith.analysis.lm_signature`).
+"""
+
+from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, PastInput, lm_signature
+from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, log_softmax
+from onnxsmith.tasks.lm.gate import (
+    DEFAULT_MAX_KL,
+    DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_TOP1,
+    Agreement,
+    LMComparison,
+    compare_lm,
+    sample_sequences,
+)
+from onnxsmith.tasks.lm.scoring import (
+    DEFAULT_WINDOW,
+    FOLDER_FILES,
+    TOKENIZER_FILE,
+    LMScore,
+    folder_of,
+    greedy_generate,
+    lm_feeds_at,
+    load_tokenizer,
+    read_text,
+    score_models,
+    text_windows,
+)
+from onnxsmith.tasks.lm.task import LanguageModel, LMOptions
+
+__all__ = [
+    "DEFAULT_MAX_KL",
+    "DEFAULT_MIN_COSINE",
+    "DEFAULT_MIN_TOP1",
+    "DEFAULT_WINDOW",
+    "FOLDER_FILES",
+    "IDS",
+    "MASK",
+    "POSITIONS",
+    "TOKENIZER_FILE",
+    "Agreement",
+    "LMComparison",
+    "LMOptions",
+    "LMRunner",
+    "LMScore",
+    "LMSignature",
+    "LanguageModel",
+    "PastInput",
+    "compare_lm",
+    "folder_of",
+    "greedy_generate",
+    "lm_feeds",
+    "lm_feeds_at",
+    "lm_signature",
+    "load_tokenizer",
+    "log_softmax",
+    "read_text",
+    "sample_sequences",
+    "score_models",
+    "text_windows",
+]

@@ -1,0 +1,56 @@
+"""Feeding a causal language model: inputs for token ids from an empty cache, and a runner for logits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, lm_signature
+from onnxsmith.io.load import load_model
+from onnxsmith.runtime import runner
+
+
+def lm_feeds(sig: LMSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for running ``ids`` [batch, seq] from an empty cache."""
+    batch, seq = ids.shape
+    feeds = {IDS: ids.astype(sig.ids)}
+    if sig.mask is not None:
+        feeds[MASK] = np.ones((batch, seq), dtype=sig.mask)
+    if sig.positions is not None:
+        feeds[POSITIONS] = np.tile(np.arange(seq, dtype=sig.positions), (batch, 1))
+    for p in sig.past:
+        shape = [batch if d == "batch" else 0 if d == "past" else d for d in p.dims]
+        feeds[p.name] = np.zeros(shape, dtype=p.dtype)
+    return feeds
+
+
+class LMRunner:
+    """A decoder in onnxruntime: logits for token ids from an empty cache."""
+
+    def __init__(self, path: str | os.PathLike, *, config: dict[str, str] | None = None, threads: int | None = None):
+        self.path = Path(path)
+        self.sig = lm_signature(load_model(self.path), self.path)
+        self.session = runner.open_session(
+            self.path, options=runner.session_options(config=config, threads=threads), label=self.path
+        )
+
+    def run(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return runner.run(self.session, lm_feeds(self.sig, ids), label=self.path)
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """[batch, seq, vocab] for a full-logits model, [batch, 1, vocab] for a last-position one."""
+        return runner.run(self.session, lm_feeds(self.sig, ids), [self.sig.logits], label=self.path)[self.sig.logits]
+
+    def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
+        """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""
+        if not self.sig.last_only:
+            return self.logits(ids)[:, first - 1 :]
+        return np.concatenate([self.logits(ids[:, :t]) for t in range(first, ids.shape[1] + 1)], axis=1)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

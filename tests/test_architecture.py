@@ -1,0 +1,77 @@
+"""The layers the code obeys: docs/architecture.md lists the import-linter contract's layers, no cycles."""
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src" / "onnxsmith"
+
+
+def _contract_layers() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    [layers] = [c for c in config["contracts"] if c["type"] == "layers"]
+    return [" | ".join(part.strip() for part in layer.split("|")) for layer in layers["layers"]]
+
+
+def _documented_layers() -> list[str]:
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- layers:.*?-->\s*```\n(.*?)```\s*<!-- /layers -->", text, re.S)
+    assert block, "docs/architecture.md has no <!-- layers --> block"
+    layers = []
+    for line in block.group(1).splitlines():
+        names = re.match(r"^([a-z_]+/(?: \| [a-z_]+/)*)", line)
+        assert names, f"not a layer line: {line!r}"
+        layers.append(names.group(1).replace("/", ""))
+    return layers
+
+
+def test_the_document_lists_the_contracts_layers():
+    assert _documented_layers() == _contract_layers()
+
+
+def test_every_package_is_a_layer():
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    layered = {name.strip() for layer in _contract_layers() for name in layer.split("|")}
+    assert packages == layered
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("onnxsmith")
+
+
+def test_no_module_imports_itself_through_a_cycle(graph):
+    cycles = []
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            if chain:
+                cycles.append(" -> ".join((module, *chain)))
+    assert cycles == []
+
+
+def test_onnxscript_and_onnx_ir_are_used_through_their_public_modules():
+    private = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] in ("onnxscript", "onnx_ir") and any(p.startswith("_") for p in parts[1:]):
+                    private.append(f"{path.relative_to(REPO)}:{node.lineno}: {module}")
+    assert private == []
