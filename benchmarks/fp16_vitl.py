@@ -6,7 +6,7 @@ noisy: compare within one run), each as its own process, and records wall time a
 resident memory of the whole process tree (sampled every 20 ms, and the kernel's
 ``ru_maxrss`` of the largest process, whichever is higher).
 
-    flock /tmp/onnxsmith-heavy.lock .venv/bin/python tools/make_fixtures.py --vitl
+    flock /tmp/onnxsmith-heavy.lock .venv/bin/python -m tools.fixtures --vitl
     flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/fp16_vitl.py
 
 onnxsmith runs as a user would (``onnxsmith fp16 SRC OUT --samples 1``): calibration on one
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if not args.model.exists():
-        print(f"{args.model} is missing: run tools/make_fixtures.py --vitl first", file=sys.stderr)
+        print(f"{args.model} is missing: run python -m tools.fixtures --vitl first", file=sys.stderr)
         return 2
     python = sys.executable
     results = {"model": str(args.model), "bytes": args.model.stat().st_size, "cpus": os.cpu_count()}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """``onnxsmith fuse`` on ORT CPU: the generated ViT-L face-age network, side by side in one run.
 
-Three variants of ``faceage_vitl_dynamo.onnx`` (tools/make_fixtures.py --vitl):
+Three variants of ``faceage_vitl_dynamo.onnx`` (python -m tools.fixtures --vitl):
 
 * source: the dynamo export as it is;
 * fuse fp32: ``onnxsmith fuse --precision fp32`` (verified against the source when written);
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", action="store_true", help="reuse variants already in --work")
     args = ap.parse_args(argv)
     if not args.model.exists():
-        sys.exit(f"{args.model} is missing: run tools/make_fixtures.py --vitl (under the heavy lock) first")
+        sys.exit(f"{args.model} is missing: run python -m tools.fixtures --vitl (under the heavy lock) first")
     args.work.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
 

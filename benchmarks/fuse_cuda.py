@@ -4,7 +4,7 @@
 For a machine with an NVIDIA GPU and ``onnxruntime-gpu`` (no torch needed). From the repository root:
 
     pip install -e . onnxruntime-gpu          # onnxsmith and the CUDA build of onnxruntime
-    python tools/make_fixtures.py --vitl      # once: the generated ViT-L face-age model (needs torch)
+    python -m tools.fixtures --vitl      # once: the generated ViT-L face-age model (needs torch)
     python benchmarks/fuse_cuda.py            # or --model PATH; --plain/--fused to reuse variants
 
 It builds the two variants from the source with onnxsmith (both verified on CPU when written):
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         sys.exit(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider: pip install onnxruntime-gpu")
     if not args.model.exists() and not (args.plain and args.fused):
-        sys.exit(f"{args.model} is missing: run tools/make_fixtures.py --vitl first (or pass --plain and --fused)")
+        sys.exit(f"{args.model} is missing: run python -m tools.fixtures --vitl first (or pass --plain and --fused)")
     plain, fused = build(args.model, args.work, args.plain, args.fused)
 
     runners = {"plain fp16": Runner(plain), "fused fp16": Runner(fused)}

