@@ -16,6 +16,7 @@ def all_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
 
 
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    """The graphs a node holds in its attributes (If branches, Loop and Scan bodies)."""
     graphs: list[ir.Graph] = []
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
@@ -23,6 +24,18 @@ def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
         elif attr.type == ir.AttributeType.GRAPHS:
             graphs.extend(attr.value)
     return graphs
+
+
+def captured(graph: ir.Graph) -> list[ir.Value]:
+    """Values a subgraph (and its own subgraphs) reads from outside itself, in reading order."""
+    own = set(graph.inputs) | set(graph.initializers.values())
+    reads: list[ir.Value] = []
+    for node in graph:
+        own.update(node.outputs)
+        reads.extend(v for v in node.inputs if v is not None)
+        for sub in subgraphs_of(node):
+            reads.extend(captured(sub))
+    return [v for v in reads if v not in own]
 
 
 @dataclass

@@ -117,11 +117,11 @@ class CastHygienePass(ir.passes.InPlacePass):
             _bypass(graph, node, inner.inputs[0])
 
     def _merge_duplicates(self, graph: ir.Graph) -> None:
-        seen: dict[tuple[int, int], ir.Node] = {}
+        seen: dict[tuple[ir.Value, int], ir.Node] = {}
         for node in list(graph):
             if not is_float_cast(node):
                 continue
-            key = (id(node.inputs[0]), node.attributes.get_int("to"))
+            key = (node.inputs[0], node.attributes.get_int("to"))
             kept = seen.get(key)
             if kept is None:
                 seen[key] = node

@@ -40,9 +40,11 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS, Limits, policy_reason, unsafe_constant
 from onnxsmith.analysis.type_rules import Signature, opset_of, signature
-from onnxsmith.irutil.names import node_label, unique_name
+from onnxsmith.irutil.casts import cast_node, insert_after_producer
+from onnxsmith.irutil.names import FreshNames, node_label
+from onnxsmith.irutil.tensors import lazy_tensor
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.irutil.walk import subgraphs_of
+from onnxsmith.irutil.walk import captured, subgraphs_of
 
 F32 = ir.DataType.FLOAT
 LOW_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -104,18 +106,6 @@ def _is_constant_node(node: ir.Node) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
 
 
-def _captured(graph: ir.Graph) -> list[ir.Value]:
-    """Values a subgraph (and its own subgraphs) reads from outside itself."""
-    own = set(graph.inputs) | set(graph.initializers.values())
-    reads: list[ir.Value] = []
-    for node in graph:
-        own.update(node.outputs)
-        reads.extend(v for v in node.inputs if v is not None)
-        for sub in subgraphs_of(node):
-            reads.extend(_captured(sub))
-    return [v for v in reads if v not in own]
-
-
 class FloatPrecisionPass(ir.passes.InPlacePass):
     """Run fp32 computation in ``dtype`` except the islands; see the module docstring.
 
@@ -163,7 +153,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         self._low: set[ir.Node] = set()
         self._category: dict[ir.Value, int] = {}
         self._weight_problem: dict[ir.Value, str | None] = {}
-        self._names = {v.name for v in self._original if v.name}
+        self._names = FreshNames(taken=(v.name for v in self._original if v.name))
         self._plan()
         modified = self._apply()
         return ir.passes.PassResult(model, modified)
@@ -215,7 +205,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         else:
             reads = [v for v in node.inputs if v is not None]
             for sub in subgraphs_of(node):
-                reads.extend(_captured(sub))
+                reads.extend(captured(sub))
             category = max((self._category.get(v, DATA) for v in reads), default=CONST)
             if subgraphs_of(node) and node.op_type != "If":
                 category = DATA  # Loop/Scan iterate: treat what they make as data
@@ -388,7 +378,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         low = self.dtype
         tensor = _weight_tensor(value)
         producer = value.producer()
-        converted = _lowered(tensor, low, name=value.name)
+        converted = lazy_tensor(tensor, lambda a: a.astype(low.numpy()), dtype=low, name=value.name)
         if producer is not None:  # a Constant node: rewrite its attribute
             for key in list(producer.attributes):
                 del producer.attributes[key]
@@ -416,8 +406,8 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             cast = self._new_cast(value, want)
             producer = value.producer()
             if producer is not None:
-                producer.graph.insert_after(producer, cast)
-            else:
+                insert_after_producer(producer.graph, value, cast)
+            else:  # first in the graph, all together in the order they were made
                 front.setdefault(value.graph, []).append(cast)
             for user, index in uses:
                 user.replace_input_with(index, cast.outputs[0])
@@ -428,28 +418,19 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 graph.extend(casts)
 
     def _new_cast(self, value: ir.Value, to: ir.DataType) -> ir.Node:
-        out_name = unique_name(f"{value.name}/{_suffix(to)}", self._names)
-        cast = ir.node("Cast", [value], attributes={"to": int(to)}, num_outputs=1, name=f"{out_name}/cast")
-        out = cast.outputs[0]
-        out.name = out_name
-        out.dtype = to
-        out.shape = value.shape
+        name = self._names(f"{value.name}/{_suffix(to)}")
+        cast = cast_node(value, to, name=name, node_name=f"{name}/cast")
         self.result.casts_added += 1
         return cast
 
     def _cast_output(self, graph: ir.Graph, index: int, value: ir.Value, want: ir.DataType) -> None:
         """Cast a graph output to ``want`` keeping its name (the interface)."""
         name = value.name
-        value.name = unique_name(f"{name}/{_suffix(value.dtype)}", self._names)
+        value.name = self._names(f"{name}/{_suffix(value.dtype)}")
         cast = self._new_cast(value, want)
         cast.outputs[0].name = name
         producer = value.producer()
-        if producer is not None:
-            producer.graph.insert_after(producer, cast)
-        elif len(graph):
-            graph.insert_before(next(iter(graph)), cast)
-        else:
-            graph.append(cast)
+        insert_after_producer(graph if producer is None else producer.graph, value, cast)
         graph.outputs[index] = cast.outputs[0]
 
 
@@ -468,21 +449,3 @@ def _weight_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if producer is not None and _is_constant_node(producer):
         return ir.convenience.get_const_tensor(value)
     return None
-
-
-def _lowered(tensor: ir.TensorProtocol, dtype: ir.DataType, *, name: str) -> ir.TensorProtocol:
-    """``tensor`` in ``dtype``, computed when read (a weight in a memory map is converted at write time)."""
-    target = dtype.numpy()
-
-    def convert() -> ir.TensorProtocol:
-        source = tensor.numpy()
-        converted = source.astype(target)
-        del source
-        if isinstance(tensor, ir.ExternalTensor):
-            try:  # unmap the fp32 pages once converted, so writing a big model stays small
-                tensor.release()
-            except BufferError:
-                pass
-        return ir.tensor(converted, dtype=dtype, name=name)
-
-    return ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(tensor.shape), name=name)

@@ -36,7 +36,10 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import ConstantPool
 from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import captured, subgraphs_of
 
 #: Transcendental functions of constants stay nodes so their consumers choose the precision.
 DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
@@ -85,14 +88,14 @@ class FoldShapesPass(ir.passes.InPlacePass):
             self.skipped = self.evaluation.skipped
             return ir.passes.PassResult(model, False)
         runs = self.evaluation.runs
-        constants = _ConstantPool(graph)
+        constants = ConstantPool(graph, FreshNames(graph))
         varying: dict[ir.Value, list[np.ndarray]] = {}
         for value in frontier:
             arrays = [run[value.name] for run in runs]
             if arrays[0].size > MAX_FOLDED_ELEMENTS:
                 continue
             if all(_same(arrays[0], a) for a in arrays[1:]):
-                _replace_uses(value, constants.get(arrays[0], value))
+                _replace_uses(value, constants.get(arrays[0], f"{value.name}/folded"))
                 self.folded += 1
                 continue
             varying[value] = arrays
@@ -102,7 +105,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
                         [run[shape_probe(user, "out")] for run in runs], [run[shape_probe(user, "in")] for run in runs]
                     )
                     if target is not None:
-                        user.replace_input_with(1, constants.get(target, value))
+                        user.replace_input_with(1, constants.get(target, f"{value.name}/folded"))
                         if "allowzero" in user.attributes:  # opset >= 14; 0 (copy) is the default
                             user.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
                         self.reshapes += 1
@@ -138,28 +141,10 @@ def _static_values(graph: ir.Graph, keep_ops: frozenset[str]) -> set[ir.Value]:
         if node.domain not in ("", "ai.onnx") or node.op_type in keep_ops or node.op_type in _NONDETERMINISTIC:
             continue
         if node.op_type in ("Shape", "Size") or (
-            all(known(v) for v in node.inputs) and all(known(v) for v in _captured(node))
+            all(known(v) for v in node.inputs) and all(known(v) for sub in subgraphs_of(node) for v in captured(sub))
         ):
             static.update(node.outputs)
     return static
-
-
-def _captured(node: ir.Node) -> list[ir.Value]:
-    """Outer values that a node's subgraphs read."""
-    values = []
-    for attr in node.attributes.values():
-        graphs = (
-            [attr.value]
-            if attr.type == ir.AttributeType.GRAPH
-            else (list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
-        )
-        for sub in graphs:
-            own = set(sub.inputs) | set(sub.initializers.values())
-            for inner in ir.traversal.RecursiveGraphIterator(sub):
-                own.update(inner.outputs)
-            for inner in ir.traversal.RecursiveGraphIterator(sub):
-                values.extend(v for v in inner.inputs if v is not None and v not in own)
-    return values
 
 
 def _frontier(graph: ir.Graph, static: set[ir.Value]) -> list[ir.Value]:
@@ -214,7 +199,7 @@ def _reshape_target(results: list[np.ndarray], inputs: list[np.ndarray]) -> np.n
 
 
 def _pad_instead_of_concat(
-    graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]], constants: _ConstantPool
+    graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]], constants: ConstantPool
 ) -> bool:
     """Concat(c1, ..., x, ..., cn) = Pad(x) + table, where each c is a constant repeated along free dims."""
     axis = concat.attributes.get_int("axis", 0)
@@ -254,9 +239,9 @@ def _pad_instead_of_concat(
     after = sum(p.shape[axis] for p in pieces[position + 1 :])
     pads = np.zeros(2 * rank, np.int64)
     pads[axis], pads[rank + axis] = before, after
-    pad = ir.node("Pad", [tensor, constants.get(pads, concat.outputs[0])], num_outputs=1)
+    pad = ir.node("Pad", [tensor, constants.get(pads, f"{concat.outputs[0].name}/folded")], num_outputs=1)
     pad.outputs[0].name = f"{concat.outputs[0].name}/padded"
-    add = ir.node("Add", [pad.outputs[0], constants.get(table, concat.outputs[0])], num_outputs=1)
+    add = ir.node("Add", [pad.outputs[0], constants.get(table, f"{concat.outputs[0].name}/folded")], num_outputs=1)
     graph.insert_before(concat, [pad, add])
     result = concat.outputs[0]
     name = result.name
@@ -290,36 +275,3 @@ def _is_op(node: ir.Node, op_type: str) -> bool:
 def _replace_uses(value: ir.Value, new: ir.Value) -> None:
     for user, index in list(value.uses()):
         user.replace_input_with(index, new)
-
-
-class _ConstantPool:
-    """One initializer per distinct array, named after the first value it replaced (deterministic)."""
-
-    def __init__(self, graph: ir.Graph) -> None:
-        self.graph = graph
-        self.by_content: dict[tuple, ir.Value] = {}
-        self.taken = {v.name for v in [*graph.inputs, *graph.initializers.values()]}
-        self.taken.update(out.name for node in ir.traversal.RecursiveGraphIterator(graph) for out in node.outputs)
-
-    def get(self, array: np.ndarray, like: ir.Value) -> ir.Value:
-        array = np.ascontiguousarray(array)
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self.by_content:
-            name = self._unique(f"{like.name}/folded")
-            value = ir.Value(
-                name=name,
-                shape=ir.Shape(array.shape),
-                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                const_value=ir.tensor(array, name=name),
-            )
-            self.graph.register_initializer(value)
-            self.by_content[key] = value
-        return self.by_content[key]
-
-    def _unique(self, name: str) -> str:
-        candidate, k = name, 1
-        while candidate in self.taken:
-            k += 1
-            candidate = f"{name}{k}"
-        self.taken.add(candidate)
-        return candidate

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 
 
@@ -29,13 +31,14 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
         self.rewritten = 0
         for graph in model.graphs():
             transposed: dict[ir.Value, ir.Value] = {}
+            names = FreshNames(graph)
             for node in list(graph):
                 if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
-                    self._rewrite(graph, node, transposed)
+                    self._rewrite(graph, node, transposed, names)
                     self.rewritten += 1
         return ir.passes.PassResult(model, modified=bool(self.rewritten))
 
-    def _rewrite(self, graph: ir.Graph, gemm: ir.Node, transposed: dict[ir.Value, ir.Value]) -> None:
+    def _rewrite(self, graph: ir.Graph, gemm: ir.Node, transposed: dict[ir.Value, ir.Value], names: FreshNames) -> None:
         a, b = gemm.inputs[0], gemm.inputs[1]
         c = gemm.inputs[2] if len(gemm.inputs) > 2 else None
         alpha = gemm.attributes.get_float("alpha", 1.0)
@@ -53,10 +56,12 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
         b_array = const_array(b) if _is_initializer(graph, b) else None
         if b_array is not None and b_array.ndim == 2:
             if trans_b and alpha == 1.0:
-                b = _stored_transposed(graph, b, b_array, transposed)
+                b = _stored_transposed(graph, b, b_array, transposed, names)
             elif trans_b or alpha != 1.0:
                 w = b_array.T if trans_b else b_array
-                b = _new_initializer(graph, f"{b.name}_gemm", (w * np.asarray(alpha, dtype=w.dtype)).astype(w.dtype))
+                b = add_initializer(
+                    graph, names(f"{b.name}_gemm"), (w * np.asarray(alpha, dtype=w.dtype)).astype(w.dtype)
+                )
             alpha = 1.0
         elif trans_b:
             node = ir.node("Transpose", [b], {"perm": [1, 0]}, name=f"{label}/TransposeB")
@@ -67,7 +72,7 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
         new_nodes.append(matmul)
         result = matmul.outputs[0]
         if alpha != 1.0:
-            factor = _new_initializer(graph, f"{label}/alpha", np.asarray(alpha, dtype=_dtype_of(b, np.float32)))
+            factor = add_initializer(graph, names(f"{label}/alpha"), np.asarray(alpha, dtype=_dtype_of(b, np.float32)))
             node = ir.node("Mul", [result, factor], name=f"{label}/MulAlpha")
             new_nodes.append(node)
             result = node.outputs[0]
@@ -75,11 +80,15 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
             if beta != 1.0:
                 c_array = const_array(c) if _is_initializer(graph, c) else None
                 if c_array is not None:
-                    c = _new_initializer(
-                        graph, f"{c.name}_gemm", (c_array * np.asarray(beta, c_array.dtype)).astype(c_array.dtype)
+                    c = add_initializer(
+                        graph,
+                        names(f"{c.name}_gemm"),
+                        (c_array * np.asarray(beta, c_array.dtype)).astype(c_array.dtype),
                     )
                 else:
-                    factor = _new_initializer(graph, f"{label}/beta", np.asarray(beta, dtype=_dtype_of(c, np.float32)))
+                    factor = add_initializer(
+                        graph, names(f"{label}/beta"), np.asarray(beta, dtype=_dtype_of(c, np.float32))
+                    )
                     node = ir.node("Mul", [c, factor], name=f"{label}/MulBeta")
                     new_nodes.append(node)
                     c = node.outputs[0]
@@ -97,7 +106,9 @@ def _dtype_of(value: ir.Value, default) -> np.dtype:
     return np.dtype(value.dtype.numpy()) if value.dtype is not None else np.dtype(default)
 
 
-def _stored_transposed(graph: ir.Graph, b: ir.Value, array: np.ndarray, cache: dict[ir.Value, ir.Value]) -> ir.Value:
+def _stored_transposed(
+    graph: ir.Graph, b: ir.Value, array: np.ndarray, cache: dict[ir.Value, ir.Value], names: FreshNames
+) -> ir.Value:
     """B stored as [K, N]: in place when only Gemms with transB=1 read it, else as a new initializer."""
     if b in cache:
         return cache[b]
@@ -116,20 +127,5 @@ def _stored_transposed(graph: ir.Graph, b: ir.Value, array: np.ndarray, cache: d
         b.shape = ir.Shape(array.T.shape)
         cache[b] = b
         return b
-    cache[b] = _new_initializer(graph, f"{b.name}_transposed", np.ascontiguousarray(array.T))
+    cache[b] = add_initializer(graph, names(f"{b.name}_transposed"), np.ascontiguousarray(array.T))
     return cache[b]
-
-
-def _new_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    base, i = name, 1
-    while name in graph.initializers:
-        name = f"{base}_{i}"
-        i += 1
-    value = ir.Value(
-        name=name,
-        shape=ir.Shape(array.shape),
-        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-        const_value=ir.Tensor(np.ascontiguousarray(array), name=name),
-    )
-    graph.register_initializer(value)
-    return value

@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.names import FreshNames, node_label
+from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 
 
@@ -51,7 +52,7 @@ class GemvHeadPass(ir.passes.InPlacePass):
             unsqueeze = ir.node("Unsqueeze", [weight, _unit_axis(graph, producer)], name=f"{producer.name}/unit_dim")
             graph.insert_after(producer, unsqueeze)
             self.matmul.replace_input_with(1, unsqueeze.outputs[0])
-            unsqueeze.outputs[0].name = _free_name(graph, f"{weight.name}/unit_dim")
+            unsqueeze.outputs[0].name = FreshNames(graph)(f"{weight.name}/unit_dim")
             unsqueeze.outputs[0].dtype = weight.dtype
             if weight.shape is not None:
                 unsqueeze.outputs[0].shape = ir.Shape([1, *weight.shape])
@@ -122,15 +123,7 @@ def _folds_at_load(value: ir.Value | None) -> bool:
 
 
 def _unit_axis(graph: ir.Graph, near: ir.Node) -> ir.Value:
-    name = _free_name(graph, f"{near.name or 'weight'}/unit_axis")
-    axes = ir.Value(
-        name=name,
-        shape=ir.Shape([1]),
-        type=ir.TensorType(ir.DataType.INT64),
-        const_value=ir.tensor(np.array([0], np.int64), name=name),
-    )
-    graph.register_initializer(axes)
-    return axes
+    return add_initializer(graph, FreshNames(graph)(f"{near.name or 'weight'}/unit_axis"), np.array([0], np.int64))
 
 
 def _add_unit_dim(value: ir.Value) -> None:
@@ -151,17 +144,8 @@ def _gather_then_squeeze(graph: ir.Graph, gather: ir.Node) -> None:
     squeeze.replace_input_with(0, result)
     if result.name:  # the lookup's result keeps its name
         name = result.name
-        result.name = _free_name(graph, f"{name}/unsqueezed")
+        result.name = FreshNames(graph)(f"{name}/unsqueezed")
         squeezed.name = name
     squeezed.shape, result.shape = result.shape, None
     if result.dtype is not None:
         squeezed.dtype = result.dtype
-
-
-def _free_name(graph: ir.Graph, name: str) -> str:
-    taken = set(graph.initializers) | {v.name for v in graph.inputs} | {o.name for n in graph for o in n.outputs}
-    base, k = name, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    return name

@@ -34,7 +34,9 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.intervals import Bounds, Interval, fits_int32, hull, static_size
-from onnxsmith.irutil.names import node_label, unique_name
+from onnxsmith.irutil.casts import cast_node, insert_after_producer
+from onnxsmith.irutil.names import FreshNames, node_label
+from onnxsmith.irutil.unionfind import UnionFind
 
 INT64 = ir.DataType.INT64
 INT32 = ir.DataType.INT32
@@ -150,19 +152,7 @@ def _is_constant(value: ir.Value) -> bool:
 
 def find_regions(graph: ir.Graph, opset: int) -> list[Region]:
     """Connected int64 values from int32-accepting reads upstream through region ops."""
-    parent: dict[ir.Value, ir.Value] = {}
-
-    def find(v: ir.Value) -> ir.Value:
-        while parent[v] is not v:
-            parent[v] = parent[parent[v]]
-            v = parent[v]
-        return v
-
-    def union(a: ir.Value, b: ir.Value) -> None:
-        parent.setdefault(a, a)
-        parent.setdefault(b, b)
-        parent[find(a)] = find(b)
-
+    connected: UnionFind[ir.Value] = UnionFind()
     sinks: list[tuple[ir.Node, int]] = []
     stack: list[ir.Value] = []
     for node in graph:
@@ -182,7 +172,7 @@ def find_regions(graph: ir.Graph, opset: int) -> list[Region]:
             continue
         seen.add(value)
         order.append(value)
-        parent.setdefault(value, value)
+        connected.add(value)
         linked: list[ir.Value | None] = []
         producer = value.producer()
         if producer is not None and producer.graph is graph and _is_region_op(producer, opset):
@@ -204,18 +194,17 @@ def find_regions(graph: ir.Graph, opset: int) -> list[Region]:
         for other in linked:
             if other is None:
                 continue
-            union(value, other)
+            connected.union(value, other)
             if other not in seen:
                 stack.append(other)
-    groups: dict[ir.Value, Region] = {}
-    for value in order:  # discovery order keeps the result deterministic
-        region = groups.setdefault(find(value), Region([], set()))
-        region.values.append(value)
-    for region in groups.values():
-        members = set(region.values)
-        region.ops = {op for op in ops if any(out in members for out in op.outputs)}
-        region.sinks = {(node, slot) for node, slot in sinks if node.inputs[slot] in members}
-    return list(groups.values())
+    regions = []
+    for values in connected.groups(order):  # discovery order keeps the result deterministic
+        members = set(values)
+        ops_inside = {op for op in ops if any(out in members for out in op.outputs)}
+        regions.append(
+            Region(values, ops_inside, {(node, slot) for node, slot in sinks if node.inputs[slot] in members})
+        )
+    return regions
 
 
 def values_to_evaluate(
@@ -254,7 +243,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         self.min_bytes = min_bytes
         self.evaluated = dict(evaluated or {})
         self.reports: list[RegionReport] = []
-        self._names: set[str] = set()
+        self._names = FreshNames()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.reports = []
@@ -267,7 +256,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
             if value.name in self.evaluated
         }
         bounds = Bounds(measured)
-        self._names = {v.name for v in ir.convenience.create_value_mapping(graph).values() if v.name}
+        self._names = FreshNames(taken=(v.name for v in ir.convenience.create_value_mapping(graph).values() if v.name))
         modified = False
         for region in regions:
             report = self._judge(region, bounds, measured)
@@ -365,7 +354,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         if value.is_graph_output():
             # The graph output keeps its name and int64 type; the int32 value is renamed.
             name = value.name
-            value.name = unique_name(f"{name}_int32", self._names)
+            value.name = self._names(f"{name}_int32")
             wide.name = name
             for i, out in enumerate(graph.outputs):
                 if out is value:
@@ -382,21 +371,9 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
             value.const_value = narrowed
 
     def _cast_after(self, graph: ir.Graph, value: ir.Value, to: ir.DataType, suffix: str) -> ir.Value:
-        node = ir.node("Cast", [value], attributes={"to": to}, num_outputs=1)
-        out = node.outputs[0]
-        out.name = unique_name(f"{value.name}_{suffix}", self._names)
-        out.dtype = to
-        out.shape = value.shape
-        producer = value.producer()
-        if producer is not None and producer.graph is graph:
-            graph.insert_after(producer, node)
-        else:  # an initializer: before its first reader
-            first = next(iter(graph), None)
-            if first is None:
-                graph.append(node)
-            else:
-                graph.insert_before(first, node)
-        return out
+        node = cast_node(value, to, name=self._names(f"{value.name}_{suffix}"))
+        insert_after_producer(graph, value, node)
+        return node.outputs[0]
 
 
 def _not_bigger(outputs, value: ir.Value) -> bool:

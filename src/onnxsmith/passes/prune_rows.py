@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import ConstantPool
 from onnxsmith.irutil.walk import constant
 
 ALL = None  # "every row" in a demand
@@ -90,7 +92,7 @@ class PruneRowsPass(ir.passes.InPlacePass):
                     _ask(demand, value, selected if (i == 0 and selected is not None) else ALL)
         if not computed:
             return ir.passes.PassResult(model, False)
-        constants = _Constants(graph)
+        constants = ConstantPool(graph, FreshNames(graph))
         for node in nodes:
             if node in computed:
                 self._narrow(graph, node, token_inputs_of[node], computed, constants)
@@ -261,28 +263,3 @@ def _slice(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: 
         out.shape = ir.Shape(dims)
     graph.insert_before(before, node)
     return out
-
-
-class _Constants:
-    """Small constants, one initializer per distinct value, with deterministic names."""
-
-    def __init__(self, graph: ir.Graph) -> None:
-        self.graph = graph
-        self.made: dict[tuple, ir.Value] = {}
-
-    def get(self, array: np.ndarray, base: str) -> ir.Value:
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in self.made:
-            name, k = base, 1
-            while name in self.graph.initializers:
-                k += 1
-                name = f"{base}_{k}"
-            value = ir.Value(
-                name=name,
-                shape=ir.Shape(array.shape),
-                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                const_value=ir.tensor(array, name=name),
-            )
-            self.graph.register_initializer(value)
-            self.made[key] = value
-        return self.made[key]

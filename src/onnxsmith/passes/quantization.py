@@ -22,6 +22,9 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import add_initializer
+
 #: (bits, symmetric) -> numpy dtype of the stored integers.
 _STORED = {
     (4, False): np.dtype(ml_dtypes.uint4),
@@ -122,31 +125,9 @@ def relative_error(w: np.ndarray, restored: np.ndarray) -> float:
 # --- nodes -----------------------------------------------------------------------------------
 
 
-def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(
-        name=_free_name(graph, name),
-        shape=ir.Shape(array.shape),
-        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-        const_value=ir.Tensor(np.ascontiguousarray(array), name=None),
-    )
-    value.const_value.name = value.name
-    graph.register_initializer(value)
-    return value
-
-
-def _free_name(graph: ir.Graph, name: str) -> str:
-    taken = set(graph.initializers)
-    taken.update(v.name for v in graph.inputs)
-    if name not in taken:
-        return name
-    i = 1
-    while f"{name}_{i}" in taken:
-        i += 1
-    return f"{name}_{i}"
-
-
 def dequantize_node(
     graph: ir.Graph,
+    names: FreshNames,
     name: str,
     q: np.ndarray,
     scale: np.ndarray,
@@ -159,9 +140,12 @@ def dequantize_node(
 
     Its output is unnamed: the caller gives it the name of the weight it replaces.
     """
-    inputs = [_initializer(graph, f"{name}_quantized", q), _initializer(graph, f"{name}_scale", scale)]
+    inputs = [
+        add_initializer(graph, names(f"{name}_quantized"), q),
+        add_initializer(graph, names(f"{name}_scale"), scale),
+    ]
     if zero_point is not None:
-        inputs.append(_initializer(graph, f"{name}_zero_point", zero_point))
+        inputs.append(add_initializer(graph, names(f"{name}_zero_point"), zero_point))
     attributes: dict[str, int] = {"axis": axis}
     if block_size is not None:
         attributes["block_size"] = block_size
@@ -171,12 +155,12 @@ def dequantize_node(
     return node
 
 
-def blocked_dequantize_node(graph: ir.Graph, name: str, b: Blocked) -> ir.Node:
-    return dequantize_node(graph, name, b.q, b.scale, b.zero_point, axis=0, block_size=b.block_size)
+def blocked_dequantize_node(graph: ir.Graph, names: FreshNames, name: str, b: Blocked) -> ir.Node:
+    return dequantize_node(graph, names, name, b.q, b.scale, b.zero_point, axis=0, block_size=b.block_size)
 
 
-def per_channel_dequantize_node(graph: ir.Graph, name: str, p: PerChannel) -> ir.Node:
-    return dequantize_node(graph, name, p.q, p.scale, None, axis=p.axis)
+def per_channel_dequantize_node(graph: ir.Graph, names: FreshNames, name: str, p: PerChannel) -> ir.Node:
+    return dequantize_node(graph, names, name, p.q, p.scale, None, axis=p.axis)
 
 
 def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -214,13 +198,19 @@ def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return packed, scales, zero_points
 
 
-def matmul_nbits_node(graph: ir.Graph, name: str, x: ir.Value, b: Blocked, accuracy_level: int | None) -> ir.Node:
+def matmul_nbits_node(
+    graph: ir.Graph, names: FreshNames, name: str, x: ir.Value, b: Blocked, accuracy_level: int | None
+) -> ir.Node:
     """``x @ w`` as one com.microsoft MatMulNBits over the packed weight; output unnamed."""
     packed, scales, zero_points = pack_matmul_nbits(b)
     k, n = b.q.shape
-    inputs = [x, _initializer(graph, f"{name}_nbits", packed), _initializer(graph, f"{name}_scale", scales)]
+    inputs = [
+        x,
+        add_initializer(graph, names(f"{name}_nbits"), packed),
+        add_initializer(graph, names(f"{name}_scale"), scales),
+    ]
     if zero_points is not None:
-        inputs.append(_initializer(graph, f"{name}_zero_point", zero_points))
+        inputs.append(add_initializer(graph, names(f"{name}_zero_point"), zero_points))
     attributes = {"K": k, "N": n, "bits": b.bits, "block_size": b.block_size}
     if accuracy_level is not None:
         attributes["accuracy_level"] = accuracy_level

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
@@ -74,6 +75,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
+        names = FreshNames(graph)
         order = {node: i for i, node in enumerate(graph)}
         uneven: list[str] = []
         for weight, matmuls in quantizable_weights(model, self.exclude):
@@ -94,7 +96,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                     )
                     continue
                 p = qz.quantize_per_channel_int8(w, axis=1)
-                self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, name, p))
+                self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, names, name, p))
                 self.rows.append(
                     {
                         "weight": name,
@@ -111,14 +113,14 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             if self.format == "nbits" and only_matmuls and weight not in graph.outputs:
                 for i, matmul in enumerate(matmuls):
                     label = name if len(matmuls) == 1 else f"{name}_{i}"
-                    fused = qz.matmul_nbits_node(graph, label, matmul.inputs[0], b, self.accuracy_level)
+                    fused = qz.matmul_nbits_node(graph, names, label, matmul.inputs[0], b, self.accuracy_level)
                     ir.convenience.replace_nodes_and_values(
                         graph, matmul, [matmul], [fused], [matmul.outputs[0]], [fused.outputs[0]]
                     )
                 graph.initializers.pop(name)
                 stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
             else:
-                self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, name, b))
+                self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
             self.rows.append(
                 {

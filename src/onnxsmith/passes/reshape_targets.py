@@ -19,6 +19,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
+from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import add_initializer
 
 
 class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
@@ -29,6 +31,7 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
         graph = model.graph
         shapes = SymbolicShapes(graph)
         constants: dict[tuple[int, ...], ir.Value] = {}
+        names = FreshNames(graph)
         for node in graph:
             if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
                 continue
@@ -39,7 +42,8 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
             if literal is None:
                 continue
             if literal not in constants:
-                constants[literal] = _initializer(graph, f"{node.name or 'Reshape'}/target", literal)
+                array = np.array(literal, dtype=np.int64)
+                constants[literal] = add_initializer(graph, names(f"{node.name or 'Reshape'}/target"), array)
             node.replace_input_with(1, constants[literal])
             self.replaced += 1
         return ir.passes.PassResult(model, modified=bool(self.replaced))
@@ -61,20 +65,3 @@ def constant_target(shapes: SymbolicShapes, reshape: ir.Node) -> tuple[int, ...]
         else:
             return None
     return tuple(literal)
-
-
-def _initializer(graph: ir.Graph, name: str, literal: tuple[int, ...]) -> ir.Value:
-    taken = set(graph.initializers) | {v.name for v in graph.inputs} | {out.name for n in graph for out in n.outputs}
-    base, k = name, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    array = np.array(literal, dtype=np.int64)
-    value = ir.Value(
-        name=name,
-        shape=ir.Shape(array.shape),
-        type=ir.TensorType(ir.DataType.INT64),
-        const_value=ir.tensor(array, name=name),
-    )
-    graph.register_initializer(value)
-    return value

@@ -24,14 +24,14 @@ and the stream is reported as not rescalable with the reason.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.names import FreshNames, node_label
+from onnxsmith.irutil.tensors import lazy_tensor
 
 #: Normalisations that are scale-invariant with eps scaled by S**2.
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
@@ -173,15 +173,15 @@ def find_residual_streams(model: ir.Model) -> list[ResidualStream]:
 
 def _plan(stream: ResidualStream) -> None:
     """Check the stream is read only by its Adds and norms; find what to scale in each writer."""
-    norm_inputs = {id(n.inputs[0]) for n in stream.norms}
+    norm_inputs = {n.inputs[0] for n in stream.norms}
     readers_ok = set(stream.adds) | set(stream.norms)
-    via_ok = {id(v) for v in stream.via}
+    via_ok = set(stream.via)
     try:
         for value in [*stream.values, *stream.via]:
             if value.is_graph_output():
                 raise NotScalable(f"'{value.name}' is a graph output")
             for user, _ in _value_uses(value):
-                passes = user.op_type in _THROUGH and id(user.outputs[0]) in via_ok | norm_inputs
+                passes = user.op_type in _THROUGH and user.outputs[0] in via_ok | norm_inputs
                 if user not in readers_ok and not passes:
                     raise NotScalable(
                         f"'{value.name}' is read by {user.op_type} '{node_label(user)}', not only by norms"
@@ -289,7 +289,9 @@ def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> R
     if scale <= 0 or exponent != round(exponent):
         raise ValueError(f"the scale must be a power of two, not {scale}")
     result = RescaleResult(scale, scaled_names=[v.name for v in stream.scaled])
-    taken = {v.name for g in model.graphs() for n in g for v in n.outputs} | set(model.graph.initializers)
+    names = FreshNames(
+        taken={v.name for g in model.graphs() for n in g for v in n.outputs} | set(model.graph.initializers)
+    )
     for action in stream._actions:
         node = action.node
         if action.index is None:
@@ -297,7 +299,7 @@ def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> R
                 node.attributes[name] = ir.AttrFloat32(name, node.attributes.get_float(name, 1.0) * scale)
             result.gemms += 1
             continue
-        _scale_constant_input(model, node, action.index, scale, taken)
+        _scale_constant_input(model, node, action.index, scale, names)
         result.constants += 1
     for norm in stream.norms:
         eps = norm.attributes.get_float("epsilon", _DEFAULT_EPS)
@@ -306,10 +308,10 @@ def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> R
     return result
 
 
-def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: float, taken: set[str]) -> None:
+def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: float, names: FreshNames) -> None:
     value = node.inputs[index]
     tensor = ir.convenience.get_const_tensor(value)
-    scaled = _scaled(tensor, scale, value.name)
+    scaled = lazy_tensor(tensor, lambda a: a * np.asarray(scale, dtype=a.dtype), dtype=tensor.dtype, name=value.name)
     if len(value.uses()) == 1 and value.is_initializer():
         value.const_value = scaled
         return
@@ -320,28 +322,10 @@ def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: flo
         producer.attributes["value"] = ir.AttrTensor("value", ir.tensor(scaled.numpy(), name=value.name))
         return
     # Shared with readers outside the stream: a scaled copy for this reader.
-    name, n = f"{value.name}/rescaled", 1
-    while name in taken:
-        name, n = f"{value.name}/rescaled_{n}", n + 1
-    taken.add(name)
+    name = names(f"{value.name}/rescaled")
     copy = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape), const_value=scaled)
     model.graph.register_initializer(copy)
     node.replace_input_with(index, copy)
-
-
-def _scaled(tensor: ir.TensorProtocol, scale: float, name: str) -> ir.TensorProtocol:
-    """``tensor * scale``, computed when read (weights in a memory map are scaled at write time)."""
-
-    def compute() -> ir.TensorProtocol:
-        array = tensor.numpy()
-        result = array * np.asarray(scale, dtype=array.dtype)
-        del array
-        if isinstance(tensor, ir.ExternalTensor):
-            with contextlib.suppress(BufferError):
-                tensor.release()
-        return ir.tensor(result, dtype=tensor.dtype, name=name)
-
-    return ir.LazyTensor(compute, dtype=tensor.dtype, shape=tensor.shape, name=name)
 
 
 class ResidualRescalePass(ir.passes.InPlacePass):

@@ -33,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
-from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
@@ -186,10 +186,11 @@ class StoreHeadPass(ir.passes.InPlacePass):
             self._store_tied_rows(graph)
             return ir.passes.PassResult(model, modified=True)
         name = head.weight.name or "lm_head.weight"
+        names = FreshNames(graph)
         w = head.weight_array
         if self.mode == "q4" and w.shape[0] % self.block_size == 0:
             b = qz.quantize_blocked(w, 4, self.block_size, self.symmetric)
-            dq = qz.blocked_dequantize_node(graph, name, b)
+            dq = qz.blocked_dequantize_node(graph, names, name, b)
             stored = f"4-bit blocks of {self.block_size} along hidden"
             error = qz.relative_error(w, qz.dequantize_blocked(b))
         else:
@@ -198,14 +199,14 @@ class StoreHeadPass(ir.passes.InPlacePass):
                     f"head: hidden {w.shape[0]} is not a multiple of block {self.block_size}; stored int8"
                 )
             p = qz.quantize_per_channel_int8(w, axis=1)
-            dq = qz.per_channel_dequantize_node(graph, name, p)
+            dq = qz.per_channel_dequantize_node(graph, names, name, p)
             stored = "int8, one scale per token"
             error = qz.relative_error(w, qz.dequantize_per_channel(p))
         graph.insert_before(graph.node(0), dq)
         restored = dq.outputs[0]
         head.matmul.replace_input_with(1, restored)
         _release(graph, head.weight)
-        restored.name = _free_name(graph, name)
+        restored.name = FreshNames(graph)(name)  # the head weight's own name, now that it is gone
 
         if head.tied:
             if any(lookup.inputs[1].shape is None for lookup in head.lookups):
@@ -249,7 +250,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         head, table = self.head, self.head.table
         array = np.ascontiguousarray(head.weight_array.T)
         p = qz.quantize_per_channel_int8(array, axis=0)
-        dq = qz.per_channel_dequantize_node(graph, table.name, p)
+        dq = qz.per_channel_dequantize_node(graph, FreshNames(graph), table.name, p)
         graph.insert_before(graph.node(0), dq)
         stored = dq.outputs[0]
         ir.convenience.replace_all_uses_with(table, stored)  # the lookups (and optimum's Transpose) read it
@@ -263,7 +264,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
             graph.insert_after(dq, transpose)
             head.matmul.replace_input_with(1, transpose.outputs[0])
             _release(graph, weight)
-            transpose.outputs[0].name = _free_name(graph, f"{name}_transposed")
+            transpose.outputs[0].name = FreshNames(graph)(f"{name}_transposed")
             transpose.outputs[0].dtype = stored.dtype
             transpose.outputs[0].shape = ir.Shape([head.hidden, head.vocab])
         self.notes.append(
@@ -297,7 +298,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
     def _store_untied_table(self, graph: ir.Graph, table: ir.Value) -> None:
         array = const_array(table)
         p = qz.quantize_per_channel_int8(array, axis=0)
-        dq = qz.per_channel_dequantize_node(graph, table.name, p)
+        dq = qz.per_channel_dequantize_node(graph, FreshNames(graph), table.name, p)
         graph.insert_before(graph.node(0), dq)
         ir.convenience.replace_all_uses_with(table, dq.outputs[0])
         old_name = table.name
@@ -325,14 +326,3 @@ def _release(graph: ir.Graph, value: ir.Value) -> None:
     producer = value.producer()
     if producer is not None and not any(out.uses() or out in graph.outputs for out in producer.outputs):
         graph.remove(producer, safe=True)
-
-
-def _free_name(graph: ir.Graph, name: str) -> str:
-    """``name`` unless a value of the graph still holds it, else a variant of it."""
-    taken = {v.name for v in graph.inputs} | set(graph.initializers)
-    taken.update(out.name for node in graph for out in node.outputs)
-    base, i = name, 1
-    while name in taken:
-        name = f"{base}_{i}"
-        i += 1
-    return name

@@ -7,6 +7,7 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.unionfind import UnionFind
 from onnxsmith.precision.convert import WRITER_REASON, PrecisionReport
 
 
@@ -31,24 +32,14 @@ def islands_table(result: PrecisionReport) -> list[dict]:
 
     kept = precision.kept_nodes
     kinds = {node: kind(node) for node in kept}
-    parent = {node: node for node in kept}
-
-    def find(node):
-        while parent[node] is not node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
+    islands = UnionFind(kept)
     for node in kept:
         for value in node.outputs:
             for user, _ in value.uses():
-                if user in parent and kinds[user] == kinds[node]:
-                    parent[find(user)] = find(node)
-    groups: dict[ir.Node, list[ir.Node]] = {}
-    for node in kept:
-        groups.setdefault(find(node), []).append(node)
+                if user in islands and kinds[user] == kinds[node]:
+                    islands.union(user, node)
     rows = []
-    for nodes in groups.values():
+    for nodes in islands.groups(kept):
         what = kinds[nodes[0]]
         tensors = [precision.kept_for[n] for n in nodes if precision.kept_for.get(n)]
         measured, tensor, peak = "-", "-", -1.0

@@ -10,20 +10,16 @@ bias instead is exact up to one rounding of each product.
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from onnxsmith.irutil.names import fresh_name
 from onnxsmith.irutil.walk import constant
+from onnxsmith.rules.weights import WeightAddingRule
 
 
-class LayerScaleFold(pattern.RewriteRuleClassBase):
+class LayerScaleFold(WeightAddingRule):
     def __init__(self, name: str, *, has_bias: bool) -> None:
         super().__init__(name)
         self._has_bias = has_bias
-
-    def setup(self):
-        self._taken: set[str] = set()
 
     def pattern(self, op, x, weight, bias, scale):
         y = op.MatMul(x, weight)
@@ -47,22 +43,18 @@ class LayerScaleFold(pattern.RewriteRuleClassBase):
                 return result.fail(f"the bias is not a constant vector of {columns}", bias)
             if s.ndim > b.ndim:
                 return result.fail("the scale has more dims than the bias", scale)
-        self._graph = context.graph_or_function
+        self.remember_graph(context)
         return result
 
     def rewrite(self, op, x, weight, bias, scale, **_):
         s = constant(scale).astype(np.float64).reshape(-1)
         w = constant(weight)
         scaled = (w.astype(np.float64) * s).astype(w.dtype)
-        y = op.MatMul(x, self._weight(op, scaled, weight))
+        y = op.MatMul(x, self.new_weight(op, scaled, f"{weight.name}/layer_scaled"))
         if self._has_bias:
             b = constant(bias)
-            y = op.Add(y, self._weight(op, (b.astype(np.float64) * s).astype(b.dtype), bias))
+            y = op.Add(y, self.new_weight(op, (b.astype(np.float64) * s).astype(b.dtype), f"{bias.name}/layer_scaled"))
         return y
-
-    def _weight(self, op, array: np.ndarray, like: ir.Value) -> ir.Value:
-        name = fresh_name(self._graph, f"{like.name}/layer_scaled", self._taken)
-        return op.initializer(ir.tensor(array, name=name), name=name)
 
 
 layer_scale_rules = pattern.RewriteRuleSet(

@@ -24,11 +24,11 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from onnxsmith.irutil.names import fresh_name
 from onnxsmith.irutil.walk import constant
+from onnxsmith.rules.weights import WeightAddingRule
 
 
-class PrefixRotary(pattern.RewriteRuleClassBase):
+class PrefixRotary(WeightAddingRule):
     """``split``: how the prefix is cut off: "split" (one Split), "slices" (two Slices) or "none" (P = 0)."""
 
     def __init__(self, name: str, *, split: str) -> None:
@@ -36,7 +36,7 @@ class PrefixRotary(pattern.RewriteRuleClassBase):
         self._split = split
 
     def setup(self):
-        self._taken: set[str] = set()
+        super().setup()
         self._caches: dict[tuple, tuple[ir.Value, ir.Value, ir.Value]] = {}
 
     def pattern(self, op, x, cos, sin):
@@ -94,7 +94,7 @@ class PrefixRotary(pattern.RewriteRuleClassBase):
             if not np.allclose(table[:, :half], table[:, half:], rtol=0, atol=1e-6):
                 return result.fail(f"{label} differs between the two halves (an interleaved or partial rope)", value)
             tables.append(table[:, :half])
-        self._graph = context.graph_or_function
+        self.remember_graph(context)
         self._tables = (tables[0], tables[1], prefix_len)
         return result
 
@@ -107,16 +107,12 @@ class PrefixRotary(pattern.RewriteRuleClassBase):
             cos_cache = np.concatenate([np.ones((prefix_len, half)), cos_half]).astype(dtype)
             sin_cache = np.concatenate([np.zeros((prefix_len, half)), sin_half]).astype(dtype)
             self._caches[key] = (
-                self._initializer(op, np.array(0, np.int64), "rotary_position_start"),
-                self._initializer(op, cos_cache, f"{cos.name}/rotary_cos_cache"),
-                self._initializer(op, sin_cache, f"{sin.name}/rotary_sin_cache"),
+                self.new_weight(op, np.array(0, np.int64), "rotary_position_start"),
+                self.new_weight(op, cos_cache, f"{cos.name}/rotary_cos_cache"),
+                self.new_weight(op, sin_cache, f"{sin.name}/rotary_sin_cache"),
             )
         position, cos_cache, sin_cache = self._caches[key]
         return op.RotaryEmbedding(x, position, cos_cache, sin_cache, interleaved=0, _domain="com.microsoft")
-
-    def _initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
-        name = fresh_name(self._graph, base, self._taken)
-        return op.initializer(ir.tensor(array, name=name), name=name)
 
 
 def _axis(node: ir.Node, rank: int) -> int | None:

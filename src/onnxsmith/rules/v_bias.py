@@ -12,20 +12,16 @@ Not with a KV cache (past values carry the bias already) or MHA's packed bias.
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, pattern
 
-from onnxsmith.irutil.names import fresh_name
 from onnxsmith.irutil.walk import constant
+from onnxsmith.rules.weights import WeightAddingRule
 
 # MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ...
 _BIAS, _PAST_KEY = 3, 6
 
 
-class ValueBiasThroughAttention(pattern.RewriteRuleClassBase):
-    def setup(self):
-        self._taken: set[str] = set()
-
+class ValueBiasThroughAttention(WeightAddingRule):
     def pattern(self, op, query, key, value, v_bias, o_weight, o_bias):
         attention = op.MultiHeadAttention(
             query, key, op.Add(value, v_bias), _allow_other_inputs=True, _domain="com.microsoft", _outputs=["attention"]
@@ -47,15 +43,14 @@ class ValueBiasThroughAttention(pattern.RewriteRuleClassBase):
             return result.fail(f"the value bias is not a constant vector of {w.shape[0]}", v_bias)
         if bo is None or bo.size != w.shape[1] or bo.shape[-1] != bo.size:
             return result.fail(f"the output bias is not a constant vector of {w.shape[1]}", o_bias)
-        self._graph = context.graph_or_function
+        self.remember_graph(context)
         return result
 
     def rewrite(self, op, query, key, value, v_bias, o_weight, o_bias, attention, **_):
         node = attention.producer()
         bv, w, bo = constant(v_bias), constant(o_weight), constant(o_bias)
         folded = bo.astype(np.float64).reshape(-1) + bv.astype(np.float64).reshape(-1) @ w.astype(np.float64)
-        name = fresh_name(self._graph, f"{o_bias.name}/with_v_bias", self._taken)
-        new_bias = op.initializer(ir.tensor(folded.astype(bo.dtype).reshape(bo.shape), name=name), name=name)
+        new_bias = self.new_weight(op, folded.astype(bo.dtype).reshape(bo.shape), f"{o_bias.name}/with_v_bias")
         inputs = [query, key, value, *node.inputs[_BIAS:]]
         while inputs and inputs[-1] is None:
             inputs.pop()

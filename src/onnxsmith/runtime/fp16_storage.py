@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.irutil.casts import cast_node, insert_after_producer
 from onnxsmith.irutil.types import ensure_types
 
 #: Marks the Cast nodes this module inserts (node.meta), so measurements can see through them.
@@ -64,7 +65,7 @@ def emulate_fp16_storage(model: ir.Model) -> int:
             if value.dtype != F16:
                 continue
             if is_main:  # keep the model's interface; compute from an fp32 copy of the input
-                wide = _cast(graph, value, F32, name=f"{value.name}/fp32", after=None)
+                wide = _cast(graph, value, F32, name=f"{value.name}/fp32")
                 _redirect_uses(value, wide, skip=wide.producer())
             else:  # a subgraph's formal input carries a value already rounded outside
                 value.dtype = F32
@@ -88,7 +89,7 @@ def _widen_constants(graph: ir.Graph, is_main: bool) -> None:
         if value.dtype != F16 or value.const_value is None:
             continue
         if is_main:
-            wide = _cast(graph, value, F32, name=f"{value.name}/fp32", after=None)
+            wide = _cast(graph, value, F32, name=f"{value.name}/fp32")
             _redirect_uses(value, wide, skip=wide.producer())
         else:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
@@ -111,8 +112,8 @@ def _round(graph: ir.Graph, node: ir.Node, out: ir.Value, is_main: bool) -> None
         out.dtype = F32
         name = out.name
         out.name = f"{name}/fp32"
-        half = _cast(graph, out, F16, name=name, after=node)
-    wide = _cast(graph, half, F32, name=f"{half.name}/rounded", after=half.producer())
+        half = _cast(graph, out, F16, name=name)
+    wide = _cast(graph, half, F32, name=f"{half.name}/rounded")
     _redirect_uses(out, half, skip=half.producer())
     _redirect_uses(half, wide, skip=wide.producer())
     for i, value in enumerate(graph.outputs):
@@ -127,16 +128,8 @@ def _redirect_uses(value: ir.Value, new: ir.Value, *, skip: ir.Node | None) -> N
             user.replace_input_with(index, new)
 
 
-def _cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, *, name: str, after: ir.Node | None) -> ir.Value:
-    node = ir.node("Cast", [value], attributes={"to": int(to)}, num_outputs=1)
+def _cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, *, name: str) -> ir.Value:
+    node = cast_node(value, to, name=name)
     node.meta[ROUNDING_MARK] = True
-    node.outputs[0].name = name
-    node.outputs[0].dtype = to
-    node.outputs[0].shape = value.shape
-    if after is not None:
-        graph.insert_after(after, node)
-    elif len(graph):
-        graph.insert_before(next(iter(graph)), node)
-    else:
-        graph.append(node)
+    insert_after_producer(graph, value, node)
     return node.outputs[0]

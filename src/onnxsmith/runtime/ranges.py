@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
 from onnxsmith.io.load import load_model, release_weights
+from onnxsmith.irutil.casts import insert_after_producer
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES, ensure_types
 from onnxsmith.runtime import runner
@@ -50,7 +51,7 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
 
         def add(op, inputs, attributes=None, *, name=None, block=block):
             node = ir.node(op, inputs, attributes=attributes or {}, num_outputs=1)
-            block.append(node)  # placed by _place
+            block.append(node)  # placed right after the value's producer
             node.outputs[0].name = name or f"onnxsmith::{op}_{len(graph) + len(block)}"
             return node.outputs[0]
 
@@ -72,7 +73,7 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
         below = count(add("Less", [clean, min_normal]))  # zeros (and NaN/inf) included
         # tiny = below - zeros = below - (size - nonzero)
         tiny_count = add("Add", [add("Sub", [below, size]), nonzero_count], name=f"{value.name}::tiny")
-        _place(graph, value, block)
+        insert_after_producer(graph, value, block)
         for out in (absmax, nonfinite, tiny_count, nonzero_count, elements):
             graph.outputs.append(out)
             added.append(out.name)
@@ -83,17 +84,6 @@ def _const(value: np.generic, name: str) -> ir.Value:
     node = ir.node("Constant", [], attributes={"value": ir.tensor(np.asarray(value))}, num_outputs=1)
     node.outputs[0].name = name
     return node.outputs[0]
-
-
-def _place(graph: ir.Graph, value: ir.Value, block: list[ir.Node]) -> None:
-    """Put ``block`` right after ``value``'s producer (first in the graph for an input)."""
-    producer = value.producer()
-    if producer is not None and producer.graph is graph:
-        graph.insert_after(producer, block)
-    elif len(graph):
-        graph.insert_before(next(iter(graph)), block)
-    else:
-        graph.extend(block)
 
 
 #: Ops whose output holds only values of their data inputs (all inputs for Concat, else the first).

@@ -1,0 +1,68 @@
+"""Weights a rewrite makes: new initializers with fresh names, and existing weights converted lazily."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.irutil.names import FreshNames
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """``array`` as an initializer of ``graph`` named ``name`` (give it a fresh one: :class:`FreshNames`)."""
+    array = _contiguous(array)
+    value = ir.Value(
+        name=name,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        const_value=ir.tensor(array, name=name),
+    )
+    graph.register_initializer(value)
+    return value
+
+
+def _contiguous(array) -> np.ndarray:
+    """C-contiguous, its shape kept (``np.ascontiguousarray`` makes a scalar one-dimensional)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+class ConstantPool:
+    """One initializer per distinct array, named after the first value it stands for (deterministic)."""
+
+    def __init__(self, graph: ir.Graph, names: FreshNames) -> None:
+        self.graph = graph
+        self.names = names
+        self._by_content: dict[tuple, ir.Value] = {}
+
+    def get(self, array: np.ndarray, name: str) -> ir.Value:
+        """The initializer holding ``array``; a new one named ``name`` (made fresh) the first time."""
+        array = _contiguous(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._by_content:
+            self._by_content[key] = add_initializer(self.graph, self.names(name), array)
+        return self._by_content[key]
+
+
+def lazy_tensor(
+    tensor: ir.TensorProtocol, convert: Callable[[np.ndarray], np.ndarray], *, dtype: ir.DataType, name: str
+) -> ir.TensorProtocol:
+    """``convert(tensor.numpy())`` as a ``dtype`` tensor, computed when read.
+
+    A weight still in a memory map is converted when the model is written, one tensor at a
+    time, and its pages are unmapped once read: converting a big model never holds two copies.
+    """
+
+    def compute() -> ir.TensorProtocol:
+        source = tensor.numpy()
+        result = convert(source)
+        del source
+        if isinstance(tensor, ir.ExternalTensor):
+            with contextlib.suppress(BufferError):
+                tensor.release()
+        return ir.tensor(result, dtype=dtype, name=name)
+
+    return ir.LazyTensor(compute, dtype=dtype, shape=ir.Shape(tensor.shape), name=name)
