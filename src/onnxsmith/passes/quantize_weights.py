@@ -118,6 +118,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                         graph, matmul, [matmul], [fused], [matmul.outputs[0]], [fused.outputs[0]]
                     )
                 graph.initializers.pop(name)
+                model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
                 stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
