@@ -14,6 +14,8 @@ from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import bench_table
 from onnxsmith.core.errors import UsageError
 from onnxsmith.io.files import write_text_atomic
+from onnxsmith.io.load import files_read_by
+from onnxsmith.io.paths import check_outputs
 from onnxsmith.release.bench import PROVIDERS, BenchSettings, bench_models
 
 
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep:
             raise UsageError(f"--session-config {item}: expected KEY=VALUE")
         config[key] = value
+    check_outputs([args.json, args.plot], protect=files_read_by(*args.models))
     names = [Path(m).name for m in args.models]
     if len(set(names)) != len(names):  # two files of one name in different folders
         names = list(args.models)

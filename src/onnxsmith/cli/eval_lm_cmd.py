@@ -17,6 +17,8 @@ from rich.table import Table
 from onnxsmith.cli.common import err, out, print_json
 from onnxsmith.core.errors import UsageError
 from onnxsmith.io.files import write_text_atomic
+from onnxsmith.io.load import files_read_by
+from onnxsmith.io.paths import check_outputs
 from onnxsmith.tasks import lm as task
 
 
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise UsageError(f"--session-config {item}: expected KEY=VALUE")
         config[key.strip()] = value.strip()
+    check_outputs([args.report], protect=files_read_by(*args.models))
     tokenizer = task.load_tokenizer(args.tokenizer or task.folder_of(args.models[0]))
     text = task.read_text(args.text)
     windows = task.text_windows(tokenizer, text, window=args.window, max_windows=args.max_windows, label=args.text)

@@ -12,7 +12,8 @@ from rich.table import Table
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.io.files import human_bytes, write_text_atomic
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import load_model, source_files
+from onnxsmith.io.paths import check_outputs
 from onnxsmith.release.extract import extract_piece
 from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
@@ -62,6 +63,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = load_model(args.source)
+    check_outputs([args.output, args.report], protect=source_files(source, args.source))
     if args.input_data:
         feeds = [load_npz(args.input_data, source)]
     else:

@@ -9,8 +9,12 @@ they become one line on stderr and exit status 2 (1 for a failed gate).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.core.version import __version__
@@ -46,19 +50,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a file name need not be UTF-8: print it escaped, never crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with _sigterm_unwinds():
+            return int(args.func(args) or 0)
     except OnnxsmithError as err:
         print(f"onnxsmith: error: {err.one_line()}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("onnxsmith: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("onnxsmith: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwind like Ctrl-C, so staging folders are removed on the way out."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ from onnxsmith.io.files import (
     staging_dir,
     write_text_atomic,
 )
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import files_read_by, load_model, source_files
+from onnxsmith.io.paths import check_output, check_outputs
 from onnxsmith.release.variant import VariantResult, produce_variant
 from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm import FOLDER_FILES
@@ -88,6 +89,8 @@ def source_model(source: Path) -> tuple[Path, Path | None]:
 
 def run(args: argparse.Namespace) -> int:
     options = opts.from_args(args, QuantizeOptions)
+    source, _ = source_model(Path(args.source))
+    check_outputs([args.report], protect=files_read_by(source))
     with err.status("") as status:
         source, results, report = quantize_folder(
             Path(args.source),
@@ -118,9 +121,9 @@ def quantize_folder(
     if gate_samples < 1 or gate_length < 2:
         raise UsageError("--gate-samples must be >= 1 and --gate-length >= 2")
     source, folder = source_model(source)
-    if output.exists() and not output.is_dir():
-        raise UsageError("the output must be a folder", output)
     model = load_model(source)
+    protect = source_files(model, source)
+    check_output(output, protect=protect, folder=True)
     signature = lm.lm_signature(model, source)
     prepare(model, options, source)  # fail on a model without a head or weights before any work
     name = f"model{SUFFIX[options.scheme]}"
@@ -149,7 +152,7 @@ def quantize_folder(
         pairs = [(f.path, output / "onnx" / f.path.name) for _, result in results for f in result.files]
         pairs += [(tmp / f, output / f) for f in copied] + [(tmp / REPORT_FILE, output / REPORT_FILE)]
         (output / "onnx").mkdir(parents=True, exist_ok=True)
-        commit_files(pairs)
+        commit_files(pairs, protect=protect)
     return source, results, report
 
 

@@ -18,7 +18,8 @@ from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
 from onnxsmith.core.transform import Transform
 from onnxsmith.io.files import human_bytes, write_text_atomic
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import load_model, source_files
+from onnxsmith.io.paths import check_outputs
 from onnxsmith.release.variant import VariantResult, produce_variant
 
 
@@ -44,7 +45,11 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
 
 def run_transform_command(args: argparse.Namespace, transform_cls: type[Transform]) -> int:
     options = opts.from_args(args, transform_cls.Options)
-    feeds = feeds_from_args(args, load_model(args.source))
+    model = load_model(args.source)
+    data = args.output + ".data" if args.external_data else None
+    check_outputs([args.output, data, args.report], protect=source_files(model, args.source))
+    feeds = feeds_from_args(args, model)
+    del model
     with err.status("") as status:
         result = produce_variant(
             args.source,

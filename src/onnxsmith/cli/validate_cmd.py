@@ -14,6 +14,8 @@ from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.io.files import write_text_atomic
+from onnxsmith.io.load import files_read_by
+from onnxsmith.io.paths import check_outputs
 from onnxsmith.release.validate import TaskRun, check_gates
 from onnxsmith.runtime.runner import FP16_MODES
 from onnxsmith.tasks import get_task
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     options = task_options_from_args(args, task)
     gates = check_gates(task, parse_gates(args.gate))
+    check_outputs([args.json], protect=files_read_by(args.source, args.variant))
     with err.status("") as status:
         task_run = TaskRun(task, options, args.source, fp16_mode=args.fp16_mode, progress=status.update)
         validation = task_run.validate(args.variant, gates)

@@ -27,7 +27,11 @@ class OnnxsmithError(Exception):
 
     def one_line(self) -> str:
         text = " ".join(self.problem.split())  # one line, always
-        return f"{self.path}: {text}" if self.path else text
+        if not self.path:
+            return text
+        # A file name need not be UTF-8: undecodable bytes are shown as \xNN, never a crash.
+        name = os.fsencode(self.path).decode("utf-8", "backslashreplace")
+        return f"{name}: {text}"
 
 
 class InputError(OnnxsmithError):
@@ -36,6 +40,10 @@ class InputError(OnnxsmithError):
 
 class UsageError(OnnxsmithError):
     """An option or argument is invalid."""
+
+
+class OutputError(OnnxsmithError):
+    """An output cannot be written where it was asked for (not a regular file, read-only, disk full)."""
 
 
 class GateFailed(OnnxsmithError):

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.io import wire
+from onnxsmith.io.check import check_model_proto
 
 #: Files at least this big are read through a memory map (weights stay on disk).
 LAZY_FILE_BYTES = 32 * 1024 * 1024
@@ -35,6 +36,8 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
         raise InputError("no such file", path)
     if path.is_dir():
         raise InputError("is a folder, expected an .onnx file", path)
+    if not path.is_file():
+        raise InputError("is not a regular file (a device, fifo or socket), expected an .onnx file", path)
     size = path.stat().st_size
     if size == 0:
         raise InputError("file is empty", path)
@@ -48,16 +51,38 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     except OSError as err:
         raise InputError(f"cannot read ({err.strerror})", path) from None
     _check_header(proto, path)
-    # onnx-ir logs what it tolerates (dangling outputs, unknown inputs); check_graph reports it properly.
+    check_model_proto(proto, path)
+    # onnx-ir logs what it tolerates (dangling outputs, unknown inputs); the checks above report it properly.
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as err:  # onnx-ir rejects malformed protos with assorted errors
         raise InputError(f"not a valid ONNX model ({err})", path) from None
     ir.external_data.set_base_dir(model.graph, path.parent)
-    check_external_data(model, path)
-    check_graph(model, path)
     return model
+
+
+def files_read_by(*paths: str | os.PathLike) -> list[Path]:
+    """Every file the models at ``paths`` read; each is loaded, so a bad one is refused here, before any work."""
+    return sorted({f for path in paths for f in source_files(load_model(path), path)})
+
+
+def source_files(model: ir.Model, path: str | os.PathLike) -> list[Path]:
+    """The files ``model``, as loaded from ``path``, reads: the .onnx and each external data file.
+
+    Call it before transforming the model (a transform may drop references); outputs must
+    never overwrite or remove any of them.
+    """
+    files = {Path(path)}
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                files.add(Path(value.const_value.path))
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    files.add(Path(attr.value.path))
+    return sorted(files)
 
 
 def release_weights(model: ir.Model) -> None:
@@ -135,109 +160,3 @@ def _add_initializer(graph: onnx.GraphProto, buf, init: wire.Field, file_name: s
     for key, value in (("location", file_name), ("offset", raw.value_start), ("length", length)):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, str(value)
-
-
-def check_external_data(model: ir.Model, path: Path) -> None:
-    """Every external tensor's file exists beside the model and is long enough."""
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if not isinstance(tensor, ir.ExternalTensor):
-                continue
-            data_path = Path(tensor.path)
-            if not data_path.is_file():
-                raise InputError(
-                    f"external data file '{tensor.location}' of tensor '{value.name}' is missing "
-                    f"(looked for {data_path})",
-                    path,
-                )
-            needed = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
-            if data_path.stat().st_size < needed:
-                raise InputError(
-                    f"external data file '{tensor.location}' is too short for tensor '{value.name}' "
-                    f"(needs {needed} bytes, has {data_path.stat().st_size}); is it truncated?",
-                    path,
-                )
-
-
-def check_graph(model: ir.Model, path: Path) -> None:
-    """The graph (and every subgraph) is a DAG whose every read value is defined."""
-    _check_one_graph(model.graph, path, outer=set())
-
-
-def _check_one_graph(graph: ir.Graph, path: Path, outer: set[ir.Value]) -> None:
-    defined = set(outer) | set(graph.inputs) | set(graph.initializers.values())
-    nodes = list(graph)
-    in_graph = set(nodes)
-    # Kahn's algorithm over the dependencies inside this graph.
-    pending: dict[ir.Node, int] = {}
-    users: dict[ir.Node, list[ir.Node]] = {node: [] for node in nodes}
-    for node in nodes:
-        deps = set()
-        for value in _reads(node):
-            producer = value.producer()
-            if producer is not None and producer in in_graph:
-                deps.add(producer)
-            elif value not in defined and value.name:
-                raise InputError(
-                    f"node '{_node_label(node)}' reads '{value.name}', which no node, input or initializer defines",
-                    path,
-                )
-        pending[node] = len(deps)
-        for dep in deps:
-            users[dep].append(node)
-    ready = [node for node in nodes if pending[node] == 0]
-    done = 0
-    while ready:
-        node = ready.pop()
-        done += 1
-        for user in users[node]:
-            pending[user] -= 1
-            if pending[user] == 0:
-                ready.append(user)
-    if done != len(nodes):
-        stuck = next(node for node in nodes if pending[node] > 0)
-        raise InputError(f"the graph is not a DAG: node '{_node_label(stuck)}' is on a cycle", path)
-    for output in graph.outputs:
-        if output.producer() is None and output not in defined:
-            raise InputError(f"graph output '{output.name}' is not produced by any node", path)
-    produced = defined | {out for n in nodes for out in n.outputs}
-    for node in nodes:
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                _check_one_graph(attr.value, path, produced)
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for sub in attr.value:
-                    _check_one_graph(sub, path, produced)
-
-
-def _reads(node: ir.Node) -> list[ir.Value]:
-    """Values a node reads: its inputs and what its subgraphs capture from outside."""
-    values = [v for v in node.inputs if v is not None]
-    for attr in node.attributes.values():
-        subgraphs = (
-            [attr.value]
-            if attr.type == ir.AttributeType.GRAPH
-            else list(attr.value)
-            if attr.type == ir.AttributeType.GRAPHS
-            else []
-        )
-        for sub in subgraphs:
-            values.extend(_captured(sub))
-    return values
-
-
-def _captured(graph: ir.Graph) -> list[ir.Value]:
-    own = set(graph.inputs) | set(graph.initializers.values())
-    for node in graph:
-        own.update(node.outputs)
-    captured = []
-    for node in graph:
-        for value in _reads(node):
-            if value not in own:
-                captured.append(value)
-    return captured
-
-
-def _node_label(node: ir.Node) -> str:
-    return node.name or f"{node.op_type} -> {', '.join(v.name or '?' for v in node.outputs)}"

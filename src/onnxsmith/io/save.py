@@ -8,6 +8,10 @@
   provenance stamp holds no time or path.
 * The single file is streamed one tensor at a time (see :mod:`onnxsmith.io.wire`),
   so saving never holds a second copy of the weights.
+* A saved model reads only what was written with it: a tensor still held in another
+  model's file (a source's data file) is copied in, never left as a reference.
+* What is staged passes onnx.checker before it is moved into place, and the files a
+  source reads are never overwritten or removed.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +27,14 @@ from typing import BinaryIO
 
 import onnx
 import onnx_ir as ir
+from google.protobuf.message import DecodeError
 
-from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.errors import InputError, OutputError, UsageError
 from onnxsmith.core.version import __version__
 from onnxsmith.io import wire
-from onnxsmith.io.files import FileRecord, commit_files, same_file, staging_dir
+from onnxsmith.io.check import check_with_onnx, tensors
+from onnxsmith.io.files import FileRecord, commit_files, describe_os_error, protected, staging_dir
+from onnxsmith.io.paths import check_output
 
 PROTOBUF_LIMIT = 2**31 - 1
 #: Room left for the graph structure when deciding whether weights fit one file.
@@ -35,6 +42,8 @@ _STRUCTURE_MARGIN = 64 * 1024 * 1024
 #: Initializers at least this big are streamed rather than serialised in memory.
 _STREAM_TENSOR_BYTES = 4096
 _PLACEHOLDER = "__onnxsmith_stream__"
+#: A model file bigger than this is not parsed to find whether a data file beside it is its own.
+_OWN_DATA_PARSE_BYTES = 64 * 1024 * 1024
 
 PROVENANCE_KEY = "onnxsmith.provenance"
 
@@ -88,7 +97,7 @@ class StagedModel:
     the ``with`` block without committing removes it, so nothing half-made remains.
     """
 
-    def __init__(self, tmp: Path, final: Path, external: bool, protect) -> None:
+    def __init__(self, tmp: Path, final: Path, external: bool, protect: list[Path]) -> None:
         self.path = tmp / final.name
         self.final = final
         self.external = external
@@ -106,15 +115,40 @@ class StagedModel:
     def commit(self) -> list[FileRecord]:
         pairs = self._pairs()
         staged = self._records.result() if self._records is not None else [FileRecord.of(p) for p, _ in pairs]
-        commit_files(pairs)
-        final_data = self.final.with_name(data_file_name(self.final))
-        if not self.external and final_data.exists() and not _is_protected(final_data, self._protect):
-            final_data.unlink()  # a data file left by an earlier external save of this name
+        # The data file of the model being replaced goes with it, unless a source reads it.
+        leftover = None if self.external else _own_data_file(self.final)
+        commit_files(pairs, protect=self._protect)
+        if leftover is not None and not protected(leftover, self._protect):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
         # The renames keep the bytes: the records hashed while staged hold for the final paths.
         self.committed = [
             FileRecord(final, record.bytes, record.sha256) for record, (_, final) in reversed(list(zip(staged, pairs)))
         ]
         return self.committed
+
+
+def _own_data_file(path: Path) -> Path | None:
+    """``<path>.data`` if the model now at ``path`` reads it (a stale data file once it is replaced)."""
+    data = path.with_name(data_file_name(path))
+    try:
+        if not data.is_file() or not path.is_file() or path.stat().st_size > _OWN_DATA_PARSE_BYTES:
+            return None
+        proto = onnx.load(os.fspath(path), load_external_data=False)
+    except (OSError, DecodeError, RuntimeError, ValueError):
+        return None  # not a model we can read: leave its neighbours alone
+    return data if data.name in _locations(proto) else None
+
+
+def _locations(proto: onnx.ModelProto) -> set[str]:
+    """The external-data locations the tensors of ``proto`` name."""
+    return {
+        entry.value
+        for tensor in tensors(proto)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
 
 
 @contextlib.contextmanager
@@ -126,10 +160,14 @@ def staged_model(
     external_data: bool | None = None,
     protect: list[str | os.PathLike] = (),
 ) -> Iterator[StagedModel]:
-    """Write ``model`` into a staging folder beside ``path``; see :class:`StagedModel`."""
+    """Write ``model`` into a staging folder beside ``path``; see :class:`StagedModel`.
+
+    ``protect``: the files the source reads; the files ``model`` itself still reads are added.
+    """
     path = Path(path)
     data_path = path.with_name(data_file_name(path))
-    _refuse_overwriting(model, [path, data_path], protect)
+    protect = [Path(p) for p in protect] + _files_read(model)
+    check_output(path, protect=protect)
     if provenance is not None:
         model.producer_name = "onnxsmith"
         model.producer_version = __version__
@@ -145,32 +183,83 @@ def staged_model(
             "limit for one file; save with external data",
             path,
         )
+    if external_data:
+        check_output(data_path, protect=protect)
     with staging_dir(path.parent) as tmp, ThreadPoolExecutor(max_workers=1) as hashing:
         staged = StagedModel(tmp, path, external_data, protect)
-        if external_data:
-            # onnx-ir streams tensors into the data file with bounded memory.
-            ir.save(model, staged.path, external_data=data_path.name)
-        else:
-            with open(staged.path, "wb") as f:
-                write_single_file(model, f)
+        try:
+            if external_data:
+                # onnx-ir streams initializers into the data file with bounded memory (those of
+                # subgraphs too); a tensor attribute still read from a file is copied in.
+                with _in_memory(_file_attributes(model)):
+                    ir.save(model, staged.path, external_data=data_path.name)
+                check_written(onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_path.name)
+            else:
+                with open(staged.path, "wb") as f:
+                    write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None))
+        except OSError as err:
+            raise OutputError(f"cannot write: {describe_os_error(err)}", path) from None
         # Hash what was written while the caller verifies it (hashlib releases the GIL).
         staged._records = hashing.submit(lambda: [FileRecord.of(p) for p, _ in staged._pairs()])
         yield staged
 
 
-def _refuse_overwriting(model: ir.Model, targets: list[Path], protect) -> None:
-    protected = [Path(p) for p in protect]
+def check_written(proto: onnx.ModelProto, path: Path, data_file: str | None) -> None:
+    """A model about to be written reads no file but its own data file, and passes onnx.checker."""
+    foreign = sorted(_locations(proto) - {data_file, _PLACEHOLDER})
+    if foreign:
+        raise InputError(
+            f"would read '{foreign[0]}', another model's file (a bug in onnxsmith; please report it)", path
+        )
+    check_with_onnx(proto, path)
+
+
+def _files_read(model: ir.Model) -> list[Path]:
+    return [Path(tensor.path) for tensor in _file_tensors(model)]
+
+
+def _file_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
     for graph in model.graphs():
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
-                protected.append(Path(value.const_value.path))
-    for target in targets:
-        if target.exists() and any(p.exists() and same_file(p, target) for p in protected):
-            raise UsageError("refusing to overwrite the input model; choose another output path", target)
+                yield value.const_value
+    for _, attr in _file_attributes(model):
+        yield attr.value
 
 
-def _is_protected(path: Path, protect) -> bool:
-    return any(Path(p).exists() and same_file(p, path) for p in protect)
+def _file_attributes(model: ir.Model) -> list[tuple[ir.Node, ir.Attr]]:
+    """Tensor attributes (a Constant's value) whose data is still in a file."""
+    return [
+        (node, attr)
+        for graph in model.graphs()
+        for node in graph
+        for attr in node.attributes.values()
+        if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor)
+    ]
+
+
+@contextlib.contextmanager
+def _in_memory(items) -> Iterator[None]:
+    """Hold tensors read from files in memory while the model is serialised, then put the originals back.
+
+    ``items``: (value, tensor) for initializers, (node, attr) for tensor attributes.
+    """
+    restore = []
+    try:
+        for owner, item in items:
+            if isinstance(owner, ir.Node):
+                copy = ir.Tensor(item.value.numpy(), dtype=item.value.dtype, name=item.value.name)
+                owner.attributes[item.name] = ir.Attr(item.name, ir.AttributeType.TENSOR, copy)
+            else:
+                owner.const_value = ir.Tensor(item.numpy(), dtype=item.dtype, name=owner.name)
+            restore.append((owner, item))
+        yield
+    finally:
+        for owner, item in restore:
+            if isinstance(owner, ir.Node):
+                owner.attributes[item.name] = item
+            else:
+                owner.const_value = item
 
 
 def _weight_bytes(model: ir.Model) -> int:
@@ -186,18 +275,23 @@ def _weight_bytes(model: ir.Model) -> int:
     return total
 
 
-def write_single_file(model: ir.Model, f: BinaryIO) -> None:
+def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.ModelProto], None] | None = None) -> None:
     """Write ``model`` as one protobuf, streaming large top-level initializers.
 
     The bytes are those of ``SerializeToString()`` of the whole model proto:
     fields are emitted in field-number order and each streamed tensor's
-    ``raw_data`` goes exactly where the serialiser would have put it.
+    ``raw_data`` goes exactly where the serialiser would have put it. Every tensor
+    still read from a file is written in full (streamed, or copied in when small or in
+    a subgraph): the file refers to no other. ``check`` sees the proto before anything
+    is written, its streamed tensors as external references to a placeholder.
     """
     streamed: dict[str, ir.TensorProtocol] = {}
     originals: list[tuple[ir.Value, ir.TensorProtocol]] = []
     for value in model.graph.initializers.values():
         tensor = value.const_value
-        if tensor is None or tensor.dtype == ir.DataType.STRING or tensor.nbytes < _STREAM_TENSOR_BYTES:
+        if tensor is None or tensor.dtype == ir.DataType.STRING:
+            continue
+        if tensor.nbytes < _STREAM_TENSOR_BYTES and not isinstance(tensor, ir.ExternalTensor):
             continue
         originals.append((value, tensor))
         streamed[value.name] = tensor
@@ -209,11 +303,21 @@ def write_single_file(model: ir.Model, f: BinaryIO) -> None:
             shape=tensor.shape,
             name=value.name,
         )
+    in_files = [
+        (value, value.const_value)
+        for graph in model.graphs()
+        if graph is not model.graph
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    ]
     try:
-        proto = ir.serde.serialize_model(model)
+        with _in_memory(in_files + _file_attributes(model)):
+            proto = ir.serde.serialize_model(model)
     finally:
         for value, tensor in originals:
             value.const_value = tensor
+    if check is not None:
+        check(proto)
 
     chunks: list[tuple[bytes, bytes, ir.TensorProtocol | None]] = []  # (before raw, after raw, tensor)
     for init in proto.graph.initializer:

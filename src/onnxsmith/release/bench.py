@@ -87,6 +87,13 @@ def bench_models(
 
     if settings.provider not in PROVIDERS:
         raise UsageError(f"unknown provider '{settings.provider}' (choose from {', '.join(PROVIDERS)})")
+    for _, path, _ in models:
+        try:
+            os.fspath(path).encode("utf-8")
+        except UnicodeEncodeError:  # a session on a file is what is timed, and onnxruntime takes UTF-8 paths only
+            raise UsageError(
+                "onnxruntime opens only files whose names are UTF-8; rename it to benchmark it", path
+            ) from None
     results = []
     with tempfile.TemporaryDirectory(prefix="onnxsmith-bench-") as tmp:
         for i, (name, path, config) in enumerate(models):

@@ -22,7 +22,8 @@ from onnxsmith.analysis.cut import plan_cut
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.io.files import FileRecord, sha256_file
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import load_model, source_files
+from onnxsmith.io.paths import check_output
 from onnxsmith.io.save import Provenance, staged_model
 from onnxsmith.passes.extract import ExtractPass
 from onnxsmith.core.transform import Progress
@@ -85,6 +86,8 @@ def extract_piece(
     source, output = Path(source), Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
+    protect = source_files(model, source)
+    check_output(output, protect=protect)  # before any work
     if inputs is None:
         everything = [v.name for v in model.graph.inputs if not v.is_initializer()]
         unused = plan_cut(model, everything, outputs, source).unused_inputs
@@ -111,7 +114,7 @@ def extract_piece(
         source.name, sha256_file(source), [{"name": STEP, "options": {"inputs": inputs, "outputs": outputs}}]
     )
     progress(f"writing {output.name}")
-    with staged_model(piece, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
+    with staged_model(piece, output, provenance=provenance, external_data=external_data, protect=protect) as staged:
         progress("verifying the piece against the source")
         comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, atol, rtol, output)
         comparison.reference = f"{source.name} (cut tensors exposed)"

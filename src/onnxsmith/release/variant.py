@@ -22,7 +22,8 @@ import onnx_ir as ir
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Progress, StepReport, Transform, TransformContext
 from onnxsmith.io.files import FileRecord, sha256_file
-from onnxsmith.io.load import load_model
+from onnxsmith.io.load import load_model, source_files
+from onnxsmith.io.paths import check_output
 from onnxsmith.io.save import Provenance, save_model, staged_model
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.tasks import get_task
@@ -70,6 +71,8 @@ def produce_variant(
     output = Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
+    protect = source_files(model, source)
+    check_output(output, protect=protect)  # before any work
     # The provenance stamp needs the source's sha256: hash it beside the transforms (hashlib
     # releases the GIL), not after them; a 1 GB source takes a second.
     with ThreadPoolExecutor(max_workers=1) as hashing:
@@ -100,7 +103,7 @@ def produce_variant(
     rtol = step_rtol if rtol is None else rtol
 
     progress(f"writing {output.name}")
-    with staged_model(model, output, provenance=provenance, external_data=external_data, protect=[source]) as staged:
+    with staged_model(model, output, provenance=provenance, external_data=external_data, protect=protect) as staged:
         progress("verifying against the source")
         comparison = _judge(judge, context, source, staged.path, gate_feeds, atol=atol, rtol=rtol)
         comparison.candidate = output.name

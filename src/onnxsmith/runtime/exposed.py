@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.core.errors import OnnxsmithError
+from onnxsmith.io.files import new_private_dir, remove_private_dir
+from onnxsmith.io.paths import data_file
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
 
@@ -87,23 +90,26 @@ def _linked_folder(files: dict[str, Path], near: list[Path]) -> Iterator[Path]:
     folder = None
     try:
         for parent in [*near, Path(tempfile.gettempdir())]:
-            with contextlib.suppress(OSError):
-                folder = Path(tempfile.mkdtemp(prefix=".onnxsmith-exposed-", dir=parent))
+            with contextlib.suppress(OSError, OnnxsmithError):
+                folder = new_private_dir(parent)
                 for location, source in files.items():
-                    target = folder / location
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(source, target)
+                    os.link(source, _place(folder, location))
                 break
             if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+                remove_private_dir(folder)
                 folder = None
         if folder is None:  # no folder could link: copy (slow for big models, but correct)
-            folder = Path(tempfile.mkdtemp(prefix=".onnxsmith-exposed-", dir=near[0] if near else None))
+            folder = new_private_dir(near[0] if near else tempfile.gettempdir())
             for location, source in files.items():
-                target = folder / location
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
+                shutil.copyfile(source, _place(folder, location))
         yield folder
     finally:
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_private_dir(folder)
+
+
+def _place(folder: Path, location: str) -> Path:
+    """Where a data file goes in ``folder``: never outside it (load refuses such locations too)."""
+    target = data_file(location, folder / _MODEL_NAME, "?")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target

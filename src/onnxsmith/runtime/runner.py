@@ -90,10 +90,21 @@ def open_session(
     """
     providers = providers or CPU
     options = options or session_options()
+    if not isinstance(model, ir.Model) and not _utf8(os.fspath(model)):
+        # onnxruntime takes a path as UTF-8 text only: a file whose name is not runs from memory.
+        label, model = label or model, load_model(model)
     if isinstance(model, ir.Model):
         proto, weights = _weights_as_inputs(model)
         return Session(_session(proto.SerializeToString(), options, providers, label or "<in-memory model>"), weights)
     return Session(_session(os.fspath(Path(model)), options, providers, label or model))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

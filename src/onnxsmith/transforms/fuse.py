@@ -26,7 +26,6 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -41,6 +40,7 @@ from onnxscript.rewriter import RewritePass, RewriteRuleSet
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.io.files import staging_dir
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_shapes import FoldShapesPass
@@ -156,8 +156,8 @@ class Fuse(Transform):
                 )
         if options.precision == "fp16":
             context.progress("fuse: measuring activation ranges of the fused graph")
-            with tempfile.TemporaryDirectory(prefix="onnxsmith-fuse-") as tmp:
-                path = Path(tmp) / "fused_fp32.onnx"
+            with staging_dir(tempfile.gettempdir()) as tmp:  # removed by a later run if this one is killed
+                path = tmp / "fused_fp32.onnx"
                 context.save(model, path)
                 ranges = measure_ranges(path, context.feeds)
             report.notes.extend(fused_to_fp16(model, ranges, context.progress))

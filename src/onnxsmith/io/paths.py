@@ -1,0 +1,122 @@
+"""What onnxsmith may read and write, decided before any work.
+
+* A model reads only files inside its own folder: an external-data location that is
+  absolute, climbs with ``..`` or resolves (symbolic links included) outside the folder
+  is refused, as onnx and onnxruntime refuse it (CVE-2024-27318).
+* An output is a regular file, or nothing yet, in a folder that can be written: a
+  device, fifo, socket or folder is never replaced by the atomic rename.
+* The files a source reads (its .onnx and each data file it references) are never
+  overwritten or removed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from onnxsmith.core.errors import InputError, OutputError, UsageError
+from onnxsmith.io.files import describe_os_error, display, refuse_protected
+
+
+def data_file(location: str, model_path: Path, tensor: str) -> Path:
+    """The file an external-data ``location`` of ``model_path`` names; refuse one outside its folder."""
+
+    def refuse(why: str) -> InputError:
+        return InputError(
+            f"external data of tensor '{tensor}' is at '{display(location)}', {why}; a model may only "
+            "read data files inside its own folder (as onnx and onnxruntime require)",
+            model_path,
+        )
+
+    if not location:
+        raise refuse("an empty location")
+    if any(ord(c) < 32 for c in location):
+        raise refuse("a location with a control character")
+    if os.path.isabs(location) or PureWindowsPath(location).is_absolute() or PureWindowsPath(location).drive:
+        raise refuse("an absolute path")
+    if ".." in PurePosixPath(location.replace("\\", "/")).parts:
+        raise refuse("a path that climbs out with '..'")
+    folder = model_path.parent.resolve()
+    path = model_path.parent / location
+    resolved = path.resolve()
+    if not resolved.is_relative_to(folder):
+        raise refuse(f"which resolves to {display(resolved)} through a symbolic link")
+    return path
+
+
+def check_outputs(outputs: Iterable[str | os.PathLike | None], *, protect: Iterable[str | os.PathLike] = ()) -> None:
+    """:func:`check_output` for each output a command was given (None: not asked for); no two the same."""
+    protect = list(protect)
+    seen: dict[str, Path] = {}
+    for output in outputs:
+        if output is None:
+            continue
+        path = check_output(output, protect=protect)
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"is given for two outputs ('{display(seen[key])}' too)", path)
+        seen[key] = path
+
+
+_KINDS = {
+    stat.S_ISDIR: "a folder",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a fifo",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def check_output(
+    path: str | os.PathLike,
+    *,
+    protect: Iterable[str | os.PathLike] = (),
+    folder: bool = False,
+) -> Path:
+    """``path`` as an output that can be written; raise naming the problem, before any work.
+
+    ``folder``: the output is a folder (it may exist as one). Nothing is created: a probe
+    file in the nearest existing folder shows that it can be written, and is removed.
+    """
+    if not os.fspath(path).strip():
+        raise UsageError("the output path is empty")
+    path = Path(path)
+    refuse_protected([path], protect)
+    kind = _kind(path)
+    if kind is not None and not (folder and kind == "a folder"):
+        expected = "a folder" if folder else "a regular file"
+        raise UsageError(f"exists and is {kind}, not {expected}; choose another output path", path)
+    if kind is None and folder and path.is_file():
+        raise UsageError("exists and is a file, not a folder; choose another output path", path)
+    parent = path.parent
+    while not parent.exists():
+        if os.path.lexists(parent):
+            raise OutputError(f"cannot create the folder '{display(parent)}' (a broken symbolic link)", path)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"'{display(parent)}' is a file, not a folder", path)
+    _probe_writable(parent, path)
+    return path
+
+
+def _kind(path: Path) -> str | None:
+    """What exists at ``path`` (links followed) other than a regular file, or None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")
+
+
+def _probe_writable(folder: Path, path: Path) -> None:
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".onnxsmith-probe-", dir=folder)
+    except OSError as err:
+        raise OutputError(f"cannot write in '{display(folder)}': {describe_os_error(err)}", path) from None
+    os.close(fd)
+    os.unlink(probe)
