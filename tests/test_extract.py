@@ -88,8 +88,8 @@ def test_a_missing_type_is_filled_from_observed_values():
     values = ir.convenience.create_value_mapping(model.graph)
     values["b"].dtype, values["b"].shape = None, None  # what an unknown op leaves behind
     observed = {"b": [np.zeros((3, 8), np.float32), np.zeros((5, 8), np.float32)]}
-    extract = ExtractPass(["b", "d"], ["c"], observed=observed, static_dims=True)
-    piece = extract(model).model
+    extract = ExtractPass(["b", "d"], ["c"], observed=observed, static_dims=True)(model)
+    piece = extract.model
     b = piece.graph.inputs[0]
     assert extract.typed_by_running == ["b"]
     # The batch differs between samples: a named dim, not a number.

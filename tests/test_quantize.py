@@ -279,3 +279,15 @@ def test_eval_lm_bad_input(capsys, gpt2_q4, tmp_path, save_proto):
     assert_one_line_error(result, "returns logits for the last position only", "model_q4.onnx")
     result = run_main(capsys, "eval-lm", gpt2_folder() / "onnx" / "model.onnx", "--text", tmp_path / "nope.txt")
     assert_one_line_error(result, "nope.txt: no such file")
+
+
+def test_quantize_is_judged_by_the_lm_gate_with_its_defaults():
+    """The transform only declares its gate; the lm task's gate bounds are quantize's option defaults."""
+    from onnxsmith.transforms import get_transform
+
+    quantize = get_transform("quantize")
+    assert quantize.gate_task == "lm"
+    settings = quantize.gate_settings(QuantizeOptions())
+    assert (settings["max_kl"], settings["min_top1"]) == (task.DEFAULT_MAX_KL, task.DEFAULT_MIN_TOP1)
+    assert settings["candidate_config"] == {"session.disable_quant_qdq": "1"}
+    assert quantize.gate_settings(QuantizeOptions(format="nbits"))["candidate_config"] is None

@@ -50,9 +50,7 @@ def test_round_trips_duplicates_and_orphans_are_removed(save_proto, tmp_path):
     infer_types(model)
     assert len(round_trip_pairs(model)) == 1
     before = count_casts(model)
-    hygiene = CastHygienePass()
-    hygiene(model)
-    counts = hygiene.counts
+    counts = CastHygienePass()(model).counts
     assert (counts.round_trips, counts.identities, counts.merged) == (1, 1, 1)
     assert not round_trip_pairs(model)
     # Left: the single down-cast feeding the fp16 Relu, and the Cast producing output 'out_n'.

@@ -51,8 +51,8 @@ def _repeated() -> onnx.ModelProto:
 def test_copies_merge_into_the_first(save_proto, tmp_path):
     source = save_proto(_repeated(), "repeated.onnx")
     model = load_model(source)
-    dedup = DeduplicateConstantsPass()
-    assert dedup(model).modified
+    dedup = DeduplicateConstantsPass()(model)
+    assert dedup.modified
     assert sorted((d.name, d.kept) for d in dedup.removed) == [("const_c1", "w1"), ("const_c2", "w1"), ("w2", "w1")]
     assert list(model.graph.initializers) == ["w1"]
     assert [n.outputs[0].name for n in model.graph if n.op_type == "Constant"] == ["c3"]  # different: kept
@@ -81,8 +81,7 @@ def test_real_models_keep_their_outputs(name, tmp_path):
     source = real_model(name)
     model = load_model(source)
     before = sum(1 for _ in constant_tensors(model))
-    dedup = DeduplicateConstantsPass()
-    dedup(model)
+    dedup = DeduplicateConstantsPass()(model)
     assert len(dedup.removed) > 10
     assert sum(1 for _ in constant_tensors(model)) == before - len(dedup.removed)
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.cast_hygiene import round_trip_pairs
-from onnxsmith.passes.float_precision import FloatPrecisionPass
+from onnxsmith.passes.float_precision import FloatPrecisionPass, PrecisionResult
 from onnxsmith.runtime.inputs import random_inputs
 from tests.support.check import assert_pass_preserves_outputs, save_ir
 from tests.support.models import mlp, with_if_subgraph
@@ -21,11 +21,9 @@ F32 = ir.DataType.FLOAT
 ATOL, RTOL = 3e-2, 3e-2
 
 
-def _convert(path, **options) -> tuple[ir.Model, FloatPrecisionPass]:
+def _convert(path, **options) -> tuple[ir.Model, PrecisionResult]:
     model = load_model(path)
-    conversion = FloatPrecisionPass(**options)
-    conversion(model)
-    return model, conversion
+    return model, FloatPrecisionPass(**options)(model)
 
 
 def _loads_natively(path) -> ort.InferenceSession:
@@ -39,8 +37,8 @@ def test_weights_and_compute_to_fp16_io_kept_fp32(save_proto, tmp_path):
     model, conversion = _convert(source)
     assert {v.dtype for v in model.graph.initializers.values()} == {F16}
     assert [v.dtype for v in model.graph.inputs] == [F32] and [v.dtype for v in model.graph.outputs] == [F32]
-    assert sum(conversion.result.low_nodes.values()) == 5 and not conversion.result.kept
-    assert conversion.result.casts_added == 2  # the input down, the output up
+    assert sum(conversion.low_nodes.values()) == 5 and not conversion.kept
+    assert conversion.casts_added == 2  # the input down, the output up
     after = save_ir(model, tmp_path / "after.onnx")
     assert after.stat().st_size < 0.6 * source.stat().st_size
     comparison = assert_pass_preserves_outputs(source, after, tmp_path, atol=ATOL, rtol=RTOL)
@@ -52,7 +50,7 @@ def test_fp16_io_when_asked(save_proto, tmp_path):
     source = save_proto(mlp())
     model, conversion = _convert(source, keep_io_types=False)
     assert [v.dtype for v in model.graph.inputs] == [F16] and [v.dtype for v in model.graph.outputs] == [F16]
-    assert conversion.result.casts_added == 0
+    assert conversion.casts_added == 0
     assert_pass_preserves_outputs(source, model, tmp_path, atol=ATOL, rtol=RTOL)
 
 
@@ -63,10 +61,10 @@ def test_kept_tensor_makes_an_island_its_producer_and_readers_fp32(save_proto, t
     assert nodes["add1"].outputs[0].dtype == F32  # writes h1
     assert nodes["relu"].outputs[0].dtype == F32  # reads h1
     assert nodes["mm1"].outputs[0].dtype == F16 and nodes["mm2"].outputs[0].dtype == F16
-    assert set(conversion.result.kept) == {"add1", "relu"}
-    assert "measured over range" in conversion.result.kept["add1"]
+    assert set(conversion.kept) == {"add1", "relu"}
+    assert "measured over range" in conversion.kept["add1"]
     # Exactly one Cast at each island border, never a round trip.
-    assert conversion.result.casts_added == 4 and not round_trip_pairs(model)
+    assert conversion.casts_added == 4 and not round_trip_pairs(model)
     assert_pass_preserves_outputs(source, model, tmp_path, atol=ATOL, rtol=RTOL)
 
 
@@ -104,7 +102,7 @@ def test_shape_arithmetic_and_range_stay_as_they_are(save_proto, tmp_path):
     assert types["Range"] == F32 and types["Div"] == F32  # sizes, not activations (fp16 Range has no kernel)
     assert types["MatMul"] == F16 and types["Mul"] == F16
     assert model.graph.initializers["zero_f"].dtype == F32 and model.graph.initializers["w"].dtype == F16
-    assert conversion.result.shape_nodes == 2
+    assert conversion.shape_nodes == 2
     after = save_ir(model, tmp_path / "after.onnx")
     _loads_natively(after)
     assert_pass_preserves_outputs(source, after, tmp_path, atol=ATOL, rtol=RTOL, shapes={"x": (2, 6)})
@@ -153,7 +151,7 @@ def test_constant_node_weights_converted_unless_out_of_range(save_proto, tmp_pat
     assert constants == {"w_c": F16, "big": F32}  # 1e6 is inf in fp16: the Div that reads it stays fp32
     w_c = next(n for n in model.graph if n.outputs[0].name == "w_c")
     assert w_c.attributes["value"].value.dtype == F16
-    assert any("1e+06" in reason for reason in conversion.result.kept.values())
+    assert any("1e+06" in reason for reason in conversion.kept.values())
     assert_pass_preserves_outputs(source, model, tmp_path, atol=ATOL, rtol=RTOL)
 
 
@@ -206,7 +204,7 @@ def test_contrib_ops_follow_their_type_rules(save_proto, tmp_path):
     assert skip_ln.outputs[1].dtype == F32  # 'mean' is always fp32 (type U)
     for name in ("gamma", "beta", "bias"):
         assert model.graph.initializers[name].dtype == F16
-    assert not conversion.result.unknown_ops
+    assert not conversion.unknown_ops
     after = save_ir(model, tmp_path / "after.onnx")
     _loads_natively(after)
     assert_pass_preserves_outputs(source, after, tmp_path, atol=ATOL, rtol=RTOL)
@@ -223,9 +221,8 @@ def test_unknown_custom_op_stays_fp32_with_a_note():
     model = ir.serde.deserialize_model(
         helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme.ops", 1)])
     )
-    conversion = FloatPrecisionPass()
-    conversion(model)
-    assert conversion.result.unknown_ops == ["acme.ops::Mystery"]
+    conversion = FloatPrecisionPass()(model)
+    assert conversion.unknown_ops == ["acme.ops::Mystery"]
     mystery = next(n for n in model.graph if n.op_type == "Mystery")
     assert mystery.inputs[0].dtype == F32 and mystery.outputs[0].dtype == F32
 

@@ -29,8 +29,8 @@ def test_big_grid_stays_computed_small_chain_folds(save_proto, tmp_path):
     # Expand makes 128*256*8 int64 = 2 MB, over the 1 MB default; Range and Reshape before it are tiny.
     source = save_proto(hitnet_bloat(height=128, width=256, tile1=3, tile2=2), "grid.onnx")
     model = load_model(source)
-    fold = FoldConstantsGuardedPass()
-    assert fold(model).modified
+    fold = FoldConstantsGuardedPass()(model)
+    assert fold.modified
     assert "Range" not in _ops(model) and "Reshape" not in _ops(model)  # folded: they were tiny
     assert _ops(model).count("Tile") == 2 and "Expand" in _ops(model)  # the grid is computed at run time
     [refused] = fold.refused
@@ -43,8 +43,7 @@ def test_big_grid_stays_computed_small_chain_folds(save_proto, tmp_path):
 def test_the_guard_is_what_stops_it(save_proto, tmp_path):
     source = save_proto(hitnet_bloat(height=128, width=256, tile1=3, tile2=2), "grid.onnx")
     model = load_model(source)
-    fold = FoldConstantsGuardedPass(max_growth=64 * 2**20)
-    fold(model)
+    fold = FoldConstantsGuardedPass(max_growth=64 * 2**20)(model)
     assert fold.refused == []
     # Everything folded: the 12 MB int64 index grid is now stored.
     grid = 128 * 256 * 8 * 3 * 2 * 8
@@ -78,8 +77,7 @@ def _nonzero_and_big_input() -> onnx.ModelProto:
 def test_unknown_size_and_big_inputs_are_not_evaluated(save_proto, tmp_path):
     source = save_proto(_nonzero_and_big_input(), "unknowns.onnx")
     model = load_model(source)
-    fold = FoldConstantsGuardedPass(max_input_bytes=1024)
-    fold(model)
+    fold = FoldConstantsGuardedPass(max_input_bytes=1024)(model)
     reasons = {r.node: r.reason for r in fold.refused}
     assert "unknown before evaluating" in reasons["nonzero"]
     assert "not evaluated in memory" in reasons["transpose"]

@@ -74,8 +74,7 @@ def test_gpt2_export_body_becomes_plain_matmul_weights(tmp_path):
     model = load_model(before)
     gemms = sum(n.op_type == "Gemm" for n in model.graph)
     assert gemms == 8  # 2 blocks x (c_attn, c_proj, c_fc, mlp c_proj): optimum's Gemm body
-    pass_ = GemmToMatMulPass()
-    pass_(model)
+    pass_ = GemmToMatMulPass()(model)
     assert pass_.rewritten == gemms
     weights = [n.inputs[1] for n in model.graph if n.op_type == "MatMul" and n.inputs[1].const_value is not None]
     assert len(weights) == gemms

@@ -33,8 +33,8 @@ def _stored(which: str, lookups: str):
 def test_head_weight_gets_a_unit_dim_and_outputs_do_not_change(tmp_path, which, lookups):
     _source, model, head = _stored(which, lookups)
     quantized = save_ir(model, tmp_path / "stored.onnx")  # the int8 head: the reference from here on
-    gemv = GemvHeadPass(head.matmul)
-    assert gemv(model).modified and not gemv.skipped
+    gemv = GemvHeadPass(head.matmul)(model)
+    assert gemv.modified and not gemv.skipped
     weight = head.matmul.inputs[1]
     assert list(weight.shape) == [1, head.hidden, head.vocab]
     after = save_ir(model, tmp_path / "after.onnx")
@@ -71,15 +71,15 @@ def _head_read_also_by(reader: str, save_proto):
 def test_a_weight_read_by_anything_else_is_left_alone(save_proto, tmp_path):
     model = load_model(_head_read_also_by("Relu", save_proto))
     infer_types(model)
-    gemv = GemvHeadPass(find_lm_head(model).matmul)
-    assert not gemv(model).modified
+    gemv = GemvHeadPass(find_lm_head(model).matmul)(model)
+    assert not gemv.modified
     assert "also read by Relu" in gemv.skipped and list(model.graph.initializers["w"].shape) == [8, 20]
 
     source = _head_read_also_by("", save_proto)  # a plain constant head: stored 3-D in place
     model = load_model(source)
     infer_types(model)
-    gemv = GemvHeadPass(find_lm_head(model).matmul)
-    assert gemv(model).modified and list(model.graph.initializers["w"].shape) == [1, 8, 20]
+    gemv = GemvHeadPass(find_lm_head(model).matmul)(model)
+    assert gemv.modified and list(model.graph.initializers["w"].shape) == [1, 8, 20]
     feeds = {"h": np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)}
     before = ort.InferenceSession(str(source)).run(None, feeds)[0]
     after = ort.InferenceSession(str(save_ir(model, tmp_path / "after.onnx"))).run(None, feeds)[0]

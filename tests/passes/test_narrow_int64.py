@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.passes.narrow_int64 import REGION_OPS, NarrowInt64Pass, values_to_evaluate
+from onnxsmith.passes.narrow_int64 import REGION_OPS, NarrowInt64Pass, NarrowInt64Result, values_to_evaluate
 from onnxsmith.runtime.evaluate import evaluate_min_max
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.surgery_models import folded_index, hitnet_bloat
@@ -23,11 +23,10 @@ INT32, INT64 = ir.DataType.INT32, ir.DataType.INT64
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 
 
-def _narrowed(path, min_bytes: int = 64 * 1024) -> tuple[ir.Model, NarrowInt64Pass]:
+def _narrowed(path, min_bytes: int = 64 * 1024) -> tuple[ir.Model, NarrowInt64Result]:
     model = load_model(path)
     infer_types(model)
-    narrow = NarrowInt64Pass(min_bytes, evaluated=evaluate_min_max(model, values_to_evaluate(model, min_bytes)))
-    narrow(model)
+    narrow = NarrowInt64Pass(min_bytes, evaluated=evaluate_min_max(model, values_to_evaluate(model, min_bytes)))(model)
     return model, narrow
 
 

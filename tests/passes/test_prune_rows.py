@@ -85,9 +85,8 @@ def encoder_block(select, *, also_output_all: bool = False):
 def _prune(path):
     model = load_model(path)
     infer_types(model)
-    prune = PruneRowsPass()
-    result = prune(model)
-    return model, prune, result.modified
+    prune = PruneRowsPass()(model)
+    return model, prune, prune.modified
 
 
 def _check_same(path, model, tmp_path):

@@ -95,8 +95,8 @@ def test_pass_runs_in_onnxruntime_as_the_numbers_say(tmp_path, save_proto, bits,
     proto = _matmul_model(96)
     before = save_proto(proto)
     model = load_model(before)
-    pass_ = QuantizeWeightsPass(bits=bits, block_size=32, symmetric=symmetric, format=fmt, accuracy_level=0)
-    assert pass_(model).modified and pass_.quantized == 2
+    pass_ = QuantizeWeightsPass(bits=bits, block_size=32, symmetric=symmetric, format=fmt, accuracy_level=0)(model)
+    assert pass_.modified and pass_.quantized == 2
     ops = [n.op_type for n in model.graph]
     if fmt == "qdq":
         assert ops.count("DequantizeLinear") == 2 and "MatMulNBits" not in ops
@@ -139,8 +139,7 @@ def ir_type(name):
 def test_k_not_a_multiple_of_the_block_is_said_and_not_block_quantized(tmp_path, save_proto, uneven):
     before = save_proto(_matmul_model(70))
     model = load_model(before)
-    pass_ = QuantizeWeightsPass(uneven=uneven)
-    pass_(model)
+    pass_ = QuantizeWeightsPass(uneven=uneven)(model)
     assert any("K is not a multiple of the block size 32" in note and "w (K=70)" in note for note in pass_.notes)
     row = next(r for r in pass_.rows if r["weight"] == "w")
     if uneven == "keep":
@@ -167,5 +166,5 @@ def test_a_graph_without_constant_matmul_weights_is_unchanged(save_proto):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
     )
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
-    pass_ = QuantizeWeightsPass()
-    assert not pass_(model).modified and pass_.quantized == 0
+    pass_ = QuantizeWeightsPass()(model)
+    assert not pass_.modified and pass_.quantized == 0

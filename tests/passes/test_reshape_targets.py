@@ -26,8 +26,7 @@ def test_shape_chains_become_constants(tmp_path, which):
     model = load_model(source)
     infer_types(model)
     computed, nodes = _computed_targets(model), len(list(model.graph))
-    targets = ConstantReshapeTargetsPass()
-    targets(model)
+    targets = ConstantReshapeTargetsPass()(model)
     RemoveUnusedNodesPass()(model)
     assert targets.replaced == computed - _computed_targets(model) > 0
     assert len(list(model.graph)) < nodes - 2 * targets.replaced  # their Shape/Gather/Concat chains died
@@ -84,8 +83,7 @@ def test_a_target_is_replaced_only_when_every_element_is_known(tmp_path, save_pr
     source = save_proto(_reshape_by_shape_of(other_dims, allowzero=allowzero))
     model = load_model(source)
     infer_types(model)
-    targets = ConstantReshapeTargetsPass()
-    targets(model)
+    ConstantReshapeTargetsPass()(model)
     reshape = next(n for n in model.graph if n.op_type == "Reshape")
     target = const_array(reshape.inputs[1])
     assert (None if target is None else list(target)) == expected

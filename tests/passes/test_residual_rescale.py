@@ -98,8 +98,8 @@ def _stream_model(stream_is_output: bool) -> onnx.ModelProto:
 def test_pass_on_a_small_stream_is_exact(save_proto, tmp_path):
     source = save_proto(_stream_model(stream_is_output=False))
     model = load_model(source)
-    rescale = ResidualRescalePass(1 / 8)
-    assert rescale(model).modified
+    rescale = ResidualRescalePass(1 / 8)(model)
+    assert rescale.modified
     assert len(rescale.streams) == 1 and rescale.results[0].constants == 3  # w0 and the two branch weights
     assert_pass_preserves_outputs(source, model, tmp_path, atol=1e-5, rtol=1e-5)
 

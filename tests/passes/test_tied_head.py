@@ -30,8 +30,7 @@ def test_tied_head_is_found_and_stored_once(tmp_path, which):
     fp32 = list(float_tables_after_load(source, vocab * hidden, tmp_path))
     assert len(fp32) == 2  # the source holds the table and its transposed copy
 
-    store = StoreHeadPass(head, "int8")
-    store(model)
+    store = StoreHeadPass(head, "int8")(model)
     after = save_ir(model, tmp_path / "after.onnx")
     stored = [
         v
@@ -58,8 +57,7 @@ def test_tied_table_in_rows_keeps_row_lookups(tmp_path, which):
     model = load_model(source)
     GemmToMatMulPass()(model)
     head = find_lm_head(model)
-    store = StoreHeadPass(head, "int8", lookups="rows")
-    store(model)
+    store = StoreHeadPass(head, "int8", lookups="rows")(model)
     stored = [
         v
         for v in model.graph.initializers.values()
@@ -102,8 +100,7 @@ def test_untied_head_and_table_each_stored_int8(tmp_path, save_proto):
     model = load_model(source)
     head = find_lm_head(model)
     assert not head.tied and head.table.name == "wte" and head.weight.name == "lm_head"
-    store = StoreHeadPass(head, "int8")
-    store(model)
+    StoreHeadPass(head, "int8")(model)
     dqs = {n.outputs[0].name: n for n in model.graph if n.op_type == "DequantizeLinear"}
     assert set(dqs) == {"wte", "lm_head"}
     assert dqs["wte"].attributes.get_int("axis") == 0 and dqs["lm_head"].attributes.get_int("axis") == 1

@@ -26,8 +26,7 @@ def test_gpt2_linear_layers_lose_their_reshapes(tmp_path, past):
     GemmToMatMulPass()(model)
     infer_types(model)
     before = _ops(model)
-    unflatten = UnflattenMatMulPass()
-    unflatten(model)
+    unflatten = UnflattenMatMulPass()(model)
     RemoveUnusedNodesPass()(model)
     after = _ops(model)
     assert unflatten.rewritten == 8  # 2 layers x (c_attn, attn c_proj, c_fc, mlp c_proj)
@@ -46,8 +45,8 @@ def test_glassllm_has_no_such_pair_and_is_unchanged(tmp_path):
     model = load_model(glassllm_folder() / "onnx" / "model.onnx")
     infer_types(model)
     before = _ops(model)
-    unflatten = UnflattenMatMulPass()
-    assert not unflatten(model).modified and unflatten.rewritten == 0
+    unflatten = UnflattenMatMulPass()(model)
+    assert not unflatten.modified and unflatten.rewritten == 0
     assert _ops(model) == before
 
 
@@ -93,8 +92,7 @@ def test_only_a_provably_equivalent_pair_is_removed(tmp_path, save_proto, case):
     source = save_proto(_wrapped(**case))
     model = load_model(source)
     infer_types(model)
-    unflatten = UnflattenMatMulPass()
-    unflatten(model)
+    unflatten = UnflattenMatMulPass()(model)
     removable = case == {"restore": [2, 3, 6]}
     assert unflatten.rewritten == (1 if removable else 0)
     assert _ops(model).count("Reshape") == (0 if removable else 2)

@@ -17,7 +17,7 @@ touched; a Cast that changes kind (float to int) always changes values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
@@ -87,36 +87,37 @@ def _widens_then_narrows(inner: ir.Node, outer: ir.Node) -> bool:
     return target == source and _BITS[middle] > _BITS[source]
 
 
+@dataclass
+class CastHygieneResult(ir.passes.PassResult):
+    counts: CastCounts = field(default_factory=CastCounts)
+
+
 class CastHygienePass(ir.passes.InPlacePass):
-    """See the module docstring; :attr:`counts` says what was removed."""
+    """See the module docstring; the result's ``counts`` say what was removed."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts = CastCounts()
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.counts = CastCounts()
+    def call(self, model: ir.Model) -> CastHygieneResult:
+        counts = CastCounts()
         for graph in model.graphs():
-            self._bypass_pairs(graph)
-            self._merge_duplicates(graph)
-            self._remove_orphans(graph)
-        modified = bool(self.counts.round_trips or self.counts.identities or self.counts.removed)
-        return ir.passes.PassResult(model, modified)
+            self._bypass_pairs(graph, counts)
+            self._merge_duplicates(graph, counts)
+            self._remove_orphans(graph, counts)
+        modified = bool(counts.round_trips or counts.identities or counts.removed)
+        return CastHygieneResult(model, modified, counts)
 
-    def _bypass_pairs(self, graph: ir.Graph) -> None:
+    def _bypass_pairs(self, graph: ir.Graph, counts: CastCounts) -> None:
         for node in list(graph):
             inner = _inner_cast(node)
             if inner is None:
                 continue
             if _narrows_then_widens(inner, node):
-                self.counts.round_trips += 1
+                counts.round_trips += 1
             elif _widens_then_narrows(inner, node):
-                self.counts.identities += 1
+                counts.identities += 1
             else:
                 continue
             _bypass(graph, node, inner.inputs[0])
 
-    def _merge_duplicates(self, graph: ir.Graph) -> None:
+    def _merge_duplicates(self, graph: ir.Graph, counts: CastCounts) -> None:
         seen: dict[tuple[ir.Value, int], ir.Node] = {}
         for node in list(graph):
             if not is_float_cast(node):
@@ -133,16 +134,16 @@ class CastHygienePass(ir.passes.InPlacePass):
             if node.outputs[0].is_graph_output():
                 continue  # two outputs of the same values: both names are the interface
             _bypass(graph, node, kept.outputs[0])
-            self.counts.merged += 1
+            counts.merged += 1
 
-    def _remove_orphans(self, graph: ir.Graph) -> None:
+    def _remove_orphans(self, graph: ir.Graph, counts: CastCounts) -> None:
         changed = True
         while changed:
             changed = False
             for node in reversed(list(graph)):
                 if is_float_cast(node) and not node.outputs[0].uses() and not node.outputs[0].is_graph_output():
                     graph.remove(node, safe=True)
-                    self.counts.orphans += 1
+                    counts.orphans += 1
                     changed = True
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -40,18 +40,22 @@ class _Sha256Writer:
         return len(data)
 
 
+@dataclass
+class DedupResult(ir.passes.PassResult):
+    """What :class:`DeduplicateConstantsPass` did: the constants it replaced."""
+
+    removed: list[Duplicate] = field(default_factory=list)
+
+
 class DeduplicateConstantsPass(ir.passes.InPlacePass):
     """Replace constants that equal an earlier one (same dtype, shape and bytes) by it."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.removed: list[Duplicate] = []
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.removed = []
+    def call(self, model: ir.Model) -> DedupResult:
+        self._result = DedupResult(model, False)  # filled while the pass runs
         for graph in model.graphs():
             self._dedup_graph(graph)
-        return ir.passes.PassResult(model, bool(self.removed))
+        self._result.modified = bool(self._result.removed)
+        return self._result
 
     def _dedup_graph(self, graph: ir.Graph) -> None:
         by_shape: dict[tuple, list[ir.Value]] = defaultdict(list)
@@ -80,7 +84,7 @@ class DeduplicateConstantsPass(ir.passes.InPlacePass):
         else:
             name = node_label(producer)
             graph.remove(producer, safe=True)
-        self.removed.append(Duplicate(name, kept.name or "?", nbytes))
+        self._result.removed.append(Duplicate(name, kept.name or "?", nbytes))
 
 
 def _constants(graph: ir.Graph) -> list[ir.Value]:

@@ -12,9 +12,18 @@ agrees and the source has no symbolic dims, else a named symbolic dim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedOpsetsPass
+
+
+@dataclass
+class ExtractResult(ir.passes.PassResult):
+    """The piece (``model``), and which of its inputs and outputs only running the source could type."""
+
+    typed_by_running: list[str] = field(default_factory=list)
 
 
 class ExtractPass(ir.passes.FunctionalPass):
@@ -35,9 +44,8 @@ class ExtractPass(ir.passes.FunctionalPass):
         self.outputs = outputs
         self.observed = observed or {}
         self.static_dims = static_dims
-        self.typed_by_running: list[str] = []
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> ExtractResult:
         graph = ir.convenience.extract(model.graph, inputs=self.inputs, outputs=self.outputs)
         graph.name = f"{model.graph.name or 'graph'}_piece"
         piece = ir.Model(
@@ -49,13 +57,10 @@ class ExtractPass(ir.passes.FunctionalPass):
             model_version=model.model_version,
             functions=list(model.functions.values()),
         )
-        self.typed_by_running = []
-        for value in [*graph.inputs, *graph.outputs]:
-            if self._complete_type(value):
-                self.typed_by_running.append(value.name)
+        typed_by_running = [value.name for value in [*graph.inputs, *graph.outputs] if self._complete_type(value)]
         RemoveUnusedFunctionsPass()(piece)
         RemoveUnusedOpsetsPass()(piece)
-        return ir.passes.PassResult(piece, modified=True)
+        return ExtractResult(piece, True, typed_by_running)
 
     def _complete_type(self, value: ir.Value) -> bool:
         """Fill a missing dtype or unknown dims from the observed arrays; True if anything was filled."""

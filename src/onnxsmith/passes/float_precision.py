@@ -77,10 +77,10 @@ class NodeSlots:
 
 
 @dataclass
-class PrecisionResult:
-    """What :class:`FloatPrecisionPass` did."""
+class PrecisionResult(ir.passes.PassResult):
+    """What :class:`FloatPrecisionPass` did (its result)."""
 
-    dtype: ir.DataType
+    dtype: ir.DataType = ir.DataType.FLOAT16
     low_nodes: Counter = field(default_factory=Counter)  # op -> nodes computing in the low type
     float_nodes: Counter = field(default_factory=Counter)  # op -> nodes that had fp32 to convert
     kept: dict[str, str] = field(default_factory=dict)  # node label -> why it stays fp32
@@ -111,7 +111,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
 
     ``keep_fp32`` maps tensor names to the reason they stay fp32. ``policy`` returns
     why a node must stay fp32 regardless (default: the accumulating reductions).
-    After the pass, :attr:`result` says what was done.
+    Its result (:class:`PrecisionResult`) says what was done.
     """
 
     def __init__(
@@ -133,12 +133,11 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         self.keep_io_types = keep_io_types
         self.limits = limits or Limits.for_dtype(dtype)
         self.infer = infer  # False: the caller has just run type inference
-        self.result = PrecisionResult(dtype)
 
     # ---------------------------------------------------------------- planning
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.result = PrecisionResult(self.dtype)
+    def call(self, model: ir.Model) -> PrecisionResult:
+        self._result = PrecisionResult(model, False, self.dtype)  # filled while the pass runs
         if self.infer:
             infer_types(model)
         self._model = model
@@ -155,8 +154,8 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         self._weight_problem: dict[ir.Value, str | None] = {}
         self._names = FreshNames(taken=(v.name for v in self._original if v.name))
         self._plan()
-        modified = self._apply()
-        return ir.passes.PassResult(model, modified)
+        self._result.modified = self._apply()
+        return self._result
 
     def _orig(self, value: ir.Value | None) -> ir.DataType | None:
         if value is None:
@@ -195,9 +194,9 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 if self._required(user, i, out) is not None
             ) or any(out.is_graph_output() for out in outputs):
                 self._low.discard(node)
-                self.result.low_nodes[node.op_type] -= 1
-                if not self.result.low_nodes[node.op_type]:
-                    del self.result.low_nodes[node.op_type]
+                self._result.low_nodes[node.op_type] -= 1
+                if not self._result.low_nodes[node.op_type]:
+                    del self._result.low_nodes[node.op_type]
 
     def _categorize(self, node: ir.Node) -> None:
         if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
@@ -244,7 +243,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         return slots
 
     def _decide(self, node: ir.Node) -> None:
-        result = self.result
+        result = self._result
         if _is_constant_node(node):
             return  # a weight: decided from its readers in _apply
         if subgraphs_of(node):
@@ -281,9 +280,9 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         result.low_nodes[node.op_type] += 1
 
     def _keep(self, node: ir.Node, reason: str, tensor: str | None = None) -> None:
-        self.result.kept[node_label(node)] = reason
-        self.result.kept_nodes.append(node)
-        self.result.kept_for[node] = tensor
+        self._result.kept[node_label(node)] = reason
+        self._result.kept_nodes.append(node)
+        self._result.kept_for[node] = tensor
 
     def _range_reason(self, node: ir.Node, slots: NodeSlots) -> tuple[str, str] | None:
         """(why, the tensor) when ``node`` writes or reads a tensor that must stay fp32."""
@@ -353,7 +352,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                     want = low
                 if value.dtype in (F32, low) and want in (F32, low) and value.dtype != want:
                     self._cast_output(graph, i, value, want)
-        return bool(self._low or self.result.weights_converted or self.result.casts_added)
+        return bool(self._low or self._result.weights_converted or self._result.casts_added)
 
     def _convert_weights(self) -> None:
         low = self.dtype
@@ -368,7 +367,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                     needs.add(F32)
                 if needs != {low}:
                     if low in needs:
-                        self.result.weights_kept[value.name] = "also read in fp32"
+                        self._result.weights_kept[value.name] = "also read in fp32"
                     continue
                 if self._constant_problem(value) is not None or value.name in self.keep_fp32:
                     continue  # its readers were kept fp32, so needs would not be {low}
@@ -386,8 +385,8 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         else:
             value.const_value = converted
         value.dtype = low
-        self.result.weights_converted += 1
-        self.result.weight_bytes_saved += tensor.nbytes - converted.nbytes
+        self._result.weights_converted += 1
+        self._result.weight_bytes_saved += tensor.nbytes - converted.nbytes
 
     def _insert_casts(self) -> None:
         pending: dict[tuple[ir.Value, ir.DataType], list[tuple[ir.Node, int]]] = {}
@@ -420,7 +419,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
     def _new_cast(self, value: ir.Value, to: ir.DataType) -> ir.Node:
         name = self._names(f"{value.name}/{_suffix(to)}")
         cast = cast_node(value, to, name=name, node_name=f"{name}/cast")
-        self.result.casts_added += 1
+        self._result.casts_added += 1
         return cast
 
     def _cast_output(self, graph: ir.Graph, index: int, value: ir.Value, want: ir.DataType) -> None:

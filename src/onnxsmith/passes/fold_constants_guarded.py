@@ -17,7 +17,7 @@ incremental shape inference has just computed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -41,6 +41,14 @@ class RefusedFold:
     reason: str
 
 
+@dataclass
+class GuardedFoldResult(ir.passes.PassResult):
+    """What :class:`FoldConstantsGuardedPass` did: what it folded, and what it refused and why."""
+
+    refused: list[RefusedFold] = field(default_factory=list)
+    folded: int = 0
+
+
 class FoldConstantsGuardedPass(ir.passes.InPlacePass):
     """Fold constant subexpressions whose results grow the model by at most ``max_growth`` bytes each."""
 
@@ -48,12 +56,9 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
         super().__init__()
         self.max_growth = max_growth
         self.max_input_bytes = max_input_bytes
-        self.refused: list[RefusedFold] = []
-        self.folded: int = 0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.refused = []
-        self.folded = 0
+    def call(self, model: ir.Model) -> GuardedFoldResult:
+        self._result = GuardedFoldResult(model, False)  # filled while the pass runs
         nodes_before = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
         result = fold_constants_ir(
             model,
@@ -65,7 +70,8 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
         )
         RemoveUnusedNodesPass()(model)
         nodes_after = sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
-        return ir.passes.PassResult(model, result.modified or nodes_after != nodes_before)
+        self._result.modified = result.modified or nodes_after != nodes_before
+        return self._result
 
     def _should_fold(self, node: ir.Node) -> bool:
         if node.op_type in _KEEP:
@@ -93,11 +99,11 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
                 f"folding would store {output_bytes} bytes (+{growth}), over the {self.max_growth}-byte limit; "
                 "it stays computed at run time",
             )
-        self.folded += 1
+        self._result.folded += 1
         return True
 
     def _refuse(self, node: ir.Node, output_bytes, growth, reason: str) -> bool:
-        self.refused.append(RefusedFold(node_label(node), node.op_type, output_bytes, growth, reason))
+        self._result.refused.append(RefusedFold(node_label(node), node.op_type, output_bytes, growth, reason))
         return False
 
 

@@ -61,6 +61,16 @@ class ShapeRuns:
     skipped: str = ""
 
 
+@dataclass
+class FoldShapesResult(ir.passes.PassResult):
+    """What :class:`FoldShapesPass` did."""
+
+    folded: int = 0  # static values replaced by constants
+    reshapes: int = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
+    concats: int = 0  # Concats of batch-repeated constants turned into Pad + Add
+    skipped: str = ""  # why nothing was folded, when the evaluation failed
+
+
 class FoldShapesPass(ir.passes.InPlacePass):
     """Replace what depends only on constants and input shapes by constants (see the module doc).
 
@@ -73,20 +83,19 @@ class FoldShapesPass(ir.passes.InPlacePass):
         super().__init__()
         self.evaluation = evaluation
         self.keep_ops = frozenset(keep_ops)
-        self.folded = 0  # static values replaced by constants
-        self.reshapes = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
-        self.concats = 0  # Concats of batch-repeated constants turned into Pad + Add
-        self.skipped = ""  # why nothing was folded, when the evaluation failed
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> FoldShapesResult:
+        self._result = FoldShapesResult(model, False)  # filled while the pass runs
         graph = model.graph
         static = _static_values(graph, self.keep_ops)
         frontier = _frontier(graph, static)
         if not frontier:
-            return ir.passes.PassResult(model, False)
+            self._result.modified = False
+            return self._result
         if self.evaluation.skipped:  # the model does not run at a varied size: leave it as it is
-            self.skipped = self.evaluation.skipped
-            return ir.passes.PassResult(model, False)
+            self._result.skipped = self.evaluation.skipped
+            self._result.modified = False
+            return self._result
         runs = self.evaluation.runs
         constants = ConstantPool(graph, FreshNames(graph))
         varying: dict[ir.Value, list[np.ndarray]] = {}
@@ -96,7 +105,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
                 continue
             if all(_same(arrays[0], a) for a in arrays[1:]):
                 _replace_uses(value, constants.get(arrays[0], f"{value.name}/folded"))
-                self.folded += 1
+                self._result.folded += 1
                 continue
             varying[value] = arrays
             for user, index in list(value.uses()):
@@ -108,7 +117,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
                         user.replace_input_with(1, constants.get(target, f"{value.name}/folded"))
                         if "allowzero" in user.attributes:  # opset >= 14; 0 (copy) is the default
                             user.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-                        self.reshapes += 1
+                        self._result.reshapes += 1
         if varying:
             infer_types(model)  # the static length of the tensor a Concat pads
             for node in list(graph):
@@ -117,9 +126,10 @@ class FoldShapesPass(ir.passes.InPlacePass):
                     and not _is_static(node, static)
                     and _pad_instead_of_concat(graph, node, varying, constants)
                 ):
-                    self.concats += 1
+                    self._result.concats += 1
         RemoveUnusedNodesPass()(model)
-        return ir.passes.PassResult(model, bool(self.folded or self.reshapes or self.concats))
+        self._result.modified = bool(self._result.folded or self._result.reshapes or self._result.concats)
+        return self._result
 
 
 def shape_values(graph: ir.Graph, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> list[ir.Value]:

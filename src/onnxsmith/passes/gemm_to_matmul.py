@@ -16,6 +16,8 @@ The Gemm's output value keeps its name, so nothing downstream changes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -24,19 +26,27 @@ from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 
 
+@dataclass
+class GemmToMatMulResult(ir.passes.PassResult):
+    """What :class:`GemmToMatMulPass` did: how many Gemms it rewrote."""
+
+    rewritten: int = 0
+
+
 class GemmToMatMulPass(ir.passes.InPlacePass):
     """Rewrite every Gemm of every graph as MatMul (+ Add); see the module doc."""
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.rewritten = 0
+    def call(self, model: ir.Model) -> GemmToMatMulResult:
+        self._result = GemmToMatMulResult(model, False)  # filled while the pass runs
         for graph in model.graphs():
             transposed: dict[ir.Value, ir.Value] = {}
             names = FreshNames(graph)
             for node in list(graph):
                 if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
                     self._rewrite(graph, node, transposed, names)
-                    self.rewritten += 1
-        return ir.passes.PassResult(model, modified=bool(self.rewritten))
+                    self._result.rewritten += 1
+        self._result.modified = bool(self._result.rewritten)
+        return self._result
 
     def _rewrite(self, graph: ir.Graph, gemm: ir.Node, transposed: dict[ir.Value, ir.Value], names: FreshNames) -> None:
         a, b = gemm.inputs[0], gemm.inputs[1]

@@ -19,10 +19,12 @@ writes): its stored tensors get the unit dim and its axis moves by one. Embeddin
 that read the same weight (a tied table: ``Gather(axis=1)``) gather along the next axis
 and drop the unit dim with a Squeeze. A weight that is the Transpose of such a constant
 (a tied table stored in rows) gets an ``Unsqueeze``, which onnxruntime folds at load with
-the Transpose. Anything else reading it leaves the model unchanged (``self.skipped`` says why).
+the Transpose. Anything else reading it leaves the model unchanged (``self._result.skipped`` says why).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -32,20 +34,28 @@ from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 
 
+@dataclass
+class GemvHeadResult(ir.passes.PassResult):
+    """What :class:`GemvHeadPass` did, or why it did nothing."""
+
+    skipped: str = ""  # why the model was left unchanged
+    how: str = ""  # what was done
+
+
 class GemvHeadPass(ir.passes.InPlacePass):
     """Store the weight of ``matmul`` (the LM head) as [1, hidden, vocab]; see the module doc."""
 
     def __init__(self, matmul: ir.Node) -> None:
         super().__init__()
         self.matmul = matmul
-        self.skipped = ""  # why the model was left unchanged
-        self.how = ""  # what was done
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> GemvHeadResult:
+        self._result = GemvHeadResult(model, False)  # filled while the pass runs
         graph = model.graph
-        self.skipped = self._why_not(model)
-        if self.skipped:
-            return ir.passes.PassResult(model, modified=False)
+        self._result.skipped = self._why_not(model)
+        if self._result.skipped:
+            self._result.modified = False
+            return self._result
         weight = self.matmul.inputs[1]
         producer = weight.producer()
         if producer is not None and producer.op_type == "Transpose":
@@ -56,8 +66,9 @@ class GemvHeadPass(ir.passes.InPlacePass):
             unsqueeze.outputs[0].dtype = weight.dtype
             if weight.shape is not None:
                 unsqueeze.outputs[0].shape = ir.Shape([1, *weight.shape])
-            self.how = f"the head reads Unsqueeze(Transpose('{producer.inputs[0].name}')), folded at load"
-            return ir.passes.PassResult(model, modified=True)
+            self._result.how = f"the head reads Unsqueeze(Transpose('{producer.inputs[0].name}')), folded at load"
+            self._result.modified = True
+            return self._result
         if producer is None:
             _add_unit_dim(weight)
         else:  # DequantizeLinear(q, scale[, zero_point])
@@ -71,10 +82,11 @@ class GemvHeadPass(ir.passes.InPlacePass):
         lookups = [reader for reader, _ in list(weight.uses()) if reader is not self.matmul]
         for reader in lookups:
             _gather_then_squeeze(graph, reader)
-        self.how = f"'{weight.name}' stored with a leading unit dim" + (
+        self._result.how = f"'{weight.name}' stored with a leading unit dim" + (
             f"; {len(lookups)} lookup(s) gather along the next axis" if lookups else ""
         )
-        return ir.passes.PassResult(model, modified=True)
+        self._result.modified = True
+        return self._result
 
     def _why_not(self, model: ir.Model) -> str:
         matmul, graph = self.matmul, model.graph

@@ -9,7 +9,7 @@ conversion, so the result is bit-identical — and the conversions go away.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -25,21 +25,25 @@ class NarrowedConstant:
     casts_removed: int
 
 
+@dataclass
+class NarrowFp64Result(ir.passes.PassResult):
+    """What :class:`NarrowFp64ConstantsPass` did: the constants it stored as float32."""
+
+    narrowed: list[NarrowedConstant] = field(default_factory=list)
+
+
 class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
     """Store double constants read only through a conversion to float32 as float32."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.narrowed: list[NarrowedConstant] = []
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.narrowed = []
+    def call(self, model: ir.Model) -> NarrowFp64Result:
+        self._result = NarrowFp64Result(model, False)  # filled while the pass runs
         for graph in model.graphs():
             for value in _double_constants(graph):
                 uses = list(value.uses())
                 if uses and all(_converts_to_float(use.node, use.idx) for use in uses):
                     self._narrow(graph, value, [use.node for use in uses])
-        return ir.passes.PassResult(model, bool(self.narrowed))
+        self._result.modified = bool(self._result.narrowed)
+        return self._result
 
     def _narrow(self, graph: ir.Graph, value: ir.Value, casts: list[ir.Node]) -> None:
         tensor = ir.convenience.get_const_tensor(value)
@@ -59,7 +63,7 @@ class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
             out.replace_all_uses_with(value)
             cast.graph.remove(cast, safe=True)
             removed += 1
-        self.narrowed.append(NarrowedConstant(value.name or "?", nbytes, removed))
+        self._result.narrowed.append(NarrowedConstant(value.name or "?", nbytes, removed))
 
 
 def _double_constants(graph: ir.Graph) -> list[ir.Value]:

@@ -231,6 +231,13 @@ def _worth_narrowing(model: ir.Model, min_bytes: int) -> list[Region]:
     return [r for r in find_regions(model.graph, opset) if _savings(r)[0] + _savings(r)[1] >= min_bytes]
 
 
+@dataclass
+class NarrowInt64Result(ir.passes.PassResult):
+    """What :class:`NarrowInt64Pass` did: one report per region, narrowed or not."""
+
+    reports: list[RegionReport] = field(default_factory=list)
+
+
 class NarrowInt64Pass(ir.passes.InPlacePass):
     """Store and compute int64 index regions as int32 where their values provably fit.
 
@@ -242,11 +249,10 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         super().__init__()
         self.min_bytes = min_bytes
         self.evaluated = dict(evaluated or {})
-        self.reports: list[RegionReport] = []
         self._names = FreshNames()
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.reports = []
+    def call(self, model: ir.Model) -> NarrowInt64Result:
+        self._result = NarrowInt64Result(model, False)  # filled while the pass runs
         graph = model.graph
         regions = _worth_narrowing(model, self.min_bytes)
         measured = {
@@ -263,8 +269,9 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
             if report.narrowed:
                 self._rewrite(graph, region, report)
                 modified = True
-            self.reports.append(report)
-        return ir.passes.PassResult(model, modified)
+            self._result.reports.append(report)
+        self._result.modified = modified
+        return self._result
 
     # -- proving ---------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ reader are the same pattern.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import onnx_ir as ir
 
@@ -59,14 +61,20 @@ _CONTRIB_UNARY = frozenset({"Gelu", "FastGelu", "QuickGelu"})
 _MHA_ATTENTION_BIAS, _MHA_PAST = 5, 6
 
 
+@dataclass
+class PruneRowsResult(ir.passes.PassResult):
+    """What :class:`PruneRowsPass` did: the nodes that compute fewer rows."""
+
+    pruned: list[tuple[ir.Node, tuple[int, int], int]] = field(
+        default_factory=list
+    )  # (node, rows it computes, rows it had)
+
+
 class PruneRowsPass(ir.passes.InPlacePass):
     """See the module doc. Shapes must be known (run infer_types first)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.pruned: list[tuple[ir.Node, tuple[int, int], int]] = []  # (node, rows it computes, rows it had)
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> PruneRowsResult:
+        self._result = PruneRowsResult(model, False)  # filled while the pass runs
         graph = model.graph
         nodes = list(graph)
         demand: dict[ir.Value, Rows] = {v: ALL for v in graph.outputs}
@@ -91,14 +99,16 @@ class PruneRowsPass(ir.passes.InPlacePass):
                 if value is not None:
                     _ask(demand, value, selected if (i == 0 and selected is not None) else ALL)
         if not computed:
-            return ir.passes.PassResult(model, False)
+            self._result.modified = False
+            return self._result
         constants = ConstantPool(graph, FreshNames(graph))
         for node in nodes:
             if node in computed:
                 self._narrow(graph, node, token_inputs_of[node], computed, constants)
             elif node in selections:
                 _reindex(node, selections[node], computed, constants)
-        return ir.passes.PassResult(model, True)
+        self._result.modified = True
+        return self._result
 
     def _narrow(self, graph, node: ir.Node, token_inputs: list[int], computed, constants) -> None:
         start, stop = computed[node]
@@ -119,7 +129,7 @@ class PruneRowsPass(ir.passes.InPlacePass):
                 dims = list(out.shape)
                 dims[-2] = stop - start
                 out.shape = ir.Shape(dims)
-        self.pruned.append((node, (start, stop), length))
+        self._result.pruned.append((node, (start, stop), length))
 
 
 def _ask(demand: dict[ir.Value, Rows], value: ir.Value, rows: Rows) -> None:

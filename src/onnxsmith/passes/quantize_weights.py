@@ -12,10 +12,12 @@ kernels run); a weight also read by something else keeps the DequantizeLinear.
 A weight whose K is not a multiple of the block is not block-quantized: it is
 stored int8 with one scale per output column (a per-axis DequantizeLinear,
 onnxruntime everywhere), or kept as it was with ``uneven="keep"``. The pass says
-which weights those were in ``self.notes`` / ``self.rows``.
+which weights those were in ``self._result.notes`` / ``self._result.rows``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
@@ -41,6 +43,15 @@ def quantizable_weights(model: ir.Model, exclude: set[ir.Node] = frozenset()) ->
             continue
         found.setdefault(w, []).append(node)
     return list(found.items())
+
+
+@dataclass
+class QuantizeWeightsResult(ir.passes.PassResult):
+    """What :class:`QuantizeWeightsPass` did: notes, one row per weight, how many it quantized."""
+
+    notes: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    quantized: int = 0
 
 
 class QuantizeWeightsPass(ir.passes.InPlacePass):
@@ -69,11 +80,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         self.bits, self.block_size, self.symmetric = bits, block_size, symmetric
         self.format, self.accuracy_level, self.uneven = format, accuracy_level, uneven
         self.exclude = exclude
-        self.notes: list[str] = []
-        self.rows: list[dict] = []
-        self.quantized = 0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> QuantizeWeightsResult:
+        self._result = QuantizeWeightsResult(model, False)  # filled while the pass runs
         graph = model.graph
         names = FreshNames(graph)
         order = {node: i for i, node in enumerate(graph)}
@@ -86,7 +95,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             if k % self.block_size:
                 uneven.append(f"{name} (K={k})")
                 if self.uneven == "keep":
-                    self.rows.append(
+                    self._result.rows.append(
                         {
                             "weight": name,
                             "shape": shape,
@@ -97,7 +106,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                     continue
                 p = qz.quantize_per_channel_int8(w, axis=1)
                 self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, names, name, p))
-                self.rows.append(
+                self._result.rows.append(
                     {
                         "weight": name,
                         "shape": shape,
@@ -105,7 +114,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                         "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p)),
                     }
                 )
-                self.quantized += 1
+                self._result.quantized += 1
                 continue
             b = qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
             error = qz.relative_error(w, qz.dequantize_blocked(b))
@@ -123,7 +132,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
-            self.rows.append(
+            self._result.rows.append(
                 {
                     "weight": name,
                     "shape": shape,
@@ -131,16 +140,17 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                     "rel. error": error,
                 }
             )
-            self.quantized += 1
+            self._result.quantized += 1
         if uneven:
             kept = (
                 "kept as they were" if self.uneven == "keep" else "stored int8 with one scale per output column instead"
             )
-            self.notes.append(
+            self._result.notes.append(
                 f"{len(uneven)} weight(s) not block-quantized because K is not a multiple of the block size "
                 f"{self.block_size}, {kept}: {', '.join(uneven)}"
             )
-        return ir.passes.PassResult(model, modified=bool(self.quantized))
+        self._result.modified = bool(self._result.quantized)
+        return self._result
 
     @staticmethod
     def _replace_by_dequantize(graph: ir.Graph, order: dict[ir.Node, int], weight: ir.Value, dq: ir.Node) -> None:

@@ -15,6 +15,8 @@ keeps its target unless it is made of integers only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -23,11 +25,18 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 
 
+@dataclass
+class ReshapeTargetsResult(ir.passes.PassResult):
+    """What :class:`ConstantReshapeTargetsPass` did: how many targets it made constant."""
+
+    replaced: int = 0
+
+
 class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
     """Replace every computed Reshape target of the main graph that the analysis knows (see the module doc)."""
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.replaced = 0
+    def call(self, model: ir.Model) -> ReshapeTargetsResult:
+        self._result = ReshapeTargetsResult(model, False)  # filled while the pass runs
         graph = model.graph
         shapes = SymbolicShapes(graph)
         constants: dict[tuple[int, ...], ir.Value] = {}
@@ -45,8 +54,9 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
                 array = np.array(literal, dtype=np.int64)
                 constants[literal] = add_initializer(graph, names(f"{node.name or 'Reshape'}/target"), array)
             node.replace_input_with(1, constants[literal])
-            self.replaced += 1
-        return ir.passes.PassResult(model, modified=bool(self.replaced))
+            self._result.replaced += 1
+        self._result.modified = bool(self._result.replaced)
+        return self._result
 
 
 def constant_target(shapes: SymbolicShapes, reshape: ir.Node) -> tuple[int, ...] | None:

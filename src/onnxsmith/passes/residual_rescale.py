@@ -328,16 +328,22 @@ def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: flo
     node.replace_input_with(index, copy)
 
 
+@dataclass
+class ResidualRescalePassResult(ir.passes.PassResult):
+    """The streams found, and what rescaling did to each rescalable one."""
+
+    streams: list[ResidualStream] = field(default_factory=list)
+    results: list[RescaleResult] = field(default_factory=list)
+
+
 class ResidualRescalePass(ir.passes.InPlacePass):
     """Rescale every rescalable residual stream of the model by ``scale`` (see the module docstring)."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = scale
-        self.results: list[RescaleResult] = []
-        self.streams: list[ResidualStream] = []
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.streams = find_residual_streams(model)
-        self.results = [rescale_residual(model, s, self.scale) for s in self.streams if s.problem is None]
-        return ir.passes.PassResult(model, bool(self.results) and self.scale != 1.0)
+    def call(self, model: ir.Model) -> ResidualRescalePassResult:
+        streams = find_residual_streams(model)
+        results = [rescale_residual(model, s, self.scale) for s in streams if s.problem is None]
+        return ResidualRescalePassResult(model, bool(results) and self.scale != 1.0, streams, results)

@@ -146,12 +146,20 @@ def _find_lookups(model: ir.Model, head: LMHead, transposed_from: ir.Value | Non
         head.table, head.lookups = next(iter(candidates.items()))
 
 
+@dataclass
+class StoreHeadResult(ir.passes.PassResult):
+    """What :class:`StoreHeadPass` did: notes for the report and one row per weight."""
+
+    notes: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+
+
 class StoreHeadPass(ir.passes.InPlacePass):
     """Store the head (and the embedding it shares, or its own) quantized; see the module doc.
 
     ``mode``: ``int8`` (per token), ``q4`` (4-bit blocks along hidden; the table, if untied,
     stays int8 per token) or ``keep``. ``lookups``: the layout of a tied table, ``columns``
-    or ``rows`` (int8 only). ``self.notes`` / ``self.rows`` say what was done.
+    or ``rows`` (int8 only). Its result's ``notes`` and ``rows`` say what was done.
     """
 
     def __init__(
@@ -173,18 +181,19 @@ class StoreHeadPass(ir.passes.InPlacePass):
         self.lookups = lookups
         self.block_size = block_size
         self.symmetric = symmetric
-        self.notes: list[str] = []
-        self.rows: list[dict] = []
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def call(self, model: ir.Model) -> StoreHeadResult:
+        self._result = StoreHeadResult(model, False)  # filled while the pass runs
         head = self.head
         graph = model.graph
         if self.mode == "keep":
-            self.notes.append(f"LM head kept as it was ({head.how})")
-            return ir.passes.PassResult(model, modified=False)
+            self._result.notes.append(f"LM head kept as it was ({head.how})")
+            self._result.modified = False
+            return self._result
         if head.tied and self.lookups == "rows" and self.mode == "int8":
             self._store_tied_rows(graph)
-            return ir.passes.PassResult(model, modified=True)
+            self._result.modified = True
+            return self._result
         name = head.weight.name or "lm_head.weight"
         names = FreshNames(graph)
         w = head.weight_array
@@ -195,7 +204,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
             error = qz.relative_error(w, qz.dequantize_blocked(b))
         else:
             if self.mode == "q4":
-                self.notes.append(
+                self._result.notes.append(
                     f"head: hidden {w.shape[0]} is not a multiple of block {self.block_size}; stored int8"
                 )
             p = qz.quantize_per_channel_int8(w, axis=1)
@@ -215,15 +224,15 @@ class StoreHeadPass(ir.passes.InPlacePass):
                 self._lookup_columns(graph, lookup, restored)
             _release(graph, head.table)  # nothing reads the [vocab, hidden] table any more
             if head.table.uses():
-                self.notes.append(
+                self._result.notes.append(
                     f"'{head.table.name}' is still read by something other than the lookups; its fp32 copy stays"
                 )
-            self.notes.append(
+            self._result.notes.append(
                 f"tied embedding/LM head '{head.table.name}' [{head.vocab}, {head.hidden}] stored once as "
                 f"'{restored.name}' [{head.hidden}, {head.vocab}] ({stored}); the head reads it directly, "
                 f"{len(head.lookups)} lookup(s) gather its columns (Gather axis 1, then Transpose)"
             )
-            self.rows.append(
+            self._result.rows.append(
                 {
                     "weight": head.table.name,
                     "shape": f"{head.vocab}x{head.hidden}",
@@ -232,8 +241,8 @@ class StoreHeadPass(ir.passes.InPlacePass):
                 }
             )
         else:
-            self.notes.append(f"LM head '{name}' [{head.hidden}, {head.vocab}] stored {stored} (untied)")
-            self.rows.append(
+            self._result.notes.append(f"LM head '{name}' [{head.hidden}, {head.vocab}] stored {stored} (untied)")
+            self._result.rows.append(
                 {
                     "weight": name,
                     "shape": f"{head.hidden}x{head.vocab}",
@@ -243,7 +252,8 @@ class StoreHeadPass(ir.passes.InPlacePass):
             )
             if head.table is not None:
                 self._store_untied_table(graph, head.table)
-        return ir.passes.PassResult(model, modified=True)
+        self._result.modified = True
+        return self._result
 
     def _store_tied_rows(self, graph: ir.Graph) -> None:
         """The tied table int8 per token in its [vocab, hidden] layout; the head reads its Transpose."""
@@ -267,12 +277,12 @@ class StoreHeadPass(ir.passes.InPlacePass):
             transpose.outputs[0].name = FreshNames(graph)(f"{name}_transposed")
             transpose.outputs[0].dtype = stored.dtype
             transpose.outputs[0].shape = ir.Shape([head.hidden, head.vocab])
-        self.notes.append(
+        self._result.notes.append(
             f"tied embedding/LM head '{name}' [{head.vocab}, {head.hidden}] stored once (int8, one scale per token) "
             f"in its own layout: {len(head.lookups)} lookup(s) gather rows, the head reads its transpose "
             "(onnxruntime folds it at load into a second fp32 copy)"
         )
-        self.rows.append(
+        self._result.rows.append(
             {
                 "weight": name,
                 "shape": f"{head.vocab}x{head.hidden}",
@@ -304,10 +314,10 @@ class StoreHeadPass(ir.passes.InPlacePass):
         old_name = table.name
         graph.initializers.pop(old_name)
         dq.outputs[0].name = old_name
-        self.notes.append(
+        self._result.notes.append(
             f"embedding table '{old_name}' [{array.shape[0]}, {array.shape[1]}] stored int8, one scale per token"
         )
-        self.rows.append(
+        self._result.rows.append(
             {
                 "weight": old_name,
                 "shape": "x".join(map(str, array.shape)),

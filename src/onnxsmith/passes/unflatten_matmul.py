@@ -18,16 +18,25 @@ each removed node is a kernel launch per token (~2 us in onnxruntime-web's WASM)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx_ir as ir
 
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
 
 
+@dataclass
+class UnflattenResult(ir.passes.PassResult):
+    """What :class:`UnflattenMatMulPass` did: how many Reshape pairs it removed."""
+
+    rewritten: int = 0
+
+
 class UnflattenMatMulPass(ir.passes.InPlacePass):
     """Remove the Reshape pair around every MatMul (+ bias Add) that broadcasts without it (see the module doc)."""
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.rewritten = 0
+    def call(self, model: ir.Model) -> UnflattenResult:
+        self._result = UnflattenResult(model, False)  # filled while the pass runs
         graph = model.graph
         shapes = SymbolicShapes(graph)
         for matmul in list(graph):
@@ -35,8 +44,9 @@ class UnflattenMatMulPass(ir.passes.InPlacePass):
                 match = _match(graph, shapes, matmul)
                 if match is not None:
                     _rewrite(graph, shapes, *match)
-                    self.rewritten += 1
-        return ir.passes.PassResult(model, modified=bool(self.rewritten))
+                    self._result.rewritten += 1
+        self._result.modified = bool(self._result.rewritten)
+        return self._result
 
 
 def _only_reader(graph: ir.Graph, value: ir.Value) -> ir.Node | None:

@@ -131,14 +131,10 @@ def convert_precision(
         return reason
 
     # Rescaling changed constants and attributes only: the types inferred above still hold.
-    precision = FloatPrecisionPass(
+    report.precision = FloatPrecisionPass(
         dtype, keep_fp32=keep, policy=policy, keep_io_types=keep_io_types, limits=limits, infer=False
-    )
-    precision(model)
-    report.precision = precision.result
-    hygiene = CastHygienePass()
-    hygiene(model)
-    report.casts = hygiene.counts
+    )(model)
+    report.casts = CastHygienePass()(model).counts
     return report
 
 

@@ -66,17 +66,15 @@ def fused_to_fp16(model: ir.Model, ranges: list[TensorRange], progress: Progress
         return policy_reason(node)
 
     progress("fuse: converting to fp16")
-    precision = FloatPrecisionPass(ir.DataType.FLOAT16, keep_fp32=keep, policy=policy, limits=limits)
-    precision(model)
-    hygiene = CastHygienePass()
-    hygiene(model)
-    low = precision.result.low_nodes
+    precision = FloatPrecisionPass(ir.DataType.FLOAT16, keep_fp32=keep, policy=policy, limits=limits)(model)
+    casts = CastHygienePass()(model).counts
+    low = precision.low_nodes
     return [
         f"fp16: {sum(low.values())} nodes compute in fp16 ({', '.join(f'{op} {n}' for op, n in low.most_common())}); "
-        f"{len(precision.result.kept)} stay fp32 (residual stream, normalisations"
+        f"{len(precision.kept)} stay fp32 (residual stream, normalisations"
         + (f", {len(unsafe)} tensors measured out of fp16's range" if unsafe else "")
         + ")",
-        f"casts: {precision.result.casts_added} inserted; {hygiene.counts.describe()}",
+        f"casts: {precision.casts_added} inserted; {casts.describe()}",
     ]
 
 

@@ -100,8 +100,8 @@ def extract_piece(
     values = _source_values(model, cut.inputs + cut.outputs, feeds, near=[output.parent, source.parent])
 
     static = all(isinstance(d, int) for v in model.graph.inputs if v.shape is not None for d in v.shape)
-    extract = ExtractPass(inputs, outputs, observed=values, static_dims=static)
-    piece = extract(model).model
+    extract = ExtractPass(inputs, outputs, observed=values, static_dims=static)(model)
+    piece = extract.model
     notes = [f"input '{name}' is not read by the requested outputs" for name in cut.unused_inputs]
     if extract.typed_by_running:
         notes.append(

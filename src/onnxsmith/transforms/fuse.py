@@ -43,7 +43,7 @@ from onnxsmith.core.transform import StepReport, Transform, TransformContext, re
 from onnxsmith.io.files import staging_dir
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import all_nodes
-from onnxsmith.passes.fold_shapes import FoldShapesPass
+from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
 from onnxsmith.precision.fused import fused_to_fp16, rescale_residual_streams
@@ -144,8 +144,7 @@ class Fuse(Transform):
 
         if options.prune_rows:
             infer_types(model)
-            prune = PruneRowsPass()
-            prune(model)
+            prune = PruneRowsPass()(model)
             if prune.pruned:
                 rows = {r for _, r, _ in prune.pruned}
                 tokens = max(n for _, _, n in prune.pruned)
@@ -208,10 +207,9 @@ def input_dims(model: ir.Model, feeds: dict[str, np.ndarray], static: list[str] 
 
 def prepare_shapes(
     model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None = None, *, progress=None
-) -> tuple[FoldShapesPass, RuleOutcome]:
+) -> tuple[FoldShapesResult, RuleOutcome]:
     """Step 1: shape arithmetic folded, Constants lifted, no-op Casts and Reshapes gone, dims named."""
-    fold = FoldShapesPass(evaluate_shapes(model, dims, feeds=feeds, progress=progress))
-    fold(model)
+    fold = FoldShapesPass(evaluate_shapes(model, dims, feeds=feeds, progress=progress))(model)
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     RewritePass(cleanup_rules)(model)
     RemoveUnusedNodesPass()(model)
@@ -248,7 +246,7 @@ def _check_no_fusion_ops(model: ir.Model) -> None:
 # ------------------------------------------------------------------ the report
 
 
-def _fold_note(fold: FoldShapesPass) -> str:
+def _fold_note(fold: FoldShapesResult) -> str:
     if fold.skipped:
         return f"shape computations left as they were: {fold.skipped}"
     return (

@@ -191,8 +191,7 @@ class Quantize(Transform):
                 block_size=options.block_size,
                 symmetric=options.symmetric,
                 lookups=_lookups(model, options),
-            )
-            store(model)
+            )(model)
             report.notes.extend(store.notes)
             rows.extend(store.rows)
 
@@ -205,8 +204,7 @@ class Quantize(Transform):
             accuracy_level=options.accuracy_level,
             uneven=options.uneven,
             exclude={head.matmul} if head else set(),
-        )
-        weights(model)
+        )(model)
         report.notes.insert(
             0,
             f"{weights.quantized} of {len(body)} MatMul weight(s) quantized "
@@ -217,8 +215,7 @@ class Quantize(Transform):
         rows.extend(weights.rows)
 
         if options.gemv_head and head is not None and options.head != "keep":
-            gemv = GemvHeadPass(head.matmul)
-            gemv(model)
+            gemv = GemvHeadPass(head.matmul)(model)
             report.notes.append(
                 f"head not laid out for a GEMV: {gemv.skipped}"
                 if gemv.skipped
@@ -295,14 +292,12 @@ def prepare(model: ir.Model, options: QuantizeOptions, source) -> tuple[LMHead |
     Raises InputError when there is nothing to quantize or no head where one is needed.
     ``onnxsmith quantize`` runs it on a throwaway copy first, to fail before any work.
     """
-    gemms = GemmToMatMulPass()
-    gemms(model)
+    gemms = GemmToMatMulPass()(model)
     prepared = Prepared(gemms=gemms.rewritten)
     infer_types(model)
     if options.simplify:
-        unflatten, targets = UnflattenMatMulPass(), ConstantReshapeTargetsPass()
-        unflatten(model)
-        targets(model)
+        unflatten = UnflattenMatMulPass()(model)
+        targets = ConstantReshapeTargetsPass()(model)
         RemoveUnusedNodesPass()(model)
         infer_types(model)
         prepared.unflattened, prepared.reshape_targets = unflatten.rewritten, targets.replaced

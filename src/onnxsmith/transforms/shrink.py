@@ -30,9 +30,9 @@ from onnxsmith.core.transform import StepReport, Transform, TransformContext, re
 from onnxsmith.io.files import human_bytes
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
-from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
+from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass, GuardedFoldResult
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
-from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, values_to_evaluate
+from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, NarrowInt64Result, values_to_evaluate
 from onnxsmith.runtime.evaluate import evaluate_min_max
 
 _UNITS = {
@@ -86,8 +86,7 @@ class Shrink(Transform):
         report = StepReport(self.name, opts.to_json(options))
         changes: list[dict] = []
         if options.narrow_fp64:
-            fp64 = NarrowFp64ConstantsPass()
-            fp64(model)
+            fp64 = NarrowFp64ConstantsPass()(model)
             if fp64.narrowed:
                 saved = sum(c.nbytes_before // 2 for c in fp64.narrowed)
                 report.notes.append(
@@ -104,8 +103,7 @@ class Shrink(Transform):
             ]
         if options.fold:
             context.progress("shrink: folding constants (guarded)")
-            fold = FoldConstantsGuardedPass(max_growth=parse_bytes(options.max_fold_growth))
-            fold(model)
+            fold = FoldConstantsGuardedPass(max_growth=parse_bytes(options.max_fold_growth))(model)
             report.notes.append(_fold_note(fold))
             changes += [
                 {
@@ -120,8 +118,7 @@ class Shrink(Transform):
             context.progress("shrink: narrowing int64 indices")
             infer_types(model)  # folding created values; the regions need their shapes
             evaluated = evaluate_min_max(model, values_to_evaluate(model))
-            narrow = NarrowInt64Pass(evaluated=evaluated)
-            narrow(model)
+            narrow = NarrowInt64Pass(evaluated=evaluated)(model)
             report.notes.extend(_narrow_notes(narrow))
             for r in narrow.reports:
                 where = (
@@ -138,8 +135,7 @@ class Shrink(Transform):
                     }
                 )
         if options.dedup:
-            dedup = DeduplicateConstantsPass()
-            dedup(model)
+            dedup = DeduplicateConstantsPass()(model)
             if dedup.removed:
                 saved = sum(d.nbytes for d in dedup.removed)
                 report.notes.append(f"merged {len(dedup.removed)} duplicate constant(s) ({human_bytes(saved)})")
@@ -168,7 +164,7 @@ class Shrink(Transform):
         return report
 
 
-def _fold_note(fold: FoldConstantsGuardedPass) -> str:
+def _fold_note(fold: GuardedFoldResult) -> str:
     note = f"folded {fold.folded} constant node(s)"
     big = [r for r in fold.refused if r.output_bytes is not None]
     if big:
@@ -181,7 +177,7 @@ def _fold_note(fold: FoldConstantsGuardedPass) -> str:
     return note
 
 
-def _narrow_notes(narrow: NarrowInt64Pass) -> list[str]:
+def _narrow_notes(narrow: NarrowInt64Result) -> list[str]:
     done = [r for r in narrow.reports if r.narrowed]
     notes = []
     if done:

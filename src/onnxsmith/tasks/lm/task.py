@@ -58,9 +58,6 @@ class LanguageModel(Task):
     )
     default_gates: ClassVar[dict[str, float]] = {"kl": DEFAULT_MAX_KL, "top1": DEFAULT_MIN_TOP1}
 
-    def __init__(self) -> None:
-        self._text = ""
-
     def samples(self, model: ir.Model, options: LMOptions, source: Path | None = None) -> list[Sample]:
         if not options.text:
             raise UsageError("task lm needs text: a held-out UTF-8 text file")
@@ -72,7 +69,6 @@ class LanguageModel(Task):
             max_windows=options.max_windows,
             label=options.text,
         )
-        self._text = Path(options.text).name
         sig = lm_signature(model, source)
         return [Sample(f"window {i}", lm_feeds(sig, row[None]), target=row) for i, row in enumerate(windows)]
 
@@ -82,7 +78,7 @@ class LanguageModel(Task):
 
     def describe_data(self, options: LMOptions, samples: list[Sample]) -> str:
         tokens = sum(len(s.target) for s in samples)
-        return f"{len(samples)} window(s) of held-out text from {self._text} ({tokens} tokens)"
+        return f"{len(samples)} window(s) of held-out text from {Path(options.text).name} ({tokens} tokens)"
 
     def judge(self, reference, candidate, samples: list[Sample], options: LMOptions) -> Evaluation:
         windows = np.stack([s.target for s in samples])
