@@ -130,3 +130,23 @@ def test_subgraph_initializers_survive(save_proto, tmp_path):
     save_model(load_model(source), tmp_path / "out.onnx")
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(_run(source, x), _run(tmp_path / "out.onnx", x))
+
+
+def test_a_big_file_passes_onnx_checker_once_until_it_changes(save_proto, tmp_path, monkeypatch):
+    from onnxsmith.io import check as check_module
+
+    calls = []
+    real = check_module.check_with_onnx
+    monkeypatch.setattr(check_module, "check_with_onnx", lambda proto, path: calls.append(path) or real(proto, path))
+    monkeypatch.setattr(load_module, "LAZY_FILE_BYTES", 1024)
+    path = save_proto(mlp(hidden=600))  # 19 KB: big, with the threshold at 1 KB
+    load_model(path, lazy_file_bytes=1024)
+    load_model(path, lazy_file_bytes=1024)
+    assert len(calls) == 1  # the second load of the same file skips onnx.checker (our own checks still run)
+    path.write_bytes(mlp(hidden=601).SerializeToString())  # another model, another size and mtime
+    load_model(path, lazy_file_bytes=1024)
+    assert len(calls) == 2
+    out = tmp_path / "out.onnx"
+    save_model(load_model(path, lazy_file_bytes=1024), out)  # checked as it is written: not again when loaded
+    load_model(out, lazy_file_bytes=1024)
+    assert len(calls) == 2

@@ -268,7 +268,7 @@ KINDS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "undefined input": (_undefined_input, "reads 'nowhere'"),
     "undefined read in a subgraph": (_undefined_in_subgraph, "reads 'nowhere'"),
     "graph output nobody produces": (_no_graph_output_producer, "graph output 'ghost'"),
-    "two nodes write one value": (_two_writers, "'y'"),
+    "two nodes write one value": (_two_writers, "'y' is written twice"),
     "duplicate initializer names": (_duplicate_initializers, "two initializers are named 'w'"),
     "dims of 2^40 with 32 bytes of data": (lambda f: _save(f, _add_w(_raw("w", [2**40], b"\0" * 32))), "disagrees"),
     "raw_data shorter than the shape": (lambda f: _save(f, _add_w(_raw("w", [8], b"\0" * 31))), "disagrees"),

@@ -29,10 +29,11 @@ MAX_OPSET = {"": onnx.defs.onnx_opset_version(), "ai.onnx": onnx.defs.onnx_opset
 MAX_OPSET["ai.onnx.ml"] = max(row[3] for row in onnx.helper.VERSION_TABLE)
 
 
-def check_model_proto(proto: onnx.ModelProto, path: Path) -> None:
+def check_model_proto(proto: onnx.ModelProto, path: Path, *, with_onnx: bool = True) -> None:
     """Raise :class:`InputError` naming ``path`` and the first problem found.
 
     Mutates ``proto`` only to sort a graph whose nodes are out of topological order.
+    ``with_onnx``: False skips onnx.checker (the file passed it before).
     """
     _check_opsets(proto, path)
     _check_unique_initializers(proto.graph, path)
@@ -41,7 +42,8 @@ def check_model_proto(proto: onnx.ModelProto, path: Path) -> None:
     data_files: dict[str, tuple[Path, int]] = {}
     for tensor in tensors(proto):
         _check_tensor_data(tensor, path, data_files)
-    check_with_onnx(proto, path)
+    if with_onnx:
+        check_with_onnx(proto, path)
 
 
 def check_with_onnx(proto: onnx.ModelProto, path: Path) -> None:
@@ -151,8 +153,13 @@ def _order_graph(graph: onnx.GraphProto, outer: set[str], path: Path) -> None:
     producer: dict[str, int] = {}
     for index, node in enumerate(nodes):
         for name in node.output:
+            if name in producer or (name and name in defined):
+                first = (
+                    f"node '{_label(nodes[producer[name]])}'" if name in producer else "a graph input or initializer"
+                )
+                raise InputError(f"'{name}' is written twice: by {first} and by node '{_label(node)}'", path)
             if name:
-                producer.setdefault(name, index)
+                producer[name] = index
     seen = set(defined)
     in_order = True
     for index, node in enumerate(nodes):

@@ -27,6 +27,14 @@ LAZY_FILE_BYTES = 32 * 1024 * 1024
 LAZY_TENSOR_BYTES = 64 * 1024
 
 MIN_IR_VERSION = 3
+#: ``model.meta`` key of the file a model was loaded from.
+SOURCE_PATH = "onnxsmith.source_path"
+
+#: Big files that passed onnx.checker, by identity: a command loads its source more than once
+#: (the gate loads it again), and on ViT-L the checker takes a tenth of a second each time.
+#: Writing 32 MB takes longer than a file system's clock tick: a file rewritten since has
+#: another mtime. (Our own checks are cheap and always run.)
+_CHECKED_BY_ONNX: set[tuple[int, int, int, int]] = set()
 
 
 def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTES) -> ir.Model:
@@ -41,8 +49,10 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     size = path.stat().st_size
     if size == 0:
         raise InputError("file is empty", path)
+    stat = path.stat()
+    lazy = size >= lazy_file_bytes and stat.st_nlink == 1
     try:
-        if size >= lazy_file_bytes and path.stat().st_nlink == 1:
+        if lazy:
             proto = _read_lazily(path)
         else:
             proto = onnx.load(os.fspath(path), load_external_data=False)
@@ -51,7 +61,10 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     except OSError as err:
         raise InputError(f"cannot read ({err.strerror})", path) from None
     _check_header(proto, path)
-    check_model_proto(proto, path)
+    identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    check_model_proto(proto, path, with_onnx=not (lazy and identity in _CHECKED_BY_ONNX))
+    if lazy:
+        _CHECKED_BY_ONNX.add(identity)
     # onnx-ir logs what it tolerates (dangling outputs, unknown inputs); the checks above report it properly.
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
     try:
@@ -59,7 +72,15 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     except Exception as err:  # onnx-ir rejects malformed protos with assorted errors
         raise InputError(f"not a valid ONNX model ({err})", path) from None
     ir.external_data.set_base_dir(model.graph, path.parent)
+    model.meta[SOURCE_PATH] = path  # for messages about the model made far from here
     return model
+
+
+def passed_onnx_checker(path: str | os.PathLike) -> None:
+    """Note that the file at ``path`` (as it is now) passed onnx.checker: a save checked what it wrote."""
+    stat = os.stat(path)
+    if stat.st_size >= LAZY_FILE_BYTES:
+        _CHECKED_BY_ONNX.add((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
 
 def files_read_by(*paths: str | os.PathLike) -> list[Path]:

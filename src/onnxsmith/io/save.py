@@ -34,6 +34,7 @@ from onnxsmith.core.version import __version__
 from onnxsmith.io import wire
 from onnxsmith.io.check import check_with_onnx, tensors
 from onnxsmith.io.files import FileRecord, commit_files, describe_os_error, protected, staging_dir
+from onnxsmith.io.load import passed_onnx_checker
 from onnxsmith.io.paths import check_output
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -197,6 +198,7 @@ def staged_model(
             else:
                 with open(staged.path, "wb") as f:
                     write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None))
+                passed_onnx_checker(staged.path)  # the gate loads it next: no need to check it twice
         except OSError as err:
             raise OutputError(f"cannot write: {describe_os_error(err)}", path) from None
         # Hash what was written while the caller verifies it (hashlib releases the GIL).

@@ -11,6 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.io.load import SOURCE_PATH
 
 DEFAULT_SEED = 0
 
@@ -34,8 +35,12 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
     for value in model.graph.inputs:
         if value.name in model.graph.initializers:
             continue
-        if value.dtype is None:
-            raise InputError(f"graph input '{value.name}' has no element type")
+        if value.dtype is None or not isinstance(value.type, ir.TensorType):
+            kind = "has no element type" if value.dtype is None else f"is a {value.type}, not a tensor"
+            raise InputError(
+                f"graph input '{value.name}' {kind}; onnxsmith makes inputs for tensors only",
+                model.meta.get(SOURCE_PATH),
+            )
         dims: tuple[int | str | None, ...] = ()
         if value.shape is not None:
             dims = tuple(d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape)
