@@ -276,3 +276,46 @@ def test_dims_of_2_to_the_40_with_tiny_data_are_refused_by_fp16(cli, tmp_path):
     result = cli("fp16", path, tmp_path / "v.onnx")
     assert_one_line_error(result, "huge.onnx", "declares shape [1099511627776]", "holds 4 bytes", "disagrees")
     assert np.array_equal(sorted(p.name for p in tmp_path.iterdir()), ["huge.onnx"])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "fp16 OUT",
+        "fp16 --report",
+        "extract OUT",
+        "extract --report",
+        "quantize OUT",
+        "quantize --report",
+        "validate --json",
+        "bench --json",
+        "bench --plot",
+        "eval-lm --report",
+    ],
+)
+def test_every_output_option_is_checked_before_any_work(cli, tmp_path, command):
+    """Each output a command takes, aimed at a link to /dev/null: refused in one line, nothing written."""
+    from tests.support.lm_models import gpt2_folder
+
+    model = _source(tmp_path / "src")
+    lm = gpt2_folder(past=False)
+    text = tmp_path / "text.txt"
+    text.write_text("The keeper climbed the stairs of the old lighthouse.\n", encoding="utf-8")
+    aim = tmp_path / "null"
+    aim.symlink_to("/dev/null")
+    out = tmp_path / "out"
+    args = {
+        "fp16 OUT": ["fp16", model, aim],
+        "fp16 --report": ["fp16", model, out / "v.onnx", "--report", aim],
+        "extract OUT": ["extract", model, aim, "--outputs", "h2"],
+        "extract --report": ["extract", model, out / "p.onnx", "--outputs", "h2", "--report", aim],
+        "quantize OUT": ["quantize", lm, aim],
+        "quantize --report": ["quantize", lm, out / "q", "--report", aim],
+        "validate --json": ["validate", model, model, "--task", "generic", "--json", aim],
+        "bench --json": ["bench", model, "--json", aim],
+        "bench --plot": ["bench", model, "--plot", aim],
+        "eval-lm --report": ["eval-lm", lm / "onnx" / "model.onnx", "--text", text, "--report", aim],
+    }[command]
+    result = cli(*args)
+    assert_one_line_error(result, "null", "a character device, not a")
+    assert os.path.islink(aim) and not out.exists() and stat.S_ISCHR(os.stat(aim).st_mode)
