@@ -150,3 +150,26 @@ def test_a_big_file_passes_onnx_checker_once_until_it_changes(save_proto, tmp_pa
     save_model(load_model(path, lazy_file_bytes=1024), out)  # checked as it is written: not again when loaded
     load_model(out, lazy_file_bytes=1024)
     assert len(calls) == 2
+
+
+def test_a_model_that_fails_onnx_checker_is_never_written(save_proto, tmp_path):
+    """What a pass leaves inconsistent (here: an output declared [3] that is [2]) is caught before it is written."""
+    from onnx import TensorProto, helper
+
+    from onnxsmith.core.errors import InputError
+
+    model = ir.serde.deserialize_model(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+        )
+    )
+    for external in (False, True):
+        with pytest.raises(InputError, match=r"out.onnx: the model made is not valid \(not a valid ONNX model"):
+            save_model(model, tmp_path / "out" / "out.onnx", external_data=external)
+        assert not (tmp_path / "out").exists()

@@ -194,10 +194,12 @@ def staged_model(
                 # subgraphs too); a tensor attribute still read from a file is copied in.
                 with _in_memory(_file_attributes(model)):
                     ir.save(model, staged.path, external_data=data_path.name)
-                check_written(onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_path.name)
+                check_written(
+                    onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_path.name, path
+                )
             else:
                 with open(staged.path, "wb") as f:
-                    write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None))
+                    write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None, path))
                 passed_onnx_checker(staged.path)  # the gate loads it next: no need to check it twice
         except OSError as err:
             raise OutputError(f"cannot write: {describe_os_error(err)}", path) from None
@@ -206,14 +208,22 @@ def staged_model(
         yield staged
 
 
-def check_written(proto: onnx.ModelProto, path: Path, data_file: str | None) -> None:
-    """A model about to be written reads no file but its own data file, and passes onnx.checker."""
+def check_written(proto: onnx.ModelProto, path: Path, data_file: str | None, final: Path) -> None:
+    """A model staged at ``path`` (for ``final``) reads no file but its own data file, and passes onnx.checker.
+
+    Either failing is onnxsmith's fault, not the input's; it is said so, naming the output.
+    """
     foreign = sorted(_locations(proto) - {data_file, _PLACEHOLDER})
-    if foreign:
+    try:
+        if foreign:
+            raise InputError(f"it would read '{foreign[0]}', another model's file")
+        check_with_onnx(proto, path)
+    except InputError as err:
         raise InputError(
-            f"would read '{foreign[0]}', another model's file (a bug in onnxsmith; please report it)", path
-        )
-    check_with_onnx(proto, path)
+            f"the model made is not valid ({err.problem}); nothing written (a bug in onnxsmith or one of "
+            "its passes: please report it with the source model)",
+            final,
+        ) from None
 
 
 def _files_read(model: ir.Model) -> list[Path]:
