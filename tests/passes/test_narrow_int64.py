@@ -248,3 +248,25 @@ def test_an_unbounded_reader_downstream_does_not_spoil_the_grid(save_proto, tmp_
         }
     ]
     assert_pass_preserves_outputs(source, model, tmp_path, feeds=feeds, atol=0, rtol=0)
+
+
+def test_an_exclusive_cumsum_is_bounded_with_its_leading_zero():
+    """Found by the property test (tests/properties): CumSum(exclusive=1) of 2..4 starts at 0,
+    which its interval (2..16) left out; a proof must contain every value the op computes."""
+    from onnxsmith.analysis.intervals import Bounds
+
+    steps = np.array([[3, 4, 2, 4]], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["steps", "axis"], ["offsets"], exclusive=1)],
+        "cumsum",
+        [],
+        [helper.make_tensor_value_info("offsets", TensorProto.INT64, [1, 4])],
+        [numpy_helper.from_array(steps, "steps"), numpy_helper.from_array(np.array(-1, np.int64), "axis")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = ir.serde.deserialize_model(proto)
+    infer_types(model)
+    low, high = Bounds().of(model.graph.outputs[0])
+    (computed,) = ort.InferenceSession(proto.SerializeToString()).run(None, {})
+    assert computed.tolist() == [[0, 3, 7, 9]]
+    assert low <= computed.min() and computed.max() <= high

@@ -122,3 +122,71 @@ def test_rows_read_in_full_elsewhere_are_kept(save_proto):
     """The residual output is also a graph output: every row of the block is needed."""
     _model, prune, modified = _prune(save_proto(encoder_block(0, also_output_all=True)))
     assert not modified and not prune.pruned
+
+
+# Found by the property test (tests/properties/test_prune_rows_property.py); kept as they failed.
+
+
+def _tokens_model(nodes, output_shape, inits):
+    graph = helper.make_graph(
+        nodes,
+        "tokens",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _pruned(save_proto, proto, tmp_path):
+    source = save_proto(proto, "tokens.onnx")
+    model = load_model(source)
+    infer_types(model)
+    assert PruneRowsPass()(model).pruned
+    assert_pass_preserves_outputs(source, model, tmp_path)  # writes and reloads it: a valid model
+    return model
+
+
+def test_two_readers_of_the_same_rows_share_one_slice(save_proto, tmp_path):
+    """Both MatMuls read row 0 of x: one Slice for both (two used to write one name twice)."""
+    rng = np.random.default_rng(0)
+    proto = _tokens_model(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"]),
+            helper.make_node("MatMul", ["x", "w2"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("Gather", ["s", "first"], ["y"], axis=1),
+        ],
+        [1, 2],
+        {
+            "w1": rng.standard_normal((4, 2)).astype(np.float32),
+            "w2": rng.standard_normal((4, 2)).astype(np.float32),
+            "first": np.array(0, np.int64),
+        },
+    )
+    model = _pruned(save_proto, proto, tmp_path)
+    assert [n.op_type for n in model.graph].count("Slice") == 1
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        helper.make_node("Gather", ["s", "index"], ["y"], axis=-2),  # -3: row 0, counted from the end
+        helper.make_node("Slice", ["s", "starts", "ends", "axes"], ["y"]),  # rows -3..-2: row 0
+    ],
+    ids=["gather", "slice"],
+)
+def test_a_selection_counting_from_the_end_is_rewritten_when_rows_start_at_0(save_proto, tmp_path, select):
+    """Row 0 of 3 selected as -3: the pruned input holds one row, where -3 is out of range."""
+    proto = _tokens_model(
+        [helper.make_node("Mul", ["x", "half"], ["s"]), select],
+        [1, 4] if select.op_type == "Gather" else [1, 1, 4],
+        {
+            "half": np.array(0.5, np.float32),
+            "index": np.array(-3, np.int64),
+            "starts": np.array([-3], np.int64),
+            "ends": np.array([-2], np.int64),
+            "axes": np.array([1], np.int64),
+        },
+    )
+    _pruned(save_proto, proto, tmp_path)

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from onnxsmith.io.save import save_model
@@ -40,3 +41,44 @@ def assert_pass_preserves_outputs(
     comparison = compare_models(before, after, copy.deepcopy(feeds), atol=atol, rtol=rtol)
     assert comparison.passed, comparison.failures()
     return comparison
+
+
+def run_in_memory(
+    model: onnx.ModelProto | ir.Model, feeds_list: list[dict[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """Every output on every input set, from an in-memory session running the graph as it is
+    (no onnxruntime optimisations, which could hide what a pass did), one thread."""
+    import onnxruntime as ort
+
+    proto = ir.serde.serialize_model(model) if isinstance(model, ir.Model) else model
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(None, feeds))) for feeds in feeds_list]
+
+
+def assert_same_outputs(
+    before: onnx.ModelProto | ir.Model,
+    after: onnx.ModelProto | ir.Model,
+    feeds_list: list[dict[str, np.ndarray]],
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+) -> None:
+    """Both models on the same inputs: the same outputs (names, dtypes, shapes), integers and bools
+    equal, floats within ``atol + rtol * |before|``, NaN and inf where ``before`` has them."""
+    for sample, (want, got) in enumerate(zip(run_in_memory(before, feeds_list), run_in_memory(after, feeds_list))):
+        assert list(got) == list(want), f"outputs {list(got)} != {list(want)}"
+        for name, expected in want.items():
+            actual = got[name]
+            where = f"output '{name}', input set {sample}"
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+                f"{where}: {actual.dtype}{list(actual.shape)} != {expected.dtype}{list(expected.shape)}"
+            )
+            if expected.dtype.kind in "fc":
+                np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True, err_msg=where)
+            else:
+                np.testing.assert_array_equal(actual, expected, err_msg=where)

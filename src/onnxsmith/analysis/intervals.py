@@ -223,7 +223,9 @@ def _cumsum(bounds: Bounds, node: ir.Node, _value) -> Interval | None:
     dims, axis = static_dims(node.inputs[0]), const_array(node.inputs[1])
     if dims is None or axis is None or not dims:
         return None
-    return _sum_over(bounds, node.inputs[0], dims[int(axis.reshape(-1)[0])])
+    sums = _sum_over(bounds, node.inputs[0], dims[int(axis.reshape(-1)[0])])
+    # An exclusive sum starts from the empty sum: 0 is among its values, whatever the inputs.
+    return hull(sums, (0, 0)) if node.attributes.get_int("exclusive", 0) else sums
 
 
 def _reduce_sum(bounds: Bounds, node: ir.Node, _value) -> Interval | None:

@@ -11,7 +11,9 @@ to evaluate in memory. What is refused stays in the graph and runs at load time.
 The folding itself is onnxscript's (``optimizer.fold_constants``: onnx's reference
 evaluator, its partial evaluators for shape arithmetic); this pass decides which
 nodes it may fold, before anything is evaluated, from the output shapes that its
-incremental shape inference has just computed.
+incremental shape inference has just computed. The partial evaluators are not asked:
+a Shape or Size of a statically known shape (and a Gather from one) becomes a
+constant of a few int64s whatever the limit, which is what makes shapes static.
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
     def _narrow(self, graph: ir.Graph, value: ir.Value, casts: list[ir.Node]) -> None:
         tensor = ir.convenience.get_const_tensor(value)
         nbytes = tensor.nbytes
-        narrowed = ir.tensor(tensor.numpy().astype(np.float32), name=value.name)
+        with np.errstate(over="ignore"):  # beyond fp32's range is inf, as the Cast made it
+            narrowed = ir.tensor(tensor.numpy().astype(np.float32), name=value.name)
         producer = value.producer()
         if producer is None:
             value.const_value = narrowed

@@ -102,6 +102,7 @@ class PruneRowsPass(ir.passes.InPlacePass):
             self._result.modified = False
             return self._result
         constants = ConstantPool(graph, FreshNames(graph))
+        self._slices: dict[tuple[ir.Value, int, int], ir.Value] = {}  # one Slice per value and rows
         for node in nodes:
             if node in computed:
                 self._narrow(graph, node, token_inputs_of[node], computed, constants)
@@ -119,7 +120,7 @@ class PruneRowsPass(ir.passes.InPlacePass):
             if have == (start, stop):
                 continue
             offset = have[0] if have is not ALL else 0
-            node.replace_input_with(i, _slice(graph, node, value, start - offset, stop - offset, constants))
+            node.replace_input_with(i, self._slice(graph, node, value, start - offset, stop - offset, constants))
         if node.op_type == "RotaryEmbedding" and start:
             position = constant(node.inputs[1])
             moved = (position.astype(np.int64) + start).reshape(position.shape)
@@ -130,6 +131,17 @@ class PruneRowsPass(ir.passes.InPlacePass):
                 dims[-2] = stop - start
                 out.shape = ir.Shape(dims)
         self._result.pruned.append((node, (start, stop), length))
+
+    def _slice(self, graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
+        """Rows [start, stop) of ``value``'s tokens axis: a sliced constant, or a Slice node, made
+        once for all the nodes that read those rows (before the first of them, in graph order)."""
+        array = constant(value)
+        if array is not None:
+            return constants.get(np.ascontiguousarray(array[..., start:stop, :]), f"{value.name}/rows_{start}_{stop}")
+        key = (value, start, stop)
+        if key not in self._slices:
+            self._slices[key] = _slice_node(graph, before, value, start, stop, constants)
+        return self._slices[key]
 
 
 def _ask(demand: dict[ir.Value, Rows], value: ir.Value, rows: Rows) -> None:
@@ -233,10 +245,13 @@ def _selected_rows(node: ir.Node) -> Rows | None:
 
 
 def _reindex(node: ir.Node, selection: tuple[tuple[int, int], int], computed, constants) -> None:
-    """Point a row selection at the same rows of an input that now holds only rows from ``offset`` on."""
+    """Point a row selection at the same rows of an input that now holds only rows ``have``.
+
+    Always in absolute row numbers from ``have``'s start: even when it starts at row 0, a
+    negative index or bound counts from the end, which has moved."""
     selected, length = selection
     have = _rows_held(node.inputs[0], computed)
-    if have is ALL or have[0] == 0:
+    if have is ALL:
         return
     offset = have[0]
     if node.op_type == "Gather":
@@ -249,11 +264,8 @@ def _reindex(node: ir.Node, selection: tuple[tuple[int, int], int], computed, co
         node.replace_input_with(2, constants.get(np.array([stop - offset], np.int64), "row_stop"))
 
 
-def _slice(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
-    """Rows [start, stop) of ``value``'s tokens axis: a sliced constant, or a Slice node."""
-    array = constant(value)
-    if array is not None:
-        return constants.get(np.ascontiguousarray(array[..., start:stop, :]), f"{value.name}/rows_{start}_{stop}")
+def _slice_node(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
+    """A Slice of rows [start, stop) of ``value``'s tokens axis, inserted before ``before``."""
     node = ir.node(
         "Slice",
         [
@@ -265,7 +277,7 @@ def _slice(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: 
         num_outputs=1,
     )
     out = node.outputs[0]
-    out.name = f"{value.name}/rows_{start}_{stop}"
+    out.name = constants.names(f"{value.name}/rows_{start}_{stop}")
     out.dtype = value.dtype
     if value.shape is not None:
         dims = list(value.shape)
