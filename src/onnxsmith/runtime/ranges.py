@@ -15,6 +15,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
+from onnxsmith.analysis.precision_policy import MOVEMENT_OPS
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.casts import insert_after_producer
 from onnxsmith.irutil.names import node_label
@@ -86,29 +87,10 @@ def _const(value: np.generic, name: str) -> ir.Value:
     return node.outputs[0]
 
 
-#: Ops whose output holds only values of their data inputs (all inputs for Concat, else the first).
-DATA_MOVEMENT_OPS = frozenset(
-    {
-        "Reshape",
-        "Transpose",
-        "Squeeze",
-        "Unsqueeze",
-        "Flatten",
-        "Identity",
-        "Expand",
-        "Tile",
-        "Slice",
-        "Gather",
-        "GatherElements",
-        "GatherND",
-        "Split",
-        "Concat",
-        "DepthToSpace",
-        "SpaceToDepth",
-        "ReverseSequence",
-        "Compress",
-    }
-)
+#: Ops whose output holds only values of their data inputs (all inputs for Concat, else the first):
+#: the precision policy's movement ops but those that bring values of their own (Pad's fill,
+#: Scatter's updates, Dropout's scaling in training).
+DATA_MOVEMENT_OPS = MOVEMENT_OPS - {"Pad", "ScatterND", "ScatterElements", "Dropout"}
 
 
 def _moves_data(node: ir.Node) -> bool:
