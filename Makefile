@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup example test bench clean
+.PHONY: setup setup-bench conformance example test bench clean
 
 setup: $(VENV)/.installed
 
@@ -14,6 +14,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
 	touch $@
+
+# The anchors of benchmarks/conformance.py (ModelOpt AutoCast, onnxconverter-common, onnxslim), CPU only.
+setup-bench: setup
+	$(PIP) install -e '.[dev,bench]'
+
+conformance: setup-bench
+	$(PY) benchmarks/conformance.py
 
 # onnxruntime-web for the Node.js client the quantize tests run (exact versions from the lock file).
 clients/web/node_modules: clients/web/package-lock.json

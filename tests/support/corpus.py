@@ -1,0 +1,185 @@
+"""Run onnxsmith's commands on one corpus model as a new user would, and say what came of each.
+
+Shared by the conformance test (tests/corpus) and benchmark (benchmarks/conformance.py). Only the
+command line is used (in this process, or in a child process for the models over 1 GB), so this
+survives any reorganisation of the package behind it. No ``--shape``, no options: the defaults a
+user gets are what is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# The commands of the corpus, in the order they run (validate judges a variant made before it).
+COMMANDS = ("inspect", "fp16", "fuse-fp32", "fuse-fp16", "shrink", "validate")
+TRANSFORMS = {
+    "fp16": ["fp16"],
+    "fuse-fp32": ["fuse", "--precision", "fp32"],
+    "fuse-fp16": ["fuse", "--precision", "fp16"],
+    "shrink": ["shrink"],
+}
+# issue 11's acceptance: fp16 >= 0.999 storage-faithful cosine and <= 0.6x the source where fp32
+# weights are >= 80 % of it; fuse fp32 and shrink >= 0.99999 and at most 1 % larger than the source.
+ACCEPT_COSINE = {"fp16": 0.999, "fuse-fp16": 0.999, "fuse-fp32": 0.99999, "shrink": 0.99999}
+ACCEPT_SIZE = {"fuse-fp32": 1.01, "shrink": 1.01}
+FP16_SIZE, FP16_WHEN_FP32_SHARE = 0.6, 0.8
+# The variant validate judges: the first of these that was written (else the source against itself).
+VALIDATE_AGAINST = ("fp16", "fuse-fp16", "fuse-fp32", "shrink")
+
+
+@dataclass
+class Observed:
+    """What one command did: ``kind`` is ok | variant | refused | traceback."""
+
+    command: str
+    kind: str
+    code: int
+    message: str = ""  # refusal: the first line of the error; traceback: its last line
+    cosine: float | None = None  # variant: the command's own verification, min over float outputs
+    size_ratio: float | None = None  # variant: bytes (with external data) / the source's
+    seconds: float = 0.0
+    against: str = ""  # validate: which variant it judged
+    output: str = ""  # variant path
+    stderr: list[str] = field(default_factory=list)  # the last lines, for the findings
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def model_bytes(path: Path) -> int:
+    """A model's size with the data files it keeps weights in (the files next to it named <model>*.data)."""
+    path = Path(path)
+    return path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(path.name + "*.data"))
+
+
+def fp32_share(inspect: Observed, source: Path) -> float:
+    """The share of the source's bytes that are fp32 weights, from ``inspect --json``."""
+    if inspect.kind != "ok":
+        return 0.0
+    return json.loads(inspect.message).get("FLOAT", 0) / model_bytes(source)
+
+
+def accepted(command: str, cosine: float | None, size_ratio: float | None, share: float) -> str:
+    """Why a variant falls short of issue 11's acceptance ('' when it does not); cosine None: no float output."""
+    if cosine is not None and not cosine >= ACCEPT_COSINE[command]:
+        return f"cosine {cosine:.6f} < {ACCEPT_COSINE[command]}"
+    limit = ACCEPT_SIZE.get(command)
+    if command == "fp16" and share >= FP16_WHEN_FP32_SHARE:
+        limit = FP16_SIZE
+    if limit is not None and size_ratio > limit:
+        return f"size {size_ratio:.2f}x > {limit}x"
+    return ""
+
+
+def cli(args: list[str], isolated: bool = False) -> tuple[int, str, str]:
+    """``onnxsmith ARGS``: (exit code, stdout, stderr); an escaping exception is a traceback on stderr."""
+    if isolated:
+        done = subprocess.run([sys.executable, "-m", "onnxsmith", *args], capture_output=True, text=True, timeout=1800)
+        return done.returncode, done.stdout, done.stderr
+    from onnxsmith.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(args)
+        except SystemExit as exit_:  # argparse
+            code = exit_.code if isinstance(exit_.code, int) else 2
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def run_model(source: Path, work: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:
+    """Every corpus command on ``source``; variants are written into ``work``."""
+    source = Path(source)
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Observed] = {}
+    for command in commands:
+        started = time.perf_counter()
+        against = ""
+        output = report = None
+        if command == "inspect":
+            args = ["inspect", "--json", str(source)]
+        elif command == "validate":
+            written = [c for c in VALIDATE_AGAINST if c in results and results[c].kind == "variant"]
+            against = written[0] if written else "source"
+            candidate = results[against].output if written else str(source)
+            report = work / "validate.json"
+            args = ["validate", str(source), candidate, "--task", "generic", "--json", str(report)]
+        else:
+            output = work / f"{command}.onnx"
+            report = work / f"{command}.json"
+            args = [
+                *TRANSFORMS[command][:1],
+                str(source),
+                str(output),
+                *TRANSFORMS[command][1:],
+                "--report",
+                str(report),
+            ]
+        code, stdout, stderr = cli(args, isolated)
+        observed = _observe(command, code, stdout, stderr, source, output, report)
+        # Messages name files: say MODEL and WORK/ instead, so that a recorded message is the same anywhere.
+        observed.message = observed.message.replace(str(source), "MODEL").replace(str(work), "WORK")
+        observed.stderr = [line.replace(str(source), "MODEL").replace(str(work), "WORK") for line in observed.stderr]
+        observed.seconds = round(time.perf_counter() - started, 2)
+        observed.against = against
+        results[command] = observed
+    return results
+
+
+def _observe(command, code, stdout, stderr, source, output, report) -> Observed:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    tail = lines[-6:]
+    if "Traceback (most recent call last)" in stderr:
+        return Observed(command, "traceback", code, lines[-1].strip(), stderr=tail)
+    if code != 0:
+        errors = [line for line in lines if line.startswith("onnxsmith: error:")]
+        message = errors[0] if errors else (lines[-1] if lines else stdout.strip().splitlines()[-1:] or [""])[0]
+        if not errors and code == 1:  # a failed gate: say which output failed, from the table
+            message = _gate_message(stdout, stderr) or message
+        return Observed(command, "refused", code, str(message).strip(), stderr=tail)
+    if command in ("inspect", "validate"):
+        observed = Observed(command, "ok", code, stderr=tail)
+        if command == "inspect":
+            observed.message = json.dumps(json.loads(stdout).get("bytes_by_dtype", {}))
+        else:
+            metrics = {m["name"]: m["value"] for m in json.loads(Path(report).read_text())["metrics"]}
+            observed.cosine = metrics.get("min_cosine")
+        return observed
+    verification = json.loads(Path(report).read_text()).get("verification") or {}
+    cosines = [o["cosine"] for o in verification.get("outputs", []) if o.get("cosine") is not None]
+    return Observed(
+        command,
+        "variant",
+        code,
+        cosine=min(cosines) if cosines else None,
+        size_ratio=model_bytes(output) / model_bytes(source),
+        output=str(output),
+        stderr=tail,
+    )
+
+
+def _gate_message(stdout: str, stderr: str) -> str:
+    for line in (stderr + "\n" + stdout).splitlines():
+        low = line.lower()
+        if "not written" in low or "gate" in low or "refus" in low or "failed" in low:
+            return line.strip()
+    return ""
+
+
+def clean(work: Path) -> None:
+    """Remove the variants (the 2 GB model's are large)."""
+    for path in sorted(work.glob("*")):
+        if path.is_file():
+            os.remove(path)
