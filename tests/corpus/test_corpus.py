@@ -39,7 +39,8 @@ def _cases():
             expected = OUTCOMES[name][command]
             marks = []
             if "defect" in expected:
-                reason = f"issue 11 class {expected['defect']}: {expected.get('message', expected['outcome'])}"
+                what = expected.get("message") or expected.get("note") or expected["outcome"]
+                reason = f"issue 11 class {expected['defect']}: {what}"
                 marks.append(pytest.mark.xfail(strict=True, raises=KnownDefect, reason=reason))
             yield pytest.param(name, command, id=f"{name}-{command}", marks=marks)
 
