@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.corpus import COMMANDS, Observed, accepted, fp32_share, run_model
+from tests.support.corpus import COMMANDS, Observed, accepted, fp32_share, make_feeds, run_model
 from tests.support.realmodels import CORPUS, MODELS, real_model
 
 if sys.version_info >= (3, 11):
@@ -56,7 +56,8 @@ class _Runs:
             if self.name is not None:
                 shutil.rmtree(self.root / self.name, ignore_errors=True)
             self.name = name
-            self.results = run_model(real_model(name), self.root / name, isolated=MODELS[name].heavy)
+            feeds = make_feeds(MODELS[name].feeds, self.root / name / "feeds")
+            self.results = run_model(real_model(name), self.root / name, feeds, isolated=MODELS[name].heavy)
         return self.results
 
 

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,8 +33,8 @@ TRANSFORMS = {
 ACCEPT_COSINE = {"fp16": 0.999, "fuse-fp16": 0.999, "fuse-fp32": 0.99999, "shrink": 0.99999}
 ACCEPT_SIZE = {"fuse-fp32": 1.01, "shrink": 1.01}
 FP16_SIZE, FP16_WHEN_FP32_SHARE = 0.6, 0.8
-# The variant validate judges: the first of these that was written (else the source against itself).
-VALIDATE_AGAINST = ("fp16", "fuse-fp16", "fuse-fp32", "shrink")
+# The variants validate judges, those of these that were written (else the source against itself).
+VALIDATE_AGAINST = ("fp16", "fuse-fp32", "fuse-fp16", "shrink")
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Observed:
     cosine: float | None = None  # variant: the command's own verification, min over float outputs
     size_ratio: float | None = None  # variant: bytes (with external data) / the source's
     seconds: float = 0.0
-    against: str = ""  # validate: which variant it judged
+    against: str = ""  # validate: the variants it judged (comma-separated), or "source"
     output: str = ""  # variant path
     stderr: list[str] = field(default_factory=list)  # the last lines, for the findings
 
@@ -99,43 +100,82 @@ def cli(args: list[str], isolated: bool = False) -> tuple[int, str, str]:
     return code, stdout.getvalue(), stderr.getvalue()
 
 
-def run_model(source: Path, work: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:
-    """Every corpus command on ``source``; variants are written into ``work``."""
+def make_feeds(feeds: dict, folder: Path, sets: int = 3, seed: int = 0) -> Path:
+    """Plausible inputs (a manifest entry's ``feeds``) as ``sets`` seeded .npz files in ``folder``."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for k in range(sets):
+        arrays = {name: _feed(feed, rng) for name, feed in feeds.items()}
+        np.savez(folder / f"inputs{k}.npz", **arrays)
+    return folder
+
+
+def _feed(feed, rng):
+    import numpy as np
+
+    if feed.kind == "uniform":
+        return rng.uniform(feed.low, feed.high, feed.shape).astype(feed.dtype)
+    if feed.kind == "int":
+        return rng.integers(int(feed.low), int(feed.high), feed.shape).astype(feed.dtype)
+    if feed.kind == "zeros":
+        return np.zeros(feed.shape, feed.dtype)
+    if feed.kind == "ones":
+        return np.ones(feed.shape, feed.dtype)
+    return np.full(feed.shape, feed.low, feed.dtype)
+
+
+def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:
+    """Every corpus command on ``source``; variants are written into ``work``.
+
+    The transforms run as a user runs them (their own inputs); ``validate`` then judges every variant
+    they wrote on ``feeds`` (a folder of .npz: inputs a user would feed), so a variant verified only at
+    the sizes a command guessed is caught at a real size.
+    """
     source = Path(source)
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Observed] = {}
     for command in commands:
         started = time.perf_counter()
-        against = ""
-        output = report = None
-        if command == "inspect":
-            args = ["inspect", "--json", str(source)]
-        elif command == "validate":
-            written = [c for c in VALIDATE_AGAINST if c in results and results[c].kind == "variant"]
-            against = written[0] if written else "source"
-            candidate = results[against].output if written else str(source)
-            report = work / "validate.json"
-            args = ["validate", str(source), candidate, "--task", "generic", "--json", str(report)]
+        if command == "validate":
+            observed = _validate_all(source, work, feeds, results, isolated)
         else:
-            output = work / f"{command}.onnx"
-            report = work / f"{command}.json"
-            args = [
-                *TRANSFORMS[command][:1],
-                str(source),
-                str(output),
-                *TRANSFORMS[command][1:],
-                "--report",
-                str(report),
-            ]
-        code, stdout, stderr = cli(args, isolated)
-        observed = _observe(command, code, stdout, stderr, source, output, report)
+            output = report = None
+            if command == "inspect":
+                args = ["inspect", "--json", str(source)]
+            else:
+                output = work / f"{command}.onnx"
+                report = work / f"{command}.json"
+                transform = TRANSFORMS[command]
+                args = [transform[0], str(source), str(output), *transform[1:], "--report", str(report)]
+            code, stdout, stderr = cli(args, isolated)
+            observed = _observe(command, code, stdout, stderr, source, output, report)
         # Messages name files: say MODEL and WORK/ instead, so that a recorded message is the same anywhere.
         observed.message = observed.message.replace(str(source), "MODEL").replace(str(work), "WORK")
         observed.stderr = [line.replace(str(source), "MODEL").replace(str(work), "WORK") for line in observed.stderr]
         observed.seconds = round(time.perf_counter() - started, 2)
-        observed.against = against
         results[command] = observed
     return results
+
+
+def _validate_all(source: Path, work: Path, feeds: Path, results: dict[str, Observed], isolated: bool) -> Observed:
+    """``validate --task generic --data FEEDS`` of each written variant (of the source itself if none)."""
+    written = [c for c in VALIDATE_AGAINST if c in results and results[c].kind == "variant"]
+    candidates = [(c, Path(results[c].output)) for c in written] or [("source", source)]
+    cosines = []
+    for name, candidate in candidates:
+        report = work / f"validate-{name}.json"
+        args = ["validate", str(source), str(candidate), "--task", "generic", "--data", str(feeds)]
+        code, stdout, stderr = cli([*args, "--json", str(report)], isolated)
+        observed = _observe("validate", code, stdout, stderr, source, None, report)
+        observed.against = name
+        if observed.kind != "ok":  # "fuse-fp32: <the problem>", without the line's prefix and file name
+            observed.message = f"{name}: " + re.sub(r"^onnxsmith: error: [^ ]+: ", "", observed.message)
+            return observed
+        cosines.append(observed.cosine)
+    floats = [c for c in cosines if c is not None]
+    return Observed("validate", "ok", 0, cosine=min(floats) if floats else None, against=",".join(written) or "source")
 
 
 def _observe(command, code, stdout, stderr, source, output, report) -> Observed:
