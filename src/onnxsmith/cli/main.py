@@ -25,6 +25,7 @@ COMMANDS = [
     "compare_cmd",
     "fp16_cmd",
     "fuse_cmd",
+    "int8_cmd",
     "build_cmd",
     "validate_cmd",
     "bench_cmd",

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnxsmith.core.errors import InputError
 from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
-from onnxsmith.verify.compare import diff_output
+from onnxsmith.verify.compare import Comparison, compare_models, diff_output
 
 #: Histograms need no more than this many |Δ| values per variant.
 _HISTOGRAM_VALUES = 20000
@@ -76,6 +76,16 @@ class Generic(Task):
         if options.data:
             return f"{len(samples)} input set(s) from {Path(options.data).name}"
         return f"{len(samples)} seeded random input set(s) (seed {options.seed})"
+
+    def gate(self, reference, candidate, feeds, *, min_cosine: float = 0.995, **_) -> Comparison:
+        """The gate of a transform whose outputs legitimately move (``int8``): every float output's
+        cosine to the source at least ``min_cosine`` and no new NaN/inf."""
+        comparison = compare_models(reference, candidate, feeds)
+        for output in comparison.outputs:
+            new_nonfinite = output.nonfinite_test > output.nonfinite_ref
+            output.passed = not new_nonfinite and (output.cosine is None or output.cosine >= min_cosine)
+        comparison.atol = comparison.rtol = float("nan")
+        return comparison
 
     def evaluate(self, reference, candidate, samples, options: GenericOptions) -> Evaluation:
         diffs = []

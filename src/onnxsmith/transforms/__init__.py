@@ -4,7 +4,7 @@ Importing this package registers every transform module it imports here.
 """
 
 from onnxsmith.core.transform import TRANSFORMS, Transform
-from onnxsmith.transforms import fp16, fuse, quantize, shrink  # noqa: F401  (importing registers them)
+from onnxsmith.transforms import fp16, fuse, int8, quantize, shrink  # noqa: F401  (importing registers them)
 
 
 def transforms() -> dict[str, type[Transform]]:

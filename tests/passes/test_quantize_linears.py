@@ -1,0 +1,130 @@
+"""QuantizeLinearsPass: MatMul/Gemm (+bias) -> DynamicQuantizeMatMul, run in onnxruntime before and after."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsmith.io.load import load_model
+from onnxsmith.passes.quantize_linears import (
+    LinearPlan,
+    QuantizeLinearsPass,
+    find_linears,
+    quantize_columns,
+    smoothing_factors,
+)
+from onnxsmith.runtime import runner
+from tests.support.check import save_ir
+
+K, N = 64, 48
+
+
+def _linears_model(path, *, shared=False):
+    """x -> MatMul(W1)+b1 -> Relu -> Gemm(W2^T, b2, transB) ; a second MatMul reads W1 too when ``shared``."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((K, K)).astype(np.float32) * 0.1
+    b1 = rng.standard_normal(K).astype(np.float32)
+    w2t = rng.standard_normal((N, K)).astype(np.float32) * 0.1
+    b2 = rng.standard_normal(N).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"], name="fc1"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="relu"),
+        helper.make_node("Gemm", ["h2", "W2t", "b2"], ["y"], name="fc2", transB=1),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", N])]
+    if shared:
+        nodes.append(helper.make_node("MatMul", ["h2", "W1"], ["z"], name="fc3"))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["rows", K]))
+    graph = helper.make_graph(
+        nodes,
+        "linears",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
+        outputs,
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "W1"), (b1, "b1"), (w2t, "W2t"), (b2, "b2"))],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _run(path, x):
+    session = runner.open_session(path)
+    return runner.run(session, {"x": x})
+
+
+def test_quantize_columns_error_is_at_most_half_a_step():
+    w = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+    q, scale = quantize_columns(w)
+    assert q.dtype == np.int8 and scale.shape == (N,) and np.abs(q).max() <= 127
+    assert np.all(np.abs(q * scale - w) <= scale / 2 * (1 + 1e-5))
+
+
+def test_finds_matmul_with_bias_and_gemm(tmp_path):
+    model = load_model(_linears_model(tmp_path / "m.onnx"))
+    found = {linear.name: linear for linear in find_linears(model)}
+    assert set(found) == {"fc1", "fc2"}
+    assert found["fc1"].bias_add is not None and found["fc1"].kn() == (K, K)
+    assert found["fc2"].transposed and found["fc2"].kn() == (K, N) and found["fc2"].bias is not None
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_outputs_match_in_onnxruntime(tmp_path, smooth):
+    source = _linears_model(tmp_path / "m.onnx")
+    model = load_model(source)
+    plans = {}
+    for linear in find_linears(model):
+        s = None
+        if smooth:
+            s = smoothing_factors(np.linspace(0.5, 20.0, K).astype(np.float32), linear.weight_array(), 0.5)
+        plans[linear.name] = LinearPlan(s)
+    quantize = QuantizeLinearsPass(plans)
+    quantize(model)
+    assert sorted(quantize.quantized) == ["fc1", "fc2"]
+    ops = [n.op_type for n in model.graph]
+    assert ops.count("DynamicQuantizeMatMul") == 2 and "MatMul" not in ops and "Gemm" not in ops and "Add" not in ops
+    assert ops.count("Mul") == (2 if smooth else 0)
+    after = save_ir(model, tmp_path / "after.onnx")
+    x = np.random.default_rng(2).standard_normal((10, K)).astype(np.float32)
+    ref, out = _run(source, x)["y"], _run(after, x)["y"]
+    rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert 0 < rel < 0.03  # int8 error, not a different function
+    # weights stay quantized in the file: int8 tensors, no fp32 copy of W1/W2t
+    stored = {t.name: t.data_type for t in onnx.load(after).graph.initializer}
+    assert "W1" not in stored and "W2t" not in stored
+    assert sum(1 for t in stored.values() if t == TensorProto.INT8) == 2
+
+
+def test_shared_weight_is_quantized_once(tmp_path):
+    source = _linears_model(tmp_path / "m.onnx", shared=True)
+    model = load_model(source)
+    plans = {linear.name: LinearPlan() for linear in find_linears(model)}
+    assert set(plans) == {"fc1", "fc2", "fc3"}
+    QuantizeLinearsPass(plans)(model)
+    after = save_ir(model, tmp_path / "after.onnx")
+    int8 = [t for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.INT8]
+    assert len(int8) == 2  # W1 once for fc1 and fc3, W2t once
+    x = np.random.default_rng(3).standard_normal((6, K)).astype(np.float32)
+    ref, out = _run(source, x), _run(after, x)
+    for name in ("y", "z"):
+        assert np.linalg.norm(out[name] - ref[name]) / np.linalg.norm(ref[name]) < 0.03
+
+
+def test_unplanned_linears_stay_as_they_were(tmp_path):
+    source = _linears_model(tmp_path / "m.onnx")
+    model = load_model(source)
+    quantize = QuantizeLinearsPass({"fc2": LinearPlan()})
+    quantize(model)
+    ops = [n.op_type for n in model.graph]
+    assert ops.count("MatMul") == 1 and ops.count("Add") == 1 and ops.count("DynamicQuantizeMatMul") == 1
+    x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
+    after = save_ir(model, tmp_path / "after.onnx")
+    assert np.linalg.norm(_run(after, x)["y"] - _run(source, x)["y"]) / np.linalg.norm(_run(source, x)["y"]) < 0.03
+
+
+def test_nothing_planned_changes_nothing(tmp_path):
+    model = load_model(_linears_model(tmp_path / "m.onnx"))
+    before = [n.op_type for n in model.graph]
+    result = QuantizeLinearsPass({})(model)
+    assert not result.modified and [n.op_type for n in model.graph] == before
