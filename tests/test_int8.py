@@ -57,7 +57,7 @@ def test_faceage_int8_report_and_structure(exporter, tmp_path):
     for row in rows:  # every Linear says why, from a measurement or the cost rule
         assert row["why"], row
     assert any(r["why"].startswith("one vector per sample") for r in rows)  # the CLS readout
-    assert report.stats["measured_output_error"] <= 0.01
+    assert report.stats["measured_output_error"] <= 0.03
     variant = load_model(out)
     assert op_count(variant, "DynamicQuantizeMatMul") == len(int8)
     assert op_count(variant, "MatMul") + op_count(variant, "Gemm") >= len(rows) - len(int8)

@@ -46,7 +46,7 @@ MIN_SIDE = 16
 @dataclass
 class Options:
     error_budget: float = field(
-        default=0.01,
+        default=0.03,
         metadata={
             "help": "relative output error (||Δ|| / ||source||, worst output) the int8 Linears may cause together "
             "on the calibration inputs; the most sensitive Linears stay fp32 to meet it"
@@ -225,9 +225,9 @@ def _choose_by_sensitivity(path, context, plans, decisions, budget: float, repor
         for name in order:
             s2 = decisions[name].sensitivity ** 2
             if not np.isfinite(s2) or total + s2 > budget**2:
-                decisions[
-                    name
-                ].reason = f"end-to-end sensitivity {decisions[name].sensitivity:.2e}: over the error budget {budget:g}"
+                d = decisions[name]
+                d.reason = f"end-to-end sensitivity {d.sensitivity:.2e}: over the error budget {budget:g}"
+                d.kind = "end-to-end sensitivity"
                 continue
             chosen.append(name)
             total += s2
@@ -237,9 +237,9 @@ def _choose_by_sensitivity(path, context, plans, decisions, budget: float, repor
             # Trim the most sensitive tenth, then measure again.
             chosen.sort(key=lambda n: decisions[n].sensitivity)
             for name in chosen[-max(1, len(chosen) // 10) :]:
-                decisions[
-                    name
-                ].reason = f"end-to-end sensitivity {decisions[name].sensitivity:.2e}: trimmed, together over budget"
+                d = decisions[name]
+                d.reason = f"end-to-end sensitivity {d.sensitivity:.2e}: trimmed, together over budget"
+                d.kind = "end-to-end sensitivity"
             chosen = chosen[: -max(1, len(chosen) // 10)]
             measured = probe.error(set(chosen)) if chosen else 0.0
             trims += 1
