@@ -34,17 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from onnxsmith.core.version import __version__
-from onnxsmith.runtime.channels import residual_channel_peaks
-from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.analysis.summary import summarize
 from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.core.options import to_json as options_json
+from onnxsmith.core.version import __version__
 from onnxsmith.io.files import FileRecord, sha256_file, staging_dir, write_text_atomic
 from onnxsmith.io.load import load_model
 from onnxsmith.io.lock import LockHeld, hold_lock
 from onnxsmith.release.bench import bench_models
 from onnxsmith.release.card import TIMED_END, TIMED_START, render_card
-from onnxsmith.core.options import to_json as options_json
 from onnxsmith.release.recipe import (
     CARD,
     CHECKSUMS,
@@ -56,10 +54,12 @@ from onnxsmith.release.recipe import (
     Variant,
 )
 from onnxsmith.release.report import render_report
-from onnxsmith.release.variant import produce_variant
 from onnxsmith.release.validate import TaskRun, Validation
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.ranges import measure_ranges
 
 FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")

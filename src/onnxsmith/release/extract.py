@@ -19,18 +19,18 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.cut import plan_cut
-from onnxsmith.irutil.types import infer_types
 from onnxsmith.core.errors import GateFailed
+from onnxsmith.core.transform import Progress
 from onnxsmith.io.files import FileRecord, sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
 from onnxsmith.io.save import Provenance, staged_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.extract import ExtractPass
-from onnxsmith.core.transform import Progress
 from onnxsmith.release.variant import count_nodes
 from onnxsmith.runtime import runner
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
 from onnxsmith.runtime.exposed import run_exposed
+from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
 
 STEP = "extract"
 

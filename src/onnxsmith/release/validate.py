@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from onnxsmith.io.load import load_model
 from onnxsmith.core.transform import Progress
-from onnxsmith.tasks.base import Evaluation, Sample, Task
+from onnxsmith.io.load import load_model
 from onnxsmith.runtime.runner import prepare_session
+from onnxsmith.tasks.base import Evaluation, Sample, Task
 
 
 @dataclass
