@@ -34,8 +34,13 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
             help_text = f"{users[0][1].metadata.get('help', '')} [{', '.join(helps)}]"
         else:
             help_text = "; ".join(f"[{task}] {text}" for task, text in helps.items())
+        many = any(_is_list(typing.get_type_hints(tasks()[task].Options)[field_name]) for task, _ in users)
         group.add_argument(
-            "--" + field_name.replace("_", "-"), dest=_PREFIX + field_name, metavar=field_name.upper(), help=help_text
+            "--" + field_name.replace("_", "-"),
+            dest=_PREFIX + field_name,
+            metavar=field_name.upper(),
+            help=help_text + (" (repeatable)" if many else ""),
+            action="append" if many else "store",
         )
 
 
@@ -54,12 +59,18 @@ def task_options_from_args(args: argparse.Namespace, task: Task):
     return opts.build(task.Options, given, where="command line")
 
 
-def _convert(text: str, annotation, flag: str):
+def _is_list(annotation) -> bool:
+    return typing.get_origin(annotation) is list or annotation is list
+
+
+def _convert(text: str | list[str], annotation, flag: str):
     kind = annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         kind = next(a for a in typing.get_args(annotation) if a is not type(None))
-    if typing.get_origin(kind) is list or kind is list:
-        return [x.strip() for x in text.split(",") if x.strip()]
+    if _is_list(kind):  # repeatable, and each may be comma-separated
+        return [x.strip() for item in ([text] if isinstance(text, str) else text) for x in item.split(",") if x.strip()]
+    if isinstance(text, list):  # a flag repeated for a task whose field of that name is not a list
+        text = text[-1]
     try:
         if kind is bool:
             if text.lower() not in ("true", "false", "yes", "no", "1", "0"):

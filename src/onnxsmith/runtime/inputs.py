@@ -48,24 +48,39 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
     return specs
 
 
-def parse_shape_options(items: list[str] | None) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
-    """``--shape name:d0,d1`` (a whole input) and ``--shape dimname=N`` (a symbolic dim everywhere)."""
+def parse_shape_options(
+    items: str | list[str] | None, *, option: str = "--shape"
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """``NAME:d0,d1`` (a whole input) and ``DIM=N`` (a symbolic dim everywhere): the one parser of every
+    command's ``--shape`` and a recipe's ``shape`` list.
+
+    The items may come whole (``["x:1,3,224,224", "batch=2"]``) or cut at every comma by a
+    comma-separated list option (``["x:1", "3", "224", "224"]``): a piece without ':' or '=' continues
+    the dims before it. ``option`` is how errors name the option.
+    """
+    pieces = [p.strip() for item in ([items] if isinstance(items, str) else items or []) for p in item.split(",")]
+    whole: list[str] = []
+    for piece in pieces:
+        if whole and ":" in whole[-1] and ":" not in piece and "=" not in piece:
+            whole[-1] += "," + piece
+        elif piece:
+            whole.append(piece)
     shapes: dict[str, tuple[int, ...]] = {}
     dims: dict[str, int] = {}
-    for item in items or []:
+    for item in whole:
         if "=" in item and ":" not in item:
             name, _, size = item.partition("=")
-            if not size.strip().isdigit():
-                raise UsageError(f"--shape {item}: expected DIM=N with a non-negative integer N")
+            if not name.strip() or not size.strip().isdigit():
+                raise UsageError(f"{option} {item}: expected DIM=N with a non-negative integer N")
             dims[name.strip()] = int(size)
             continue
-        name, sep, rest = item.rpartition(":")
+        name, sep, rest = item.rpartition(":")  # an input's name may hold ':' (TensorFlow's "x:0")
         if not sep or not name:
-            raise UsageError(f"--shape {item}: expected NAME:d0,d1,... or DIM=N")
+            raise UsageError(f"{option} {item}: expected NAME:d0,d1,... or DIM=N")
         try:
             shapes[name] = tuple(int(d) for d in rest.split(",") if d.strip() != "")
         except ValueError:
-            raise UsageError(f"--shape {item}: dims must be integers") from None
+            raise UsageError(f"{option} {item}: dims must be integers") from None
     return shapes, dims
 
 

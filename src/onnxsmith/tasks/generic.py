@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.core.errors import InputError
+from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import Comparison, compare_models, diff_output
@@ -39,6 +39,10 @@ class GenericOptions:
     def validate(self) -> None:
         if self.samples < 1:
             raise ValueError("samples must be >= 1")
+        try:
+            parse_shape_options(self.shape, option="shape")
+        except UsageError as err:
+            raise ValueError(err.problem) from None
 
 
 @register_task
