@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -10,7 +12,10 @@ import tomllib
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.transform import StepReport, Transform, register
-from onnxsmith.release.recipe import RecipeError, key_lines, load_recipe
+from onnxsmith.release.bench import BenchSettings
+from onnxsmith.release.key_lines import key_lines
+from onnxsmith.release.recipe import RecipeError, load_recipe
+from onnxsmith.tasks import get_task
 from tests.conftest import assert_one_line_error
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 
@@ -346,3 +351,151 @@ def test_an_include_whose_name_has_a_control_character_is_refused(project):
     (root / "vocab\n.txt").write_text("a b c\n")  # its line in SHA256SUMS would be two lines
     with pytest.raises(RecipeError, match=r"include: the name 'vocab\\n.txt' has a control character"):
         _load(root, recipe_text(source, VARIANT) + '[release]\ninclude = ["vocab\\n.txt"]\n')
+
+
+# ---- lines in every TOML layout; the schema and its reference ------------------------------
+
+
+def test_key_lines_are_not_fooled_by_strings_comments_and_line_endings():
+    text = (
+        '[card]\ndescription = """\n[bench]\nbatch = [1, 0]\n"""  # a string that looks like tables\n'
+        "title = 'x = [ # ]'\n"
+        '[release]\ninclude = [\n  # a comment, [not an element]\n  "a",\n\n  \'b\', "c",\n  "d"]\n'
+        '[[variants]]\nsteps = [\n  { pass = "fp16" }, # },\n  [[1, 2],\n   [3]],\n]\n'
+        "[a.b]\nc.d = [\n  1,\n  2]\n"
+    )
+    tomllib.loads(text)
+    lines = key_lines(text)
+    assert ("bench",) not in lines and ("bench", "batch") not in lines
+    assert lines[("card", "title")] == 6
+    assert [lines[("release", "include", i)] for i in range(4)] == [10, 12, 12, 13]
+    assert lines[("variants", 0, "steps", 0, "pass")] == 16
+    assert lines[("variants", 0, "steps", 1)] == 18  # a multi-line element: where it ends
+    assert lines[("a", "b", "c", "d", 1)] == 23
+    crlf = text.replace("\n", "\r\n")
+    assert key_lines(crlf) == lines
+
+
+def _nth_line(text: str, needle: str) -> int:
+    return next(i for i, t in enumerate(text.splitlines(), 1) if needle in t)
+
+
+STEPS_AS_TABLES = (
+    '[[variants]]\nname = "v"\n\n[[variants.steps]]\npass = "test-only-offset"\n\n'
+    '[[variants.steps]]\npass = "test-only-offset"\nmode = "add"\namout = 1\n'
+)
+STEPS_SPREAD = (
+    '[[variants]]\nname = "ok"\nsteps = [{ pass = "test-only-offset" }]\n\n[[variants]]\nname = "v"\n'
+    'description = """\nsteps = [ { pass = "amout" } ]\n"""\nsteps = [\n  # first\n'
+    '  { pass = "test-only-offset" },\n  { pass = "test-only-offset", mode = "add" },  # ok so far\n'
+    '  { pass = "test-only-offset", amout = 1 },\n]\n'
+)
+
+
+@pytest.mark.parametrize(
+    "variants, more, marker, needle",
+    [
+        # arrays of tables: the second [[variants.steps]] of the variant
+        (STEPS_AS_TABLES, "", "amout = 1", "variant 'v' step 2 (test-only-offset): unknown option 'amout'"),
+        # a multi-line array of inline tables, after a string that looks like one
+        (STEPS_SPREAD, "", "amout = 1 }", "variant 'v' step 3 (test-only-offset): unknown option 'amout'"),
+        # a sub-table of a section, and a dotted key
+        (VARIANT, VALIDATION + "[validation.gates]\nnonfinite = 0\nmax_age = 1\n", "max_age", "no metric 'max_age'"),
+        (VARIANT, VALIDATION + "gates.max_age = 1\n", "gates.max_age", "no metric 'max_age'"),
+        # one element of a multi-line list
+        (VARIANT, '[bench]\nshape = [\n  "x:1,3",\n  "x:1,a",\n]\n', '"x:1,a"', "[bench] shape x:1,a: dims must be"),
+        (VARIANT, '[validation]\ntask = "generic"\nshape = ["x:1,3", "=3"]\n', "shape =", "shape =3: expected DIM=N"),
+        (VARIANT, "[bench]\nruns = 0\n", "runs = 0", "[bench] runs must be a positive integer, not 0"),
+        (
+            VARIANT,
+            '[card]\nlicense = "MIT"\nlicense_file = "toy.onnx"\n',
+            "[card]",
+            "give license or license_file, not both",
+        ),
+    ],
+)
+def test_recipe_errors_name_the_line_in_every_toml_layout(setup, variants, more, marker, needle):
+    tmp_path, source = setup
+    text = recipe_text(source, variants, validation=more)
+    with pytest.raises(RecipeError) as err:
+        _load(tmp_path, text)
+    message = err.value.one_line()
+    assert message.startswith(f"{tmp_path / 'recipe.toml'}:{_nth_line(text, marker)}: "), (message, text)
+    assert needle in message, message
+
+
+def test_a_section_written_as_an_inline_table_is_checked_at_its_line(setup):
+    tmp_path, source = setup
+    text = "bench = { runs = 2, batch = [1, 0] }\n" + recipe_text(source, VARIANT)
+    with pytest.raises(RecipeError, match=r"recipe.toml:1: \[bench\] batch must be a list of positive integers"):
+        _load(tmp_path, text)
+    assert _load(tmp_path, text.replace("[1, 0]", "[1, 3]")).bench.batches == [1, 3]
+
+
+def test_a_recipe_in_another_layout_reads_the_same(setup):
+    """[[variants.steps]] sections and multi-line arrays are the same recipe as inline tables."""
+    tmp_path, source = setup
+    inline = _load(tmp_path, recipe_text(source, VARIANT, bench="[bench]\nbatch = [1, 4]\nshape = ['x:1,3']"))
+    tables = _load(
+        tmp_path,
+        recipe_text(
+            source,
+            '[[variants]]\nname = "v"\n[[variants.steps]]\npass = "test-only-offset"\namount = 0.5\n',
+            bench='[bench]\nbatch = [\n  1,\n  4,\n]\nshape = ["x:1,3"]',
+        ),
+    )
+    for recipe in (inline, tables):
+        assert [(v.name, v.file, [(s.name, s.options) for s in v.steps]) for v in recipe.variants] == [
+            ("v", "v.onnx", [("test-only-offset", OffsetOptions(amount=0.5))])
+        ]
+    assert tables.bench == inline.bench == BenchSettings(batches=[1, 4], shape=["x:1,3"])
+
+
+def test_docs_recipe_md_is_the_schemas_reference():
+    from tools.recipe_reference import DOC, documented
+
+    from onnxsmith.release.recipe_schema import reference
+
+    assert documented(DOC.read_text(encoding="utf-8")).strip() == reference().strip(), (
+        "docs/recipe.md's key reference differs from the schema: run python -m tools.recipe_reference"
+    )
+
+
+def _schema_keys(table, prefix=()) -> set[tuple[str, ...]]:
+    from onnxsmith.release.recipe_schema import Table
+
+    keys = set()
+    for node in table.keys:
+        keys.add(prefix + (node.name,))
+        if isinstance(node, Table):
+            keys |= _schema_keys(node, prefix + (node.name,))
+    return keys
+
+
+def test_every_key_the_readme_and_the_examples_use_is_in_the_schema():
+    """The README's recipe is not built (its files are not here): its keys are checked against the schema."""
+    from onnxsmith.release.recipe_schema import RECIPE
+    from tests.support.release import EXAMPLE, REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## A recipe\s*```toml\n(.*?)```", readme, re.S).group(1)
+    known = _schema_keys(RECIPE)
+    task_options = {f.name for f in dataclasses.fields(get_task("faceage").Options)}
+    for data in (tomllib.loads(block), tomllib.loads((EXAMPLE / "recipe.toml").read_text())):
+        used = set()
+        for section, table in data.items():
+            for element in table if isinstance(table, list) else [table]:
+                used |= {(section, key) for key in element}
+        used -= {("validation", key) for key in task_options}
+        assert used <= known, used - known
+
+
+def test_the_schema_is_what_the_reader_accepts(setup):
+    """Each documented key with a default is accepted as written in the reference's default column."""
+    from onnxsmith.release.recipe_schema import RECIPE
+
+    tmp_path, source = setup
+    bench = next(t for t in RECIPE.keys if t.name == "bench")
+    text = "[bench]\n" + "".join(f"{k.name} = {json.dumps(k.default)}\n" for k in bench.keys if k.default is not None)
+    recipe = _load(tmp_path, recipe_text(source, VARIANT, bench=text))
+    assert recipe.bench == BenchSettings(batches=[1])  # the defaults the reference shows are BenchSettings'
