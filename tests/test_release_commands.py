@@ -154,6 +154,6 @@ def test_bench_measures_each_model_in_its_own_memory(toy):
 
     _, source, _ = toy
     ballast = np.ones(400 * 2**20, dtype=np.uint8)  # this process: 400 MiB more resident
-    (result,) = bench_models([("toy", source, {})], BenchSettings(batches=[1], runs=1, warmup=0))
+    (result,) = bench_models([("toy", source, {})], BenchSettings(batches=[1], runs=1, warmup=0)).results
     assert ballast.sum() == ballast.size
     assert 0 < result.rss_before_load_bytes < result.peak_rss_bytes < 400 * 2**20

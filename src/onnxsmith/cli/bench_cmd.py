@@ -2,6 +2,14 @@
 
 Each model runs in its own process (no shared memory or caches); prints a table
 and optionally writes JSON and an SVG plot of latency against batch size.
+
+A file that is not a valid model is refused before any work, like every command
+refuses it. Of valid models, what can be benchmarked is: one whose inputs have a fixed
+batch is measured at that batch (the table says so); one onnxruntime cannot load or
+run, or a batch size that fails, is named under the table with onnxruntime's reason.
+Exit status: 0 when every model was measured; 1 when some could not be (or a batch
+size failed) and the rest were (the table, --json and --plot hold those); 2 when none
+could be, a file is not a model, or an option is wrong.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from pathlib import Path
 
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import bench_table
-from onnxsmith.core.errors import UsageError
+from onnxsmith.core.errors import Incomplete, InputError, UsageError
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.io.load import files_read_by
 from onnxsmith.io.paths import check_outputs
@@ -64,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep:
             raise UsageError(f"--session-config {item}: expected KEY=VALUE")
         config[key] = value
-    check_outputs([args.json, args.plot], protect=files_read_by(*args.models))
+    check_outputs([args.json, args.plot], protect=files_read_by(*args.models))  # a file that is no model: exit 2
     names = [Path(m).name for m in args.models]
     if len(set(names)) != len(names):  # two files of one name in different folders
         names = list(args.models)
@@ -77,14 +85,20 @@ def run(args: argparse.Namespace) -> int:
         shape=args.shape or [],
     )
     with err.status("") as status:
-        results = bench_models([(n, m, config) for n, m in zip(names, args.models)], settings, progress=status.update)
-    out.print(bench_table(results))
-    data = [r.to_json() for r in results]
+        run = bench_models([(n, m, config) for n, m in zip(names, args.models)], settings, progress=status.update)
+    if not run.results:
+        only = run.failures[0] if len(run.failures) == 1 else None
+        raise InputError(only.reason, only.path) if only else InputError(run.shortfall())
+    out.print(bench_table(run.results))
+    for note in run.notes():
+        out.print(note, markup=False, soft_wrap=True)
     if args.json:
-        write_text_atomic(args.json, json.dumps({"settings": vars(settings), "results": data}, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps({"settings": vars(settings), **run.to_json()}, indent=1) + "\n")
     if args.plot:
         from onnxsmith.release import plots  # matplotlib: only when plotting
 
-        write_text_atomic(args.plot, plots.latency_figure(data))
+        write_text_atomic(args.plot, plots.latency_figure(run.to_json()["results"]))
         out.print(f"wrote {args.plot}")
+    if run.shortfall():
+        raise Incomplete(run.shortfall())
     return 0

@@ -13,6 +13,8 @@ import os
 EXIT_BAD_INPUT = 2
 #: Exit status for a verification gate that failed (nothing was written).
 EXIT_GATE_FAILED = 1
+#: Exit status when part of the work could not be done and the rest was (``bench`` of several models).
+EXIT_INCOMPLETE = 1
 
 
 class OnnxsmithError(Exception):
@@ -50,3 +52,9 @@ class GateFailed(OnnxsmithError):
     """A verification gate refused a variant; nothing was written."""
 
     exit_code = EXIT_GATE_FAILED
+
+
+class Incomplete(OnnxsmithError):
+    """Part of the work could not be done; what could was done (and written). The problem says what not."""
+
+    exit_code = EXIT_INCOMPLETE

@@ -28,6 +28,7 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -301,8 +302,10 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         models = [("source", source, {})] + [
             (o.variant.name, release / o.variant.file, o.data["runtime"]) for o in published
         ]
-        inputs = None if task_run is None else {b: _stacked(task_run.samples, b) for b in recipe.bench.batches}
-        results = bench_models(models, recipe.bench, inputs=inputs, progress=progress)
+        samples = None if task_run is None else task_run.samples
+        run = bench_models(
+            models, recipe.bench, inputs=None if samples is None else partial(_stacked, samples), progress=progress
+        )
         bench = {
             "settings": {
                 "batch": recipe.bench.batches,
@@ -312,7 +315,7 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
                 "threads": recipe.bench.threads,
                 "machine": _machine(),
             },
-            "results": [r.to_json() for r in results],
+            **run.to_json(),
         }
 
     included = []

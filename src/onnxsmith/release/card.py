@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from onnxsmith.release.bench import notes
+
 TIMED_START = "<!-- timed -->"
 TIMED_END = "<!-- /timed -->"
 FP16_MAX = 65504.0
@@ -273,7 +275,8 @@ def _bench(bench: dict | None, tools: dict) -> list[str]:
                 f"| {name} | {b['batch']} | {b['median_ms']:.2f} ms | {b['p90_ms']:.2f} ms | "
                 f"{b['throughput_per_s']:.1f}/s | {load} | {rss} |"
             )
-    return out + ["", TIMED_END]
+    noted = notes(bench)
+    return out + ([""] + [f"- {line}" for line in noted] if noted else []) + ["", TIMED_END]
 
 
 def _reproduce() -> list[str]:

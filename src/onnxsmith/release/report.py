@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from onnxsmith.release import plots
+from onnxsmith.release.bench import notes
 from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs
 
 _CSS = """
@@ -213,5 +214,6 @@ def _bench_section(bench: dict) -> list[str]:
         "from build to build.</p>",
         _figure(plots.latency_figure(bench["results"]), "latency and throughput against batch size"),
         _table(["model", "batch", "median", "p90", "throughput", "session load", "peak RSS"], rows, {1, 2, 3, 4, 5, 6}),
+        *(f"<p>{escape(line)}</p>" for line in notes(bench)),
         TIMED_END,
     ]

@@ -66,17 +66,15 @@ def measure(job: dict) -> dict:
     try:
         session = ort.InferenceSession(job["path"], sess_options=options, providers=providers)
     except Exception as err:  # onnxruntime's own exception types
-        return {"error": f"onnxruntime cannot load the model: {str(err).strip().splitlines()[0]}"}
+        return {"error": f"onnxruntime cannot load the model: {_first_line(err)}"}
     load_ms = (time.perf_counter() - start) * 1000
     batches = []
     for batch, inputs in feeds.items():
-        for _ in range(job["warmup"]):
-            session.run(None, inputs)
-        times = []
-        for _ in range(job["runs"]):
-            t0 = time.perf_counter()
-            session.run(None, inputs)
-            times.append((time.perf_counter() - t0) * 1000)
+        try:
+            times = _time_runs(session, inputs, job["warmup"], job["runs"])
+        except Exception as err:  # onnxruntime's own exception types; the other batch sizes may still run
+            batches.append({"batch": batch, "error": f"onnxruntime failed to run it: {_first_line(err)}"})
+            continue
         ms = np.array(times)
         batches.append(
             {
@@ -89,6 +87,23 @@ def measure(job: dict) -> dict:
             }
         )
     return {"load_ms": load_ms, "rss_before": rss_before, "peak_rss": _peak_rss(), "batches": batches}
+
+
+def _time_runs(session, inputs: dict, warmup: int, runs: int) -> list[float]:
+    import time
+
+    for _ in range(warmup):
+        session.run(None, inputs)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, inputs)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 if __name__ == "__main__":
