@@ -84,3 +84,19 @@ def test_bad_options_are_one_line(cli, save_proto, tmp_path):
     good = save_proto(mlp())
     assert_one_line_error(cli("compare", good, good, "--shape", "x:1,2,3"), "3 dims given")
     assert_one_line_error(cli("compare", good, good, "--inputs", tmp_path / "none.npz"), "none.npz", "no such file")
+
+
+def test_a_model_onnxruntime_cannot_run_is_one_line_without_its_log(tmp_path, save_proto):
+    """onnxruntime logs its kernel error on stderr ("[E:onnxruntime:...]") before raising it: only the raise shows."""
+    from tests.conftest import run_cli
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["y"])],
+        "fixed_reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+        [helper.make_tensor("target", TensorProto.INT64, [2], [4, 2])],
+    )
+    path = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    result = run_cli("compare", path, path, "--shape", "x:2,3")
+    assert_one_line_error(result, str(path), "onnxruntime failed to run the model", "Reshape")

@@ -18,7 +18,11 @@ DEFAULT_SEED = 0
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One graph input: its name, element type and dims (ints or symbolic names, None unknown)."""
+    """One graph input: its name, element type and dims (ints or symbolic names, None unknown).
+
+    A negative fixed size (``dim_value: -1``, as PaddlePaddle's exporter writes a free batch)
+    is no size: it is unknown (None), like an unnamed symbolic dim; onnxruntime treats it so.
+    """
 
     name: str
     dtype: np.dtype
@@ -43,9 +47,15 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
             )
         dims: tuple[int | str | None, ...] = ()
         if value.shape is not None:
-            dims = tuple(d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape)
+            dims = tuple(_spec_dim(d) for d in value.shape)
         specs.append(InputSpec(value.name, np.dtype(value.dtype.numpy()), dims))
     return specs
+
+
+def _spec_dim(dim: int | ir.SymbolicDim) -> int | str | None:
+    if isinstance(dim, int):
+        return dim if dim >= 0 else None
+    return dim.value or None
 
 
 def parse_shape_options(

@@ -45,7 +45,9 @@ _FED_DTYPES = frozenset(
 
 def session_options(*, optimize: bool = True, threads: int | None = None, config: dict[str, str] | None = None):
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only; onnxsmith reports what matters itself
+    # Fatal only: an error onnxruntime logs (`[E:onnxruntime:...] ExecuteKernel ...`) also comes back as the
+    # exception that onnxsmith turns into its one-line error; printed as well, it would be a second message.
+    options.log_severity_level = 4
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
