@@ -67,3 +67,24 @@ def test_silero_vad_has_nothing_to_fuse_and_stays_equal(tmp_path):
     assert _contrib_ops(load_model(tmp_path / "vad.onnx")) == []
     comparison = compare_models(source, tmp_path / "vad.onnx", feeds, atol=1e-7, rtol=0)
     assert comparison.passed, comparison.failures()
+
+
+def test_t5_encoder_at_opset_14_fuses_into_a_valid_model(tmp_path):
+    """onnxscript's MultiHeadAttention rules write Shape(start, end) (opset 15): lowered to the model's opset 14."""
+    import onnx
+
+    source = real_model("t5_encoder")
+    model = load_model(source)
+    assert model.opset_imports[""] == 14
+    feeds = [random_inputs(model, seed=0)]
+    result = produce_variant(source, tmp_path / "t5.onnx", [("fuse", Fuse.Options())], feeds=feeds)
+    assert result.comparison.passed
+    fused = load_model(tmp_path / "t5.onnx")
+    assert op_count(fused, "MultiHeadAttention") == 4 and fused.opset_imports[""] == 14
+    assert all(
+        "start" not in n.attributes and "end" not in n.attributes for n in all_nodes(fused) if n.op_type == "Shape"
+    )
+    onnx.checker.check_model(str(tmp_path / "t5.onnx"), full_check=True)
+    other = [random_inputs(model, dims={"batch": 2, "sequence": 5}, seed=1)]
+    comparison = compare_models(source, tmp_path / "t5.onnx", other, atol=1e-4, rtol=1e-3)
+    assert comparison.passed, comparison.failures()

@@ -44,6 +44,7 @@ from onnxsmith.io.files import staging_dir
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
+from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
 from onnxsmith.precision.fused import fused_to_fp16, rescale_residual_streams
@@ -141,6 +142,7 @@ class Fuse(Transform):
             outcomes.append(apply_fusion(model, name, stages))
         RemoveUnusedNodesPass()(model)
         _check_no_fusion_ops(model)
+        LowerToOpsetPass()(model)  # the rules write Shape(start, end), an opset-15 form
 
         if options.prune_rows:
             infer_types(model)
