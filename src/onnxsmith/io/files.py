@@ -147,6 +147,35 @@ def remove_stale_dirs(parent: Path, prefix: str = STAGING_PREFIX) -> None:
             continue  # alive, or someone else's
 
 
+class PrivateFolder:
+    """A private, locked folder inside ``final_dir`` (same file system as what it is staged for).
+
+    :meth:`close` removes it, everything still in it, and the folders made for ``final_dir``
+    that nothing was moved into; what should survive is moved out first (:func:`commit_files`).
+    It is what :func:`staging_dir` holds for a block, and what a result staged before its
+    destination is known (an API variant) holds until it is saved or dropped.
+    """
+
+    def __init__(self, final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -> None:
+        self.final_dir = Path(final_dir)
+        self._created = _make_dirs(self.final_dir)
+        try:
+            self.path = new_private_dir(self.final_dir, prefix=prefix)
+        except BaseException:
+            _remove_empty(self._created)
+            raise
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            remove_private_dir(self.path)
+        finally:
+            _remove_empty(self._created)
+
+
 @contextlib.contextmanager
 def staging_dir(final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -> Iterator[Path]:
     """A private folder beside the destination (same file system, so renames are atomic).
@@ -155,18 +184,35 @@ def staging_dir(final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -
     made for ``final_dir`` if nothing was moved into them; move what should survive out
     of it with :func:`commit_files` first.
     """
-    final_dir = Path(final_dir)
-    created = _make_dirs(final_dir)
+    folder = PrivateFolder(final_dir, prefix=prefix)
     try:
-        tmp = new_private_dir(final_dir, prefix=prefix)
-        try:
-            yield tmp
-        finally:
-            remove_private_dir(tmp)
+        yield folder.path
     finally:
-        for folder in created:  # deepest first; a folder something was committed into stays
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        folder.close()
+
+
+@contextlib.contextmanager
+def made_dirs(folder: str | os.PathLike) -> Iterator[Path]:
+    """``folder``, created with its missing parents for the block; those still empty after it are removed."""
+    created = _make_dirs(Path(folder))
+    try:
+        yield Path(folder)
+    finally:
+        _remove_empty(created)
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for folder in created:  # deepest first; a folder something was committed into stays
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def same_file_system(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether the existing folders ``a`` and ``b`` are on one file system (a rename between them is atomic)."""
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
 
 
 def _make_dirs(folder: Path) -> list[Path]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +34,15 @@ from onnxsmith.core.errors import InputError, OutputError, UsageError
 from onnxsmith.core.version import __version__
 from onnxsmith.io import wire
 from onnxsmith.io.check import check_with_onnx, tensors
-from onnxsmith.io.files import FileRecord, commit_files, describe_os_error, protected, staging_dir
+from onnxsmith.io.files import (
+    FileRecord,
+    commit_files,
+    describe_os_error,
+    made_dirs,
+    protected,
+    same_file_system,
+    staging_dir,
+)
 from onnxsmith.io.load import passed_onnx_checker
 from onnxsmith.io.paths import check_output
 
@@ -56,12 +65,17 @@ class Provenance:
     source_name: str
     source_sha256: str
     steps: list[dict] = field(default_factory=list)  # [{"name": ..., "options": {...}}]
+    #: Where a source that was not a file came from ("an onnx_ir.Model in memory"); None for a file.
+    origin: str | None = None
 
     def to_json(self) -> str:
+        source = {"name": self.source_name, "sha256": self.source_sha256}
+        if self.origin is not None:
+            source["origin"] = self.origin
         return json.dumps(
             {
                 "tool": f"onnxsmith {__version__}",
-                "source": {"name": self.source_name, "sha256": self.source_sha256},
+                "source": source,
                 "steps": self.steps,
             },
             sort_keys=True,
@@ -92,41 +106,102 @@ def save_model(
 
 
 class StagedModel:
-    """A complete model written beside its destination, not yet in place.
+    """A complete model written into a private folder, not yet in place.
 
-    Verify ``path`` (a real file onnxruntime can load), then :meth:`commit`; leaving
-    the ``with`` block without committing removes it, so nothing half-made remains.
+    Verify ``path`` (a real file onnxruntime can load), then :meth:`commit` it to its
+    destination; a model staged beside its destination (:func:`staged_model`) is renamed
+    into place, one staged elsewhere (before its destination was known) is moved or
+    copied there. Whoever owns the folder removes it, and what was not committed with it.
     """
 
-    def __init__(self, tmp: Path, final: Path, external: bool, protect: list[Path]) -> None:
-        self.path = tmp / final.name
+    def __init__(self, path: Path, final: Path | None, external: bool, protect: list[Path]) -> None:
+        self.path = path
         self.final = final
         self.external = external
-        self._data = tmp / data_file_name(final)
         self._protect = protect
         self._records: Future[list[FileRecord]] | None = None
+        #: The files are in the private folder (a commit moves them), not in a committed place (copied).
+        self._staged = True
         self.committed: list[FileRecord] | None = None
 
-    def _pairs(self) -> list[tuple[Path, Path]]:
-        """(staged, final) for each file, the data file first (a model must never precede its data)."""
-        pairs = [(self._data, self.final.with_name(data_file_name(self.final)))] if self.external else []
-        pairs.append((self.path, self.final))
-        return pairs
+    @property
+    def data_path(self) -> Path | None:
+        return self.path.with_name(data_file_name(self.path)) if self.external else None
 
-    def commit(self) -> list[FileRecord]:
-        pairs = self._pairs()
-        staged = self._records.result() if self._records is not None else [FileRecord.of(p) for p, _ in pairs]
+    def files(self) -> list[Path]:
+        """The files as they are now, the data file first."""
+        return [self.data_path, self.path] if self.external else [self.path]
+
+    def commit(self, final: str | os.PathLike | None = None) -> list[FileRecord]:
+        """Put the model at ``final`` (default: where it was staged for); return what is there.
+
+        The same checks as before any work: a regular file in a writable place, never a file
+        a source reads. A model with a data file names it after ``final``: the .onnx is
+        rewritten with that name when it differs from the staged one (the data file's bytes
+        do not change). Moved when staged on the same file system, else copied through a
+        staging folder beside ``final``.
+        """
+        if final is None and self.final is None:
+            raise UsageError("no output path given; say where to save the model")
+        final = Path(final) if final is not None else self.final
+        finals = [final.with_name(data_file_name(final)), final] if self.external else [final]
+        for path in finals:
+            check_output(path, protect=self._protect)
+        staged = self._records.result() if self._records is not None and self._staged else None
         # The data file of the model being replaced goes with it, unless a source reads it.
-        leftover = None if self.external else _own_data_file(self.final)
-        commit_files(pairs, protect=self._protect)
+        leftover = None if self.external else _own_data_file(final)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(made_dirs(final.parent))
+            moving = self._staged and same_file_system(self.path.parent, final.parent)
+            here = self.path.parent if moving else stack.enter_context(staging_dir(final.parent))
+            placed = self._place(here, final, copy=not moving)
+            commit_files(list(zip(placed, finals)), protect=self._protect)
         if leftover is not None and not protected(leftover, self._protect):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-        # The renames keep the bytes: the records hashed while staged hold for the final paths.
-        self.committed = [
-            FileRecord(final, record.bytes, record.sha256) for record, (_, final) in reversed(list(zip(staged, pairs)))
+        records = [
+            # renamed as staged: the bytes hashed then hold; a copy or a rewritten .onnx is hashed again
+            FileRecord(path, record.bytes, record.sha256) if record is not None and was == now else FileRecord.of(path)
+            for record, was, now, path in zip(staged or [None] * len(finals), self.files(), placed, finals)
         ]
+        self.path, self._staged, self._records = final, False, None
+        self.committed = records[::-1]  # the model first
         return self.committed
+
+    def _place(self, folder: Path, final: Path, *, copy: bool) -> list[Path]:
+        """The files to rename into place, in ``folder``: the staged ones, copies, or a relocated .onnx."""
+        placed = []
+        try:
+            if self.external:
+                data = self.data_path
+                if copy:
+                    data = folder / data_file_name(final)
+                    shutil.copyfile(self.data_path, data)
+                placed.append(data)
+            model = self.path
+            if self.external and final.name != self.path.name:
+                model = folder / (final.name if folder != self.path.parent else f".{final.name}.relocated")
+                _relocate(self.path, data_file_name(self.path), data_file_name(final), model)
+            elif copy:
+                model = folder / final.name
+                shutil.copyfile(self.path, model)
+            placed.append(model)
+        except OSError as err:
+            raise OutputError(f"cannot write: {describe_os_error(err)}", final) from None
+        return placed
+
+
+def _relocate(path: Path, old: str, new: str, to: Path) -> None:
+    """Write the .onnx at ``path`` to ``to`` with its external data at ``new`` instead of ``old``.
+
+    The bytes are those a save to ``to`` would write: only the location strings differ.
+    """
+    proto = onnx.load(os.fspath(path), load_external_data=False)
+    for tensor in tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value == old:
+                entry.value = new
+    to.write_bytes(proto.SerializeToString())
 
 
 def _own_data_file(path: Path) -> Path | None:
@@ -164,11 +239,36 @@ def staged_model(
     """Write ``model`` into a staging folder beside ``path``; see :class:`StagedModel`.
 
     ``protect``: the files the source reads; the files ``model`` itself still reads are added.
+    Leaving the block removes the staging folder and whatever was not committed.
     """
     path = Path(path)
-    data_path = path.with_name(data_file_name(path))
+    check_output(path, protect=[Path(p) for p in protect] + _files_read(model))
+    with staging_dir(path.parent) as tmp:
+        yield stage_model(
+            model, tmp, path, provenance=provenance, external_data=external_data, protect=protect, final=path
+        )
+
+
+def stage_model(
+    model: ir.Model,
+    folder: Path,
+    name: str | os.PathLike,
+    *,
+    provenance: Provenance | None = None,
+    external_data: bool | None = None,
+    protect: list[str | os.PathLike] = (),
+    final: Path | None = None,
+) -> StagedModel:
+    """Write ``model`` as ``folder``/``name`` (and its data file); see :class:`StagedModel`.
+
+    ``folder`` is a private folder the caller owns (and removes). ``final``: the destination, when
+    it is known (it names the data file and the messages; else ``name`` does).
+    """
+    name = Path(name).name
     protect = [Path(p) for p in protect] + _files_read(model)
-    check_output(path, protect=protect)
+    shown = final if final is not None else Path(name)  # what messages name
+    if final is not None:
+        check_output(final, protect=protect)
     if provenance is not None:
         model.producer_name = "onnxsmith"
         model.producer_version = __version__
@@ -182,30 +282,30 @@ def staged_model(
         raise UsageError(
             f"the model's weights take {weight_bytes / 2**30:.2f} GiB, over protobuf's 2 GiB "
             "limit for one file; save with external data",
-            path,
+            shown,
         )
-    if external_data:
-        check_output(data_path, protect=protect)
-    with staging_dir(path.parent) as tmp, ThreadPoolExecutor(max_workers=1) as hashing:
-        staged = StagedModel(tmp, path, external_data, protect)
-        try:
-            if external_data:
-                # onnx-ir streams initializers into the data file with bounded memory (those of
-                # subgraphs too); a tensor attribute still read from a file is copied in.
-                with _in_memory(_file_attributes(model)):
-                    ir.save(model, staged.path, external_data=data_path.name)
-                check_written(
-                    onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_path.name, path
-                )
-            else:
-                with open(staged.path, "wb") as f:
-                    write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None, path))
-                passed_onnx_checker(staged.path)  # the gate loads it next: no need to check it twice
-        except OSError as err:
-            raise OutputError(f"cannot write: {describe_os_error(err)}", path) from None
-        # Hash what was written while the caller verifies it (hashlib releases the GIL).
-        staged._records = hashing.submit(lambda: [FileRecord.of(p) for p, _ in staged._pairs()])
-        yield staged
+    if external_data and final is not None:
+        check_output(final.with_name(data_file_name(final)), protect=protect)
+    staged = StagedModel(folder / (final.name if final is not None else name), final, external_data, protect)
+    data_name = data_file_name(staged.path)
+    try:
+        if external_data:
+            # onnx-ir streams initializers into the data file with bounded memory (those of
+            # subgraphs too); a tensor attribute still read from a file is copied in.
+            with _in_memory(_file_attributes(model)):
+                ir.save(model, staged.path, external_data=data_name)
+            check_written(onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_name, shown)
+        else:
+            with open(staged.path, "wb") as f:
+                write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None, shown))
+            passed_onnx_checker(staged.path)  # the gate loads it next: no need to check it twice
+    except OSError as err:
+        raise OutputError(f"cannot write: {describe_os_error(err)}", shown) from None
+    # Hash what was written while the caller verifies it (hashlib releases the GIL).
+    hashing = ThreadPoolExecutor(max_workers=1)
+    staged._records = hashing.submit(lambda: [FileRecord.of(p) for p in staged.files()])
+    hashing.shutdown(wait=False)  # the hash goes on; commit() waits for it
+    return staged
 
 
 def check_written(proto: onnx.ModelProto, path: Path, data_file: str | None, final: Path) -> None:
