@@ -221,7 +221,7 @@ def variants(name: str, folder: Path) -> dict[str, dict]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from onnxsmith.cli.quantize_cmd import quantize_folder
+    from onnxsmith.release.lm_folder import quantize_folder
     from onnxsmith.transforms.quantize import QuantizeOptions
 
     logging.getLogger().setLevel(logging.WARNING)  # onnxruntime's quantizers log every node at INFO

@@ -81,6 +81,10 @@ class StepReport:
     options: dict[str, Any]
     #: Sentences for the card, e.g. "removed 118 up-casts and 47 orphaned down-casts".
     notes: list[str] = field(default_factory=list)
+    #: Why the variant is not smaller or faster than it is, in the transform's words: the report's
+    #: first lines after what was achieved, e.g. "the LSTM's weights stay fp32 (onnxruntime's CPU
+    #: LSTM is fp32 only): 16 MB of 54 MB".
+    why_not_more: list[str] = field(default_factory=list)
     #: Numbers worth keeping (nodes before/after, Casts, bytes, ...).
     stats: dict[str, Any] = field(default_factory=dict)
     #: Named tables (lists of rows) such as the fp32 islands with their measured ranges.

@@ -21,6 +21,7 @@ between ``<!-- timed -->`` and ``<!-- /timed -->`` (see :data:`TIMED_START`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -75,7 +76,7 @@ class VariantOutcome:
     validation: Validation | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildResult:
     out: Path
     measurements: dict[str, Any]
@@ -84,6 +85,11 @@ class BuildResult:
     @property
     def failed(self) -> list[VariantOutcome]:
         return [o for o in self.outcomes if not o.published]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every variant was published."""
+        return not self.failed
 
 
 def default_out(recipe_path: Path) -> Path:
@@ -121,8 +127,7 @@ def build(
                 if out.exists():
                     os.replace(out, tmp / "previous")
                 os.replace(release, out)
-    result.out = out
-    return result
+    return dataclasses.replace(result, out=out)
 
 
 @contextlib.contextmanager
@@ -387,6 +392,7 @@ def _make_variant(
         runtime.update(report.runtime)
     model = load_model(target)
     outcome.data = {
+        "headline": result.headline,
         "steps": [_step_json(r) for r in result.reports],
         "files": [f.to_json(release) for f in result.files],
         "nodes": {"source": result.nodes_before, "variant": result.nodes_after},

@@ -87,6 +87,8 @@ def _variants(variants: list[dict]) -> list[str]:
         if not v["published"]:
             out += [f"Not published: {v['reason']}", ""]
             continue
+        for i, line in enumerate(v.get("headline", [])):  # what was achieved and why not more, first
+            out += [f"**{line}**" if i == 0 else line, ""]
         notes = [n for s in v["steps"] for n in s.get("notes", [])]
         out += [f"- {n}" for n in notes]
         nodes = v["nodes"]

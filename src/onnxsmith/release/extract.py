@@ -11,7 +11,9 @@ tolerance. Only then is the piece moved into place; otherwise nothing is written
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,14 +22,22 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.cut import plan_cut
 from onnxsmith.core.errors import GateFailed
-from onnxsmith.core.transform import Progress
-from onnxsmith.io.files import FileRecord, sha256_file
+from onnxsmith.core.transform import Progress, StepReport
+from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
-from onnxsmith.io.save import Provenance, staged_model
+from onnxsmith.io.save import Provenance, stage_model
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.extract import ExtractPass
-from onnxsmith.release.variant import count_nodes
+from onnxsmith.release.headline import headline
+from onnxsmith.release.variant import (
+    SourceInfo,
+    StagedVariant,
+    commit_verified,
+    count_nodes,
+    Staging,
+    staged_variant,
+)
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.exposed import run_exposed
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
@@ -67,8 +77,36 @@ class ExtractResult:
 
 
 def extract_piece(
+    source: str | os.PathLike, output: str | os.PathLike, inputs: list[str] | None, outputs: list[str], **keywords
+) -> ExtractResult:
+    """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
+
+    ``keywords`` are :func:`make_piece`'s (``feeds``, ``atol``, ``rtol``, ``external_data``, ...).
+    Raises :class:`GateFailed` (nothing written) when the piece's outputs differ from the source's.
+    """
+    piece = make_piece(source, inputs, outputs, output=output, **keywords)
+    return extract_result(piece, commit_verified(piece, output))
+
+
+def extract_result(piece: StagedVariant, files: list[FileRecord]) -> ExtractResult:
+    """What :func:`extract_piece` returns, from the staged piece's step report."""
+    [report] = piece.reports
+    stats = report.stats
+    return ExtractResult(
+        files=files,
+        comparison=piece.comparison,
+        nodes_source=piece.nodes_before,
+        nodes_piece=piece.nodes_after,
+        initializers=stats["initializers"]["count"],
+        initializer_bytes=stats["initializers"]["bytes"],
+        source_initializer_bytes=stats["initializers"]["source_bytes"],
+        typed_by_running=stats["typed_by_running"],
+        notes=report.notes,
+    )
+
+
+def make_piece(
     source: str | os.PathLike,
-    output: str | os.PathLike,
     inputs: list[str] | None,
     outputs: list[str],
     *,
@@ -76,18 +114,24 @@ def extract_piece(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     external_data: bool | None = None,
+    output: str | os.PathLike | None = None,
+    stage_in: str | os.PathLike | None = None,
+    source_name: str | None = None,
+    origin: str | None = None,
     progress: Progress = _quiet,
-) -> ExtractResult:
-    """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
+) -> StagedVariant:
+    """Cut, stage and verify the piece; commit nothing (see :func:`~onnxsmith.release.variant.make_variant`).
 
-    ``inputs`` None: the source's own inputs that the outputs read. ``external_data`` None: like
-    the source (and always past 2 GB).
+    Its one step report ("extract") holds the cut, the notes, and in ``stats`` the
+    initializers kept, what was typed by running and the piece's inputs and outputs.
     """
-    source, output = Path(source), Path(output)
+    source = Path(source)
+    output = None if output is None else Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
     protect = source_files(model, source)
-    check_output(output, protect=protect)  # before any work
+    if output is not None:
+        check_output(output, protect=protect)  # before any work
     if inputs is None:
         everything = [v.name for v in model.graph.inputs if not v.is_initializer()]
         unused = plan_cut(model, everything, outputs, source).unused_inputs
@@ -97,45 +141,57 @@ def extract_piece(
     infer_types(model)  # static types for the cut tensors
 
     progress("running the source with the cut tensors exposed")
-    values = _source_values(model, cut.inputs + cut.outputs, feeds, near=[output.parent, source.parent])
+    near = [output.parent if output is not None else Path(stage_in or tempfile.gettempdir()), source.parent]
+    values = _source_values(model, cut.inputs + cut.outputs, feeds, near=near)
 
     static = all(isinstance(d, int) for v in model.graph.inputs if v.shape is not None for d in v.shape)
     extract = ExtractPass(inputs, outputs, observed=values, static_dims=static)(model)
     piece = extract.model
-    notes = [f"input '{name}' is not read by the requested outputs" for name in cut.unused_inputs]
+    kept = list(piece.graph.initializers.values())
+    report = StepReport(STEP, {"inputs": inputs, "outputs": outputs})
+    report.notes += [f"input '{name}' is not read by the requested outputs" for name in cut.unused_inputs]
     if extract.typed_by_running:
-        notes.append(
+        report.notes.append(
             "typed by running the source (static inference could not tell): " + ", ".join(extract.typed_by_running)
         )
-
+    report.stats = {
+        "initializers": {
+            "count": len(kept),
+            "bytes": sum(v.const_value.nbytes for v in kept if v.const_value is not None),
+            "source_bytes": sum(
+                v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+            ),
+        },
+        "typed_by_running": extract.typed_by_running,
+        "io": {"inputs": _io(piece.graph.inputs), "outputs": _io(piece.graph.outputs)},
+    }
     if external_data is None and _has_data_files(model, source):
         external_data = True  # keep the source's layout: weights beside the model, mapped, not parsed
-    provenance = Provenance(
-        source.name, sha256_file(source), [{"name": STEP, "options": {"inputs": inputs, "outputs": outputs}}]
-    )
-    progress(f"writing {output.name}")
-    with staged_model(piece, output, provenance=provenance, external_data=external_data, protect=protect) as staged:
+    info = SourceInfo.of(source, protect, sha256_file(source), source_name, origin)
+    name = output.name if output is not None else f"{Path(info.name).stem}_piece.onnx"
+    progress(f"writing {name}")
+    staging = Staging(output, stage_in, external_data, protect)
+    with staging.stage(piece, name, info.provenance([report])) as (folder, staged):
         progress("verifying the piece against the source")
-        comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, atol, rtol, output)
-        comparison.reference = f"{source.name} (cut tensors exposed)"
-        comparison.candidate = output.name
+        comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, atol, rtol, output or Path(name))
+        comparison = dataclasses.replace(comparison, reference=f"{info.name} (cut tensors exposed)", candidate=name)
+        failure = None
         if not comparison.passed:
-            raise GateFailed(f"verification failed, piece not written: {'; '.join(comparison.failures())}", output)
-        files = staged.commit()
-    kept = list(piece.graph.initializers.values())
-    return ExtractResult(
-        files=files,
-        comparison=comparison,
-        nodes_source=count_nodes(model),
-        nodes_piece=count_nodes(piece),
-        initializers=len(kept),
-        initializer_bytes=sum(v.const_value.nbytes for v in kept if v.const_value is not None),
-        source_initializer_bytes=sum(
-            v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
-        ),
-        typed_by_running=extract.typed_by_running,
-        notes=notes,
-    )
+            failure = f"verification failed, piece not written: {'; '.join(comparison.failures())}"
+        nodes = (count_nodes(model), count_nodes(piece))
+        return staged_variant(info, [report], nodes, comparison, failure, staged, folder, what=STEP)
+
+
+def _io(values) -> list[dict]:
+    """A piece's inputs or outputs as the console shows them: name, dtype, dims ("?" where unknown)."""
+    return [
+        {
+            "name": v.name,
+            "dtype": v.dtype.name if v.dtype is not None else "?",
+            "dims": [d if isinstance(d, int) else (d.value or "?") for d in v.shape] if v.shape is not None else ["?"],
+        }
+        for v in values
+    ]
 
 
 def _has_data_files(model: ir.Model, source: Path) -> bool:

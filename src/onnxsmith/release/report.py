@@ -108,7 +108,13 @@ def _variants_section(variants: list[dict]) -> list[str]:
         if not v["published"]:
             continue
         notes = [n for s in v["steps"] for n in s.get("notes", [])] + [f"Runtime: {r}" for r in runtime_needs(v)]
-        out.append(f"<h3>{escape(v['name'])}</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+        headline = "".join(
+            f"<p><strong>{escape(line)}</strong></p>" if i == 0 else f"<p>{escape(line)}</p>"
+            for i, line in enumerate(v.get("headline", []))
+        )
+        out.append(
+            f"<h3>{escape(v['name'])}</h3>{headline}<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
+        )
     return out
 
 

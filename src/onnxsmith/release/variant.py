@@ -1,16 +1,21 @@
-"""From a source file to a verified variant on disk: :func:`produce_variant`.
+"""From a source file to a verified variant: :func:`make_variant`, then :meth:`StagedVariant.commit`.
 
-The one path every transform command and ``build`` take: load, apply the
-transforms (:mod:`onnxsmith.transforms`) in order, stage the result beside its
-destination, judge it against the source — every output compared
-(storage-faithfully for fp16), or by the gate of the task a transform names
-(:attr:`~onnxsmith.core.transform.Transform.gate_task`) — and only then move it
-into place. A failed gate writes nothing.
+The one path every transform command, the API and ``build`` take: load, apply the
+transforms (:mod:`onnxsmith.transforms`) in order, stage the result in a private
+folder (beside its destination when that is known), judge it against the source —
+every output compared (storage-faithfully for fp16), or by the gate of the task a
+transform names (:attr:`~onnxsmith.core.transform.Transform.gate_task`) — and only
+then move it into place. :func:`produce_variant` does all of it and writes nothing
+when the gate refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +26,12 @@ import onnx_ir as ir
 
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Progress, StepReport, Transform, TransformContext
-from onnxsmith.io.files import FileRecord, sha256_file
+from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
-from onnxsmith.io.save import Provenance, save_model, staged_model
+from onnxsmith.io.save import Provenance, StagedModel, save_model, stage_model
 from onnxsmith.irutil.walk import all_nodes
+from onnxsmith.release.headline import headline
 from onnxsmith.tasks import get_task
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
@@ -36,13 +42,83 @@ def _quiet(_: str) -> None:
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
+class SourceInfo:
+    """The model a variant was made from."""
+
+    #: The file read (for a model given in memory: the private copy it was written to).
+    path: Path
+    #: The name stamped into the variant's provenance.
+    name: str
+    bytes: int
+    sha256: str
+    #: Where a source that was not a file came from ("an onnx_ir.Model in memory"); None for a file.
+    origin: str | None = None
+
+    @classmethod
+    def of(cls, path: Path, files: list[Path], sha256: str, name: str | None = None, origin: str | None = None):
+        """The source at ``path``, which reads ``files`` (its .onnx and data files: its size)."""
+        return cls(path, name or path.name, sum(f.stat().st_size for f in files), sha256, origin)
+
+    def provenance(self, reports: list[StepReport]) -> Provenance:
+        """The stamp of a variant made from this source by the steps of ``reports``."""
+        steps = [{"name": r.step, "options": r.options} for r in reports]
+        return Provenance(self.name, self.sha256, steps, origin=self.origin)
+
+    def to_json(self) -> dict:
+        data = {"file": self.name, "bytes": self.bytes, "sha256": self.sha256}
+        if self.origin is not None:
+            data["origin"] = self.origin
+        return data
+
+
+@dataclass(frozen=True)
 class VariantResult:
+    """A variant on disk and what was measured on the way."""
+
     files: list[FileRecord]
     reports: list[StepReport]
     comparison: Comparison
     nodes_before: int
     nodes_after: int
+    #: The report's first lines: what was achieved, and why not more (release/headline.py).
+    headline: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StagedVariant:
+    """A variant made and judged against its source; its files wait in a private folder.
+
+    :meth:`commit` moves them into place (a refused variant too: the caller decides);
+    :meth:`discard` removes whatever was not committed. Nothing here holds the model in memory.
+    """
+
+    source: SourceInfo
+    reports: list[StepReport]
+    comparison: Comparison
+    nodes_before: int
+    nodes_after: int
+    #: The bytes of its files as staged.
+    bytes: int
+    headline: list[str]
+    #: Why the gate refused the variant (one line), None when it passed.
+    failure: str | None
+    staged: StagedModel
+    folder: PrivateFolder
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def commit(self, output: str | os.PathLike | None = None) -> list[FileRecord]:
+        """Put the variant at ``output`` (default: where it was staged for); see ``StagedModel.commit``."""
+        return self.staged.commit(output)
+
+    def discard(self) -> None:
+        self.folder.close()
+
+    def result(self, files: list[FileRecord]) -> VariantResult:
+        return VariantResult(files, self.reports, self.comparison, self.nodes_before, self.nodes_after, self.headline)
 
 
 def count_nodes(model: ir.Model) -> int:
@@ -50,8 +126,85 @@ def count_nodes(model: ir.Model) -> int:
 
 
 def produce_variant(
+    source: str | os.PathLike, output: str | os.PathLike, steps: list[tuple[str, Any]], **keywords
+) -> VariantResult:
+    """Apply ``steps`` ((transform name, options) pairs) to ``source`` and write a verified ``output``.
+
+    ``keywords`` are :func:`make_variant`'s (``feeds``, ``gate_feeds``, ``atol``, ...). Raises
+    :class:`GateFailed` (nothing written) when an output is non-finite or outside tolerance.
+    """
+    variant = make_variant(source, steps, output=output, **keywords)
+    return variant.result(commit_verified(variant, output))
+
+
+def commit_verified(variant: StagedVariant, output: str | os.PathLike) -> list[FileRecord]:
+    """Commit ``variant`` to ``output`` if it passed its gate, else raise :class:`GateFailed`;
+    either way nothing staged is left behind."""
+    try:
+        if not variant.passed:
+            raise GateFailed(variant.failure, output)
+        return variant.commit(output)
+    finally:
+        variant.discard()
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where and how a variant is staged: beside ``output`` when it is known, else in ``stage_in``
+    (default: the system's temporary folder); ``protect``: the files its source reads."""
+
+    output: Path | None
+    stage_in: str | os.PathLike | None
+    external_data: bool | None
+    protect: list[Path]
+
+    @contextlib.contextmanager
+    def stage(self, model: ir.Model, name: str, provenance: Provenance) -> Iterator[tuple[PrivateFolder, StagedModel]]:
+        """``model`` written as ``name`` in a new private folder, removed if the block raises (else the
+        variant's to remove)."""
+        folder = PrivateFolder(self.output.parent if self.output is not None else self.stage_in or tempfile.gettempdir())
+        try:
+            staged = stage_model(
+                model,
+                folder.path,
+                name,
+                provenance=provenance,
+                external_data=self.external_data,
+                protect=self.protect,
+                final=self.output,
+            )
+            yield folder, staged
+        except BaseException:
+            folder.close()
+            raise
+
+
+def staged_variant(
+    info: SourceInfo,
+    reports: list[StepReport],
+    nodes: tuple[int, int],
+    comparison: Comparison,
+    failure: str | None,
+    staged: StagedModel,
+    folder: PrivateFolder,
+    *,
+    what: str,
+) -> StagedVariant:
+    """A :class:`StagedVariant`, with its size and the headline of its report."""
+    variant_bytes = sum(path.stat().st_size for path in staged.files())
+    lines = headline(
+        what=what,
+        source_bytes=info.bytes,
+        variant_bytes=variant_bytes,
+        nodes=nodes,
+        comparison=comparison,
+        reports=reports,
+    )
+    return StagedVariant(info, reports, comparison, *nodes, variant_bytes, lines, failure, staged, folder)
+
+
+def make_variant(
     source: str | os.PathLike,
-    output: str | os.PathLike,
     steps: list[tuple[str, Any]],
     *,
     feeds: list[dict[str, np.ndarray]],
@@ -59,20 +212,26 @@ def produce_variant(
     atol: float | None = None,
     rtol: float | None = None,
     external_data: bool | None = None,
+    output: str | os.PathLike | None = None,
+    stage_in: str | os.PathLike | None = None,
+    source_name: str | None = None,
+    origin: str | None = None,
     progress: Progress = _quiet,
-) -> VariantResult:
-    """Apply ``steps`` ((transform name, options) pairs) to ``source`` and write a verified ``output``.
+) -> StagedVariant:
+    """Apply ``steps`` to ``source``, stage the result and judge it; commit nothing.
 
-    ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the
-    variant is compared on. Raises :class:`GateFailed` (nothing written) when an output
-    is non-finite or outside tolerance.
+    ``output``: the destination, when known: checked before any work, and the variant is
+    staged beside it (a commit is a rename). Else it is staged in ``stage_in`` (default:
+    the system's temporary folder). ``source_name`` and ``origin``: what the provenance
+    says of a source given in memory (``source`` is then its private copy).
     """
     source = Path(source)
-    output = Path(output)
+    output = None if output is None else Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
     protect = source_files(model, source)
-    check_output(output, protect=protect)  # before any work
+    if output is not None:
+        check_output(output, protect=protect)  # before any work
     # The provenance stamp needs the source's sha256: hash it beside the transforms (hashlib
     # releases the GIL), not after them; a 1 GB source takes a second.
     with ThreadPoolExecutor(max_workers=1) as hashing:
@@ -91,26 +250,24 @@ def produce_variant(
             reports.append(transform.apply(model, options, context))
             tolerances.append(transform.tolerance(options))
         nodes_after = count_nodes(model)
-        provenance = Provenance(
-            source_name=source.name,
-            source_sha256=source_sha256.result(),
-            steps=[{"name": r.step, "options": r.options} for r in reports],
-        )
+        info = SourceInfo.of(source, protect, source_sha256.result(), source_name, origin)
     # A chain is as loose as its loosest step.
     step_atol = max((t[0] for t in tolerances), default=1e-4)
     step_rtol = max((t[1] for t in tolerances), default=1e-3)
     atol = step_atol if atol is None else atol
     rtol = step_rtol if rtol is None else rtol
 
-    progress(f"writing {output.name}")
-    with staged_model(model, output, provenance=provenance, external_data=external_data, protect=protect) as staged:
+    name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
+    progress(f"writing {name}")
+    staging = Staging(output, stage_in, external_data, protect)
+    with staging.stage(model, name, info.provenance(reports)) as (folder, staged):
+        del model  # judged from its file: the weights are not held while the gate runs
         progress("verifying against the source")
         comparison = _judge(judge, context, source, staged.path, gate_feeds, atol=atol, rtol=rtol)
-        comparison.candidate = output.name
-        if not comparison.passed:
-            raise GateFailed(_gate_message(comparison, staged.path, gate_feeds or feeds), output)
-        files = staged.commit()
-    return VariantResult(files, reports, comparison, nodes_before, nodes_after)
+        comparison = dataclasses.replace(comparison, candidate=name)
+        failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
+        what = " + ".join(name for name, _ in steps) or "re-saved"
+        return staged_variant(info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what)
 
 
 def _judge(

@@ -167,6 +167,7 @@ class Fuse(Transform):
         RemoveUnusedOpsetsPass()(model)  # onnxscript's private fusion domain
 
         report.tables["rules"] = [o.row() for o in outcomes]
+        report.why_not_more = _why_not_more(options, fold)
         matched = [o for o in outcomes if o.matched]
         report.notes.insert(0, "fused: " + (", ".join(f"{o.name} x{o.matched}" for o in matched) or "nothing"))
         after = _op_counts(model)
@@ -255,6 +256,17 @@ def _fold_note(fold: FoldShapesResult) -> str:
         f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape "
         f"targets constant, {fold.concats} Concat of repeated constants -> Pad + Add"
     )
+
+
+def _why_not_more(options, fold: FoldShapesResult) -> list[str]:
+    """What fuse left as it was, and why: the headline's lines after the size (the rules table says
+    why each fusion that found nothing did not match)."""
+    lines = []
+    if options.precision == "fp32":
+        lines.append("the weights stay fp32: fusion rewrites the graph, not the weights (precision='fp16' halves them)")
+    if fold.skipped:
+        lines.append(f"shape computations left as they were: {fold.skipped}")
+    return lines
 
 
 def _op_counts(model: ir.Model) -> Counter:

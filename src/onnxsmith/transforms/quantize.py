@@ -29,6 +29,7 @@ What a runtime does with the ``qdq`` format depends on its session options:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -238,6 +239,7 @@ class Quantize(Transform):
         report.stats["weight_bytes"] = {"before": weight_bytes_before, "after": weight_bytes_after}
         report.stats["quantized_weights"] = weights.quantized
         report.tables["weights"] = rows
+        report.why_not_more = _why_not_more(model, options, rows, weight_bytes_after)
         report.stats["targets"] = TARGETS[options.format]
         if options.format == "qdq":
             report.runtime.update(WASM_CONFIG)
@@ -337,6 +339,25 @@ def count_nodes(model: ir.Model, *, folded: bool = False) -> int:
         return True
 
     return sum(1 for node in model.graph if runs(node))
+
+
+def _why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], weight_bytes: int) -> list[str]:
+    """What quantize left wider than the scheme, and why: the headline's lines after the size."""
+    lines = []
+    scheme = (f"{options.bits}-bit", "int8") if options.bits == 8 else (f"{options.bits}-bit",)
+    wider = Counter(row["stored as"] for row in rows if not any(s in row["stored as"] for s in scheme))
+    lines += [f"{n} weight(s) stored as {how}" for how, n in sorted(wider.items())]
+    fp32 = sum(
+        v.const_value.nbytes
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT
+    )
+    if weight_bytes and fp32 / weight_bytes >= 0.05:
+        lines.append(
+            f"{fp32 / 2**20:.1f} MB of the {weight_bytes / 2**20:.1f} MB of weights stay fp32: "
+            "what no MatMul reads as a weight (biases, norms, position embeddings)"
+        )
+    return lines
 
 
 def _weight_bytes(model: ir.Model) -> int:

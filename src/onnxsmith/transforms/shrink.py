@@ -150,6 +150,9 @@ class Shrink(Transform):
             ]
         RemoveUnusedNodesPass()(model)
         after = summarize(model)
+        report.why_not_more = _why_not_more(
+            after, fold if options.fold else None, narrow if options.narrow_int64 else None
+        )
         report.stats["before_after"] = _before_after(before, after)
         report.details = {
             "changes": changes,
@@ -175,6 +178,32 @@ def _fold_note(fold: GuardedFoldResult) -> str:
             f"{human_bytes(largest.output_bytes)})"
         )
     return note
+
+
+#: Weights shrink stores as they are (fp16 or quantize change how they are stored).
+_FLOAT_DTYPES = ("FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE")
+
+
+def _why_not_more(after: ModelSummary, fold: GuardedFoldResult | None, narrow: NarrowInt64Result | None) -> list[str]:
+    """What shrink left as it was, and why: the headline's lines after the size."""
+    lines = []
+    stored = sum(after.bytes_by_dtype.values())
+    floats = sum(after.bytes_by_dtype.get(d, 0) for d in _FLOAT_DTYPES)
+    if stored and floats / stored >= 0.5:
+        lines.append(
+            f"{human_bytes(floats)} of the {human_bytes(stored)} stored are float weights, which shrink keeps "
+            "as they are (fp16 or quantize store them smaller)"
+        )
+    big = [r for r in fold.refused if r.output_bytes is not None] if fold is not None else []
+    if big:
+        lines.append(
+            f"{len(big)} constant(s) stay computed at run time: folded they would store "
+            f"{human_bytes(sum(r.output_bytes for r in big))} (max_fold_growth bounds what a fold may add)"
+        )
+    kept = [r for r in narrow.reports if not r.narrowed] if narrow is not None else []
+    if kept:
+        lines.append(f"{len(kept)} int64 index region(s) stay int64: their values are not proven to fit int32")
+    return lines
 
 
 def _narrow_notes(narrow: NarrowInt64Result) -> list[str]:

@@ -53,6 +53,22 @@ class Comparison:
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
+    def summary(self) -> str:
+        """The verdict's key numbers in one line: the worst output's cosine and largest difference."""
+        if not self.outputs:
+            return "no outputs compared"
+        worst = min(self.outputs, key=lambda o: (o.passed, 2.0 if o.cosine is None else o.cosine, -o.max_rel))
+        parts = [f"cosine {worst.cosine:.9f}"] if worst.cosine is not None else []
+        parts.append(f"max |Δ| {worst.max_abs:.3g}")
+        if worst.argmax_agreement is not None:
+            parts.append(f"argmax {worst.argmax_agreement:.0%}")
+        where = (
+            f"output '{worst.name}'"
+            if len(self.outputs) == 1
+            else f"worst of {len(self.outputs)} outputs '{worst.name}'"
+        )
+        return f"{where}: {', '.join(parts)} (atol {self.atol:g}, rtol {self.rtol:g}; {self.samples} input set(s))"
+
     def failures(self) -> list[str]:
         lines = []
         for o in self.outputs:

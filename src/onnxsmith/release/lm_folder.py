@@ -1,0 +1,269 @@
+"""A language model's folder quantized into the layout transformers.js loads (``onnxsmith quantize``).
+
+SRC is an optimum/transformers.js model folder (``onnx/model.onnx`` beside config and
+tokenizer files) or an .onnx file. OUT becomes such a folder::
+
+    OUT/onnx/model_q4.onnx        the published model (last-position logits; q8: model_quantized.onnx)
+    OUT/onnx/model_q4_full.onnx   the same weights with every position's logits, for evaluation
+    OUT/config.json, tokenizer.json, ...   copied from the source folder
+    OUT/quantize_report.json      what was done, the gates, the session options each runtime needs
+
+Each .onnx is made by ``make_variant`` and judged by the LM gate (tasks/lm/gate.py) on
+sequences sampled from the source. Everything is staged in a private folder (beside OUT
+when it is known) and moved into place only when asked (:meth:`StagedFolder.commit`):
+a failure leaves OUT as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import GateFailed, InputError, UsageError
+from onnxsmith.core.transform import Progress
+from onnxsmith.io.files import (
+    FileRecord,
+    PrivateFolder,
+    commit_files,
+    made_dirs,
+    same_file,
+    same_file_system,
+    staging_dir,
+)
+from onnxsmith.io.load import load_model, source_files
+from onnxsmith.io.paths import check_output
+from onnxsmith.release.variant import StagedVariant, VariantResult, make_variant
+from onnxsmith.tasks import lm
+from onnxsmith.tasks.lm import FOLDER_FILES
+from onnxsmith.transforms.quantize import Quantize, QuantizeOptions, prepare
+
+REPORT_FILE = "quantize_report.json"
+#: transformers.js's file suffix per dtype (model{suffix}.onnx).
+SUFFIX = {"q4": "_q4", "q8": "_quantized"}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def source_model(source: Path) -> tuple[Path, Path | None]:
+    """(the .onnx to quantize, the model folder whose files are copied, if it is one)."""
+    if source.is_dir():
+        model = source / "onnx" / "model.onnx"
+        if not model.is_file():
+            found = sorted(p.name for p in (source / "onnx").glob("*.onnx")) if (source / "onnx").is_dir() else []
+            raise InputError(
+                f"no onnx/model.onnx in the folder (found: {', '.join(found) or 'no .onnx files'})", source
+            )
+        return model, source
+    if not source.exists():
+        raise InputError("no such file or folder", source)
+    return source, (source.parent.parent if source.parent.name == "onnx" else None)
+
+
+@dataclass(frozen=True)
+class StagedFolder:
+    """A quantized model folder, made and judged; its files wait in a private folder.
+
+    ``variants``: (file name under onnx/, the staged variant) in the order they were made;
+    when one fails its gate the ones after it are not made. :meth:`commit` moves every
+    file into OUT at once; :meth:`discard` removes what was not committed.
+    """
+
+    source: Path
+    variants: list[tuple[str, StagedVariant]]
+    #: quantize_report.json, as written.
+    report: dict
+    #: The files copied from the source folder (config, tokenizer).
+    copied: list[str]
+    folder: PrivateFolder
+    #: The output folder it was staged for, if known.
+    output: Path | None
+    protect: list[Path]
+
+    @property
+    def failure(self) -> str | None:
+        return next((v.failure for _, v in self.variants if not v.passed), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def commit(self, output: str | os.PathLike | None = None) -> list[FileRecord]:
+        """Move the folder's files into ``output`` (default: where it was staged for); return the models'.
+
+        Staged on another file system, the files are first copied beside ``output``; all are
+        then renamed into place, the models' data files before the models, the report last.
+        """
+        output = Path(output) if output is not None else self.output
+        if output is None:
+            raise UsageError("no output folder given; say where to save the quantized model")
+        check_output(output, protect=self.protect, folder=True)
+        tmp = self.folder.path
+        models = [record for _, variant in self.variants for record in reversed(variant.staged.committed)]
+        names = [f"onnx/{record.path.name}" for record in models] + self.copied + [REPORT_FILE]
+        with made_dirs(output / "onnx"), staging_dir(output) as copies:
+            pairs = []
+            for name in names:
+                staged = tmp / name
+                if not same_file_system(tmp, output):
+                    staged = copies / name
+                    staged.parent.mkdir(exist_ok=True)
+                    shutil.copyfile(tmp / name, staged)
+                pairs.append((staged, output / name))
+            commit_files(pairs, protect=self.protect)
+        return [FileRecord(output / "onnx" / r.path.name, r.bytes, r.sha256) for r in reversed(models)]
+
+    def results(self, files: list[FileRecord]) -> list[tuple[str, VariantResult]]:
+        """(file name, what was measured) per variant, with its files as committed (``files``)."""
+        return [
+            (name, variant.result([f for f in files if f.path.name in (name, name + ".data")]))
+            for name, variant in self.variants
+        ]
+
+    def discard(self) -> None:
+        self.folder.close()
+
+
+def quantize_folder(
+    source: Path,
+    output: Path,
+    options: QuantizeOptions,
+    *,
+    gate_samples: int = 4,
+    gate_length: int = 32,
+    seed: int = 0,
+    progress: Progress = _quiet,
+) -> tuple[Path, list[tuple[str, VariantResult]], dict]:
+    """Write OUT (see the module doc); return (the source .onnx, the variants, the report).
+
+    Raises :class:`GateFailed` (OUT left as it was) when a variant fails the LM gate.
+    """
+    staged = stage_folder(
+        source,
+        options,
+        output=output,
+        gate_samples=gate_samples,
+        gate_length=gate_length,
+        seed=seed,
+        progress=progress,
+    )
+    try:
+        if not staged.passed:
+            raise GateFailed(staged.failure, output)
+        files = staged.commit()
+        return staged.source, staged.results(files), staged.report
+    finally:
+        staged.discard()
+
+
+def stage_folder(
+    source: Path,
+    options: QuantizeOptions,
+    *,
+    output: Path | None = None,
+    stage_in: str | os.PathLike | None = None,
+    gate_samples: int = 4,
+    gate_length: int = 32,
+    seed: int = 0,
+    source_name: str | None = None,
+    origin: str | None = None,
+    progress: Progress = _quiet,
+) -> StagedFolder:
+    """Make and judge the quantized folder of ``source``; commit nothing (see :class:`StagedFolder`)."""
+    if gate_samples < 1 or gate_length < 2:
+        raise UsageError("--gate-samples must be >= 1 and --gate-length >= 2")
+    source, folder = source_model(Path(source))
+    model = load_model(source)
+    protect = source_files(model, source)
+    if output is not None:
+        check_output(output, protect=protect, folder=True)
+    signature = lm.lm_signature(model, source)
+    prepare(model, options, source)  # fail on a model without a head or weights before any work
+    del model
+    name = f"model{SUFFIX[options.scheme]}"
+    plan = [(f"{name}.onnx", options)]
+    if options.last_token:
+        plan.append((f"{name}_full.onnx", opts.build(QuantizeOptions, {**opts.to_json(options), "last_token": False})))
+    logging.getLogger("onnxscript").setLevel(logging.ERROR)  # the version converter's fallback notice
+
+    private = PrivateFolder(output.resolve().parent if output is not None else stage_in or tempfile.gettempdir())
+    try:
+        tmp = private.path
+        progress(f"sampling {gate_samples} sequences of {gate_length} tokens from the source")
+        ids = lm.sample_sequences(source, count=gate_samples, length=gate_length, seed=seed)
+        feeds = [lm.lm_feeds(signature, ids)]
+        variants: list[tuple[str, StagedVariant]] = []
+        for file_name, variant_options in plan:
+            variant = make_variant(
+                source,
+                [(Quantize.name, variant_options)],
+                feeds=feeds,
+                output=tmp / "onnx" / file_name,
+                source_name=source_name,
+                origin=origin,
+                progress=lambda message, f=file_name: progress(f"{f}: {message}"),
+            )
+            try:
+                variant.commit()  # into the private folder's onnx/
+            finally:
+                variant.discard()
+            variants.append((file_name, variant))
+            if not variant.passed:
+                break  # the folder is refused: the next variant would be judged for nothing
+        copied = _copy_folder_files(folder, tmp, output)
+        report = _report(source, folder, options, variants, copied)
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    except BaseException:
+        private.close()
+        raise
+    return StagedFolder(source, variants, report, copied, private, output, protect)
+
+
+def _copy_folder_files(folder: Path | None, tmp: Path, output: Path | None) -> list[str]:
+    if folder is None:
+        return []
+    copied = []
+    for name in FOLDER_FILES:
+        src = folder / name
+        if not src.is_file():
+            continue
+        if output is not None and (output / name).exists() and same_file(src, output / name):
+            continue  # OUT is the source folder: the file is already there
+        shutil.copyfile(src, tmp / name)
+        copied.append(name)
+    return copied
+
+
+def _report(source: Path, folder: Path | None, options: QuantizeOptions, variants, copied) -> dict:
+    first = variants[0][1]
+    step = first.reports[0]
+    return {
+        "source": first.source.to_json(),
+        "options": opts.to_json(options),
+        "headline": first.headline,
+        "variants": [
+            {
+                "file": f"onnx/{file_name}",
+                "bytes": variant.bytes,
+                "sha256": variant.staged.committed[0].sha256,  # the .onnx (its data file, if any, is listed in OUT)
+                "size_vs_source": variant.bytes / variant.source.bytes,
+                "logits": "last position" if variant.reports[0].options["last_token"] else "every position",
+                "gate": variant.comparison.to_json(),
+            }
+            for file_name, variant in variants
+        ],
+        "notes": step.notes,
+        "weights": step.tables.get("weights", []),
+        "weight_bytes": step.stats.get("weight_bytes"),
+        "nodes": step.stats.get("nodes"),
+        "session_options": step.runtime,
+        "targets": step.stats.get("targets", {}),
+        "copied": copied if folder is not None else "nothing: the source is not in a model folder",
+    }
