@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.cli.main import main
-from onnxsmith.cli.quantize_cmd import quantize_folder
 from onnxsmith.io.files import sha256_file
 from onnxsmith.io.save import PROVENANCE_KEY
+from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks import lm as task
 from onnxsmith.transforms.quantize import QuantizeOptions
 from tests.conftest import assert_one_line_error

@@ -13,7 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from onnxsmith.cli.transform_cmd import print_result
+import onnxsmith
+from onnxsmith.cli.transform_cmd import print_variant
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
@@ -64,12 +65,13 @@ def test_explain_says_what_changed_and_why(cli, save_proto, tmp_path):
 
 def test_same_source_same_bytes_and_the_growth_option(save_proto, tmp_path, capsys):
     source = save_proto(hitnet_bloat(height=128, width=256, tile1=3, tile2=2), "grid.onnx")
-    result = _shrink(source, tmp_path / "a.onnx")
-    print_result(source, result)
+    with onnxsmith.shrink(source) as variant:
+        variant.save(tmp_path / "a.onnx")
+    print_variant(variant)
     assert "kept computed" not in capsys.readouterr().out  # the details are for --explain only
-    print_result(source, result, explain=True)
+    print_variant(variant, explain=True)
     assert "kept computed" in capsys.readouterr().out
-    first = result.files[0]
+    first = variant.files[0]
     second = _shrink(source, tmp_path / "b.onnx").files[0]
     assert first.sha256 == second.sha256
     assert first.bytes < 4096  # the grid stays computed

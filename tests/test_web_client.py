@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxsmith.cli.quantize_cmd import quantize_folder
+from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks.lm import greedy_generate
 from onnxsmith.transforms.quantize import QuantizeOptions
 from tests.support.lm_models import glassllm_folder, gpt2_folder, prompt_ids

@@ -9,10 +9,10 @@ made (``--force`` keeps them), before any work starts.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.table import Table
 
+from onnxsmith import api
 from onnxsmith.cli.common import err, out
 from onnxsmith.core.errors import GateFailed
 
@@ -38,13 +38,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnxsmith.release.build import build, default_out  # matplotlib & co: only when building
-    from onnxsmith.release.recipe import load_recipe
-
-    recipe = load_recipe(args.recipe)
-    target = Path(args.out) if args.out else default_out(recipe.path)
-    with err.status(f"building {target}") as status:
-        result = build(recipe, target, progress=status.update, log=err.print, bench=not args.no_bench, force=args.force)
+    with err.status(f"building {args.out or 'the release'}") as status:
+        result = api.build(
+            args.recipe, args.out, progress=status.update, log=err.print, bench=not args.no_bench, force=args.force
+        )
     table = Table(title=f"release {result.out}", title_justify="left")
     for column in ("variant", "status", "file", "bytes"):
         table.add_column(column, justify="right" if column == "bytes" else "left")

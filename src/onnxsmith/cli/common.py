@@ -6,12 +6,10 @@ import argparse
 import json
 import sys
 
-import numpy as np
-import onnx_ir as ir
 from rich.console import Console
 
 from onnxsmith.core.errors import UsageError
-from onnxsmith.runtime.inputs import DEFAULT_SEED, load_input_sets, load_npz, parse_shape_options, random_inputs
+from onnxsmith.runtime.inputs import DEFAULT_SEED
 
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
 out = Console(highlight=False, soft_wrap=False, width=200)
@@ -41,15 +39,14 @@ def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> N
     )
 
 
-def feeds_from_args(args: argparse.Namespace, model: ir.Model) -> list[dict[str, np.ndarray]]:
+def input_keywords(args: argparse.Namespace) -> dict:
+    """The API's ``feeds``, ``samples``, ``seed``, ``shape`` from :func:`add_input_options`' flags."""
+    feeds = args.inputs
     if getattr(args, "calib", None):
         if args.inputs:
             raise UsageError("--calib and --inputs both name the inputs; give one")
-        return load_input_sets(args.calib, model)
-    if args.inputs:
-        return [load_npz(args.inputs, model)]
-    shapes, dims = parse_shape_options(args.shape)
-    return [random_inputs(model, shapes=shapes, dims=dims, seed=args.seed + i) for i in range(max(1, args.samples))]
+        feeds = args.calib
+    return {"feeds": feeds, "samples": args.samples, "seed": args.seed, "shape": args.shape}
 
 
 def print_json(data) -> None:

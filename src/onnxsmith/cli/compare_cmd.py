@@ -1,14 +1,14 @@
-"""``onnxsmith compare A B``: run both on the same inputs and compare every output."""
+"""``onnxsmith compare A B``: run both on the same inputs and compare every output (:func:`onnxsmith.api.compare`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from onnxsmith.cli.common import add_input_options, feeds_from_args, out, print_json
+from onnxsmith import api
+from onnxsmith.cli.common import add_input_options, input_keywords, out, print_json
 from onnxsmith.cli.render import comparison_table
-from onnxsmith.io.load import load_model
 from onnxsmith.runtime.runner import FP16_MODES
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
 
 def register(subparsers) -> None:
@@ -33,9 +33,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    feeds = feeds_from_args(args, load_model(args.reference))
-    comparison = compare_models(
-        args.reference, args.candidate, feeds, atol=args.atol, rtol=args.rtol, fp16_mode=args.fp16_mode
+    comparison = api.compare(
+        args.reference,
+        args.candidate,
+        **input_keywords(args),
+        atol=args.atol,
+        rtol=args.rtol,
+        fp16_mode=args.fp16_mode,
     )
     if args.json:
         print_json(comparison.to_json())

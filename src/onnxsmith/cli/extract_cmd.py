@@ -1,21 +1,20 @@
-"""``onnxsmith extract SRC OUT --inputs a,b --outputs c,d``: the subgraph between named tensors, verified."""
+"""``onnxsmith extract SRC OUT --inputs a,b --outputs c,d``: the subgraph between named tensors, verified
+(:func:`onnxsmith.api.extract`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
+from onnxsmith import api
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.render import comparison_table
-from onnxsmith.io.files import human_bytes, write_text_atomic
-from onnxsmith.io.load import load_model, source_files
-from onnxsmith.io.paths import check_outputs
-from onnxsmith.release.extract import extract_piece
-from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
+from onnxsmith.cli.transform_cmd import print_headline
+from onnxsmith.core.errors import GateFailed
+from onnxsmith.io.files import human_bytes
+from onnxsmith.runtime.inputs import DEFAULT_SEED
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
 
@@ -62,50 +61,50 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = load_model(args.source)
-    check_outputs([args.output, args.report], protect=source_files(source, args.source))
-    if args.input_data:
-        feeds = [load_npz(args.input_data, source)]
-    else:
-        shapes, dims = parse_shape_options(args.shape)
-        feeds = [
-            random_inputs(source, shapes=shapes, dims=dims, seed=args.seed + i) for i in range(max(1, args.samples))
-        ]
-    del source
-    with err.status("") as status:
-        result = extract_piece(
+    api.check_outputs([args.output, args.report], sources=[args.source])
+    with (
+        err.status("") as status,
+        api.extract(
             args.source,
-            args.output,
-            args.inputs,
-            args.outputs,
-            feeds=feeds,
+            inputs=args.inputs,
+            outputs=args.outputs,
+            feeds=args.input_data,
+            samples=args.samples,
+            seed=args.seed,
+            shape=args.shape,
             atol=args.atol,
             rtol=args.rtol,
             external_data=args.external_data,
-            progress=lambda message: status.update(message),
-        )
+            out=args.output,
+            progress=status.update,
+        ) as piece,
+    ):
+        if not piece.ok:
+            raise GateFailed(piece.failure, args.output)
+        piece.save()
+    report = piece.report
+    kept = report.steps[0].stats["initializers"]
+    print_headline(report.headline)
     out.print(
-        f"[bold]extract[/]  {result.nodes_piece} of {result.nodes_source} nodes; {result.initializers} initializers "
-        f"({human_bytes(result.initializer_bytes)} of the source's {human_bytes(result.source_initializer_bytes)})"
+        f"[bold]extract[/]  {report.nodes_after} of {report.nodes_before} nodes; {kept['count']} initializers "
+        f"({human_bytes(kept['bytes'])} of the source's {human_bytes(kept['source_bytes'])})"
     )
-    for note in result.notes:
+    for note in report.steps[0].notes:
         out.print(f"  - {note}")
-    out.print(_io_table(Path(args.output)))
-    out.print(comparison_table(result.comparison))
-    for f in result.files:
+    out.print(_io_table(piece))
+    out.print(comparison_table(piece.comparison))
+    for f in piece.files:
         out.print(f"wrote {f.path} ({human_bytes(f.bytes)}, sha256 {f.sha256})")
     if args.report:
-        write_text_atomic(args.report, json.dumps(result.to_json(), indent=2, default=str) + "\n")
+        piece.write_report(args.report)
     return 0
 
 
-def _io_table(path: Path) -> Table:
-    piece = load_model(path)
+def _io_table(piece: api.Piece) -> Table:
     table = Table(title="the piece's inputs and outputs", title_justify="left")
     for column in ("", "name", "dtype", "dims"):
         table.add_column(column)
-    for kind, values in (("input", piece.graph.inputs), ("output", piece.graph.outputs)):
+    for kind, values in (("input", piece.inputs), ("output", piece.outputs)):
         for v in values:
-            dims = [d if isinstance(d, int) else (d.value or "?") for d in v.shape] if v.shape is not None else ["?"]
-            table.add_row(kind, v.name, v.dtype.name if v.dtype else "?", escape("[" + ", ".join(map(str, dims)) + "]"))
+            table.add_row(kind, v["name"], v["dtype"], escape("[" + ", ".join(map(str, v["dims"])) + "]"))
     return table

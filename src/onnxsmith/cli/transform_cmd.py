@@ -1,26 +1,25 @@
-"""A command for every transform: ``onnxsmith NAME SRC OUT [options]``.
+"""A command for every transform: ``onnxsmith NAME SRC OUT [options]``, over :func:`onnxsmith.api.transform`.
 
 Loads SRC, applies the transform, verifies the result against SRC on the
 calibration inputs (storage-faithfully for fp16) and writes OUT only if it
-passes. Prints what the transform did and a before/after table.
+passes. Prints what was achieved and why not more first, then what the
+transform did and a before/after table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
-from onnxsmith.cli.common import add_input_options, err, feeds_from_args, out
+from onnxsmith import api
+from onnxsmith.cli.common import add_input_options, err, input_keywords, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
+from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Transform
-from onnxsmith.io.files import human_bytes, write_text_atomic
-from onnxsmith.io.load import load_model, source_files
-from onnxsmith.io.paths import check_outputs
-from onnxsmith.release.variant import VariantResult, produce_variant
+from onnxsmith.io.files import human_bytes
 
 
 def register_transform(subparsers, transform_cls: type[Transform], *, samples: int = 4) -> argparse.ArgumentParser:
@@ -45,47 +44,60 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
 
 def run_transform_command(args: argparse.Namespace, transform_cls: type[Transform]) -> int:
     options = opts.from_args(args, transform_cls.Options)
-    model = load_model(args.source)
     data = args.output + ".data" if args.external_data else None
-    check_outputs([args.output, data, args.report], protect=source_files(model, args.source))
-    feeds = feeds_from_args(args, model)
-    del model
-    with err.status("") as status:
-        result = produce_variant(
+    api.check_outputs([args.output, data, args.report], sources=[args.source])
+    with (
+        err.status("") as status,
+        api.transform(
             args.source,
-            args.output,
-            [(transform_cls.name, options)],
-            feeds=feeds,
+            transform_cls.name,
+            **opts.to_json(options),
+            **input_keywords(args),
             atol=args.atol,
             rtol=args.rtol,
             external_data=True if args.external_data else None,
-            progress=lambda message: status.update(message),
-        )
-    print_result(Path(args.source), result, explain=getattr(args, "explain", False))
+            out=args.output,
+            progress=status.update,
+        ) as variant,
+    ):
+        if not variant.ok:
+            raise GateFailed(variant.failure, args.output)
+        variant.save()
+    print_variant(variant, explain=getattr(args, "explain", False))
     if args.report:
-        write_text_atomic(args.report, json.dumps(result_json(result), indent=2, default=str) + "\n")
+        variant.write_report(args.report)
     return 0
 
 
-def print_result(source: Path, result: VariantResult, *, explain: bool = False) -> None:
-    for report in result.reports:
-        out.print(f"[bold]{report.step}[/]")
-        for note in report.notes:
+def print_headline(lines: list[str]) -> None:
+    """What was achieved and why not more: the first thing every variant command prints."""
+    first, *rest = lines
+    out.print(f"[bold]{escape(first)}[/]")
+    for line in rest:
+        out.print(f"  {escape(line)}")
+
+
+def print_variant(variant: api.Variant, *, explain: bool = False) -> None:
+    report = variant.report
+    print_headline(report.headline)
+    for step in report.steps:
+        out.print(f"[bold]{step.step}[/]")
+        for note in step.notes:
             out.print(f"  - {note}")
-        for title, rows in {**report.tables, **(report.details if explain else {})}.items():
+        for title, rows in {**step.tables, **(step.details if explain else {})}.items():
             if rows:
                 out.print(rows_table(title, rows))
     table = Table(title="before / after", title_justify="left")
     for column in ("", "source", "variant"):
         table.add_column(column, justify="left" if not column else "right")
-    table.add_row("nodes", str(result.nodes_before), str(result.nodes_after))
-    table.add_row("bytes", human_bytes(_model_bytes(source)), human_bytes(sum(f.bytes for f in result.files)))
-    for report in result.reports:
-        for key, (before, after) in report.stats.get("before_after", {}).items():
+    table.add_row("nodes", str(report.nodes_before), str(report.nodes_after))
+    table.add_row("bytes", human_bytes(report.source.bytes), human_bytes(sum(f.bytes for f in variant.files)))
+    for step in report.steps:
+        for key, (before, after) in step.stats.get("before_after", {}).items():
             table.add_row(key, str(before), str(after))
     out.print(table)
-    out.print(comparison_table(result.comparison))
-    for f in result.files:
+    out.print(comparison_table(variant.comparison))
+    for f in variant.files:
         out.print(f"wrote {f.path} ({human_bytes(f.bytes)}, sha256 {f.sha256})")
 
 
@@ -96,17 +108,3 @@ def rows_table(title: str, rows: list[dict]) -> Table:
     for row in rows:
         table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
     return table
-
-
-def _model_bytes(path: Path) -> int:
-    data = path.with_name(path.name + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
-
-
-def result_json(result: VariantResult) -> dict:
-    return {
-        "files": [f.to_json() for f in result.files],
-        "nodes": {"before": result.nodes_before, "after": result.nodes_after},
-        "steps": [r.to_json() for r in result.reports],
-        "verification": result.comparison.to_json(),
-    }

@@ -1,0 +1,620 @@
+"""onnxsmith as a library: every command as a call, verified exactly like the command.
+
+::
+
+    import onnxsmith
+    v = onnxsmith.fp16("model.onnx", samples=4)   # a Variant: made and verified, nothing written yet
+    v.ok, v.report.headline, v.comparison          # the verdict, what was achieved and why not more, the metrics
+    v.save("model_fp16.onnx")                      # atomic; the bytes the CLI writes for the same options
+
+A model is a path, an ``onnx_ir.Model`` or an ``onnx.ModelProto`` (written to a private
+file first, which the provenance says). Each call takes its transform's options as keyword
+arguments (the Options dataclasses of :mod:`onnxsmith.transforms`, the same definitions as
+the CLI flags and the recipe keys) and the inputs it calibrates and verifies on:
+
+* ``feeds``: input sets — a ``{name: array}`` dict, a list of them, or the path of an .npz
+  (one set) or of a folder of .npz files (one set each);
+* else ``samples`` random sets from the model's input spec, seeded from ``seed``, sized by
+  ``shape`` (``{"x": (1, 3, 224, 224)}`` for an input, ``{"batch": 2}`` for a named dim).
+
+A variant waits in a private folder (beside ``out`` when given, so its save is a rename;
+else in the system's temporary folder) until :meth:`Variant.save`; one never saved is
+removed when it is closed (``with``) or garbage-collected. The CLI (:mod:`onnxsmith.cli`)
+is argparse and printing over these calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxsmith.core import options as opts
+from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.core.transform import StepReport
+from onnxsmith.io.files import FileRecord, PrivateFolder, write_text_atomic
+from onnxsmith.io.load import files_read_by, load_model, source_files
+from onnxsmith.io.paths import check_outputs as _check_outputs
+from onnxsmith.io.save import save_model
+from onnxsmith.release.extract import make_piece
+from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
+from onnxsmith.release.variant import SourceInfo, StagedVariant, make_variant
+from onnxsmith.runtime.inputs import DEFAULT_SEED, input_specs, load_input_sets, parse_shape_options, random_inputs
+from onnxsmith.transforms import get_transform
+from onnxsmith.transforms.quantize import QuantizeOptions
+from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare_models
+
+#: What a call takes where a model is meant.
+ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
+#: Input sets: one ``{input name: array}``, several, or an .npz file / a folder of .npz files.
+Feeds = Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | str | os.PathLike
+#: Sizes for random inputs: ``{"input": (d0, d1, ...)}`` or ``{"dim_name": n}``, or CLI-style strings.
+Shape = Mapping[str, int | Sequence[int]] | Sequence[str]
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class UnknownKeyword(UsageError, TypeError):
+    """A call got a keyword that is neither one of its parameters nor an option of its transform."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a call did and measured, headline first."""
+
+    #: The first lines: what was achieved (size vs the source, nodes, the verdict with its key
+    #: number), then why not more, in the transforms' own words.
+    headline: list[str]
+    source: SourceInfo
+    #: What each transform did: notes, stats, tables, the session options the variant needs.
+    steps: list[StepReport]
+    nodes_before: int
+    nodes_after: int
+    #: The variant's bytes (its .onnx and data file).
+    bytes: int
+
+    @property
+    def size_ratio(self) -> float:
+        return self.bytes / self.source.bytes
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """The session config entries the variant needs (e.g. ``session.disable_quant_qdq``)."""
+        return {k: v for step in self.steps for k, v in step.runtime.items()}
+
+    def __str__(self) -> str:
+        lines = list(self.headline)
+        for step in self.steps:
+            lines += [f"{step.step}: {note}" for note in step.notes]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "headline": self.headline,
+            "source": self.source.to_json(),
+            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "bytes": self.bytes,
+            "steps": [step.to_json() for step in self.steps],
+        }
+
+
+def _report(staged: StagedVariant) -> Report:
+    return Report(staged.headline, staged.source, staged.reports, staged.nodes_before, staged.nodes_after, staged.bytes)
+
+
+class _Staged:
+    """Files made and verified, waiting in a private folder: saved once asked, removed when dropped."""
+
+    def __init__(self, staged: StagedVariant | StagedFolder, cleanup: list[PrivateFolder]) -> None:
+        self._staged = staged
+        self._saved: list[FileRecord] | None = None
+        # Removed when the object is closed or collected, or at exit: a variant never saved leaves nothing.
+        self._finalizer = weakref.finalize(self, _close_all, [staged.folder, *cleanup])
+
+    @property
+    def ok(self) -> bool:
+        """Whether it passed its gate (a refused one is saved only with ``force=True``)."""
+        return self._staged.passed
+
+    @property
+    def failure(self) -> str | None:
+        """Why the gate refused it (one line), None when it passed."""
+        return self._staged.failure
+
+    @property
+    def files(self) -> list[FileRecord] | None:
+        """What the last :meth:`save` wrote (paths, bytes, sha256), None before it."""
+        return self._saved
+
+    def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> list[FileRecord]:
+        """Write it to ``path`` (default: the ``out`` it was made for), atomically; return what was written.
+
+        A variant that failed its gate is refused (:class:`GateFailed`) unless ``force``. The
+        output is checked as the CLI checks it: never a file the source reads, a regular file
+        (a folder for ``quantize``) in a writable place. The first save moves the staged files;
+        a later one copies what the first wrote.
+        """
+        where = path if path is not None else self._staged_for()
+        if not self.ok and not force:
+            raise GateFailed(f"{self.failure}; save(force=True) writes it anyway", where)
+        if self._finalizer.alive is False and self._saved is None:
+            raise UsageError("the variant was closed before it was saved; make it again")
+        self._saved = self._commit(path)
+        return self._saved
+
+    def close(self) -> None:
+        """Remove the staged files (what was saved stays where it was saved)."""
+        self._finalizer()
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+    def write_report(self, path: str | os.PathLike) -> FileRecord:
+        """Write :meth:`to_json` to ``path`` atomically (what the CLI's ``--report`` writes)."""
+        return write_text_atomic(path, json.dumps(self.to_json(), indent=2, default=str) + "\n")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _staged_for(self) -> Path | None:
+        raise NotImplementedError
+
+    def _commit(self, path: str | os.PathLike | None) -> list[FileRecord]:
+        raise NotImplementedError
+
+
+def _close_all(folders: list[PrivateFolder]) -> None:
+    for folder in folders:
+        folder.close()
+
+
+class Variant(_Staged):
+    """A model made from a source and verified against it; nothing written until :meth:`save`.
+
+    ``ok`` (the gate's verdict), ``report`` (:class:`Report`: headline, what each transform
+    did), ``comparison`` (the gate's metrics as data: one :class:`~onnxsmith.verify.compare.OutputDiff`
+    per output), ``path`` (a file holding it now, to run it before saving).
+    """
+
+    _staged: StagedVariant
+
+    def __init__(self, staged: StagedVariant, cleanup: list[PrivateFolder] = ()) -> None:
+        super().__init__(staged, list(cleanup))
+        self.report = _report(staged)
+        self.comparison: Comparison = staged.comparison
+
+    @property
+    def path(self) -> Path:
+        """Where its .onnx is now: staged, or where it was last saved."""
+        return self._staged.staged.path
+
+    def _staged_for(self) -> Path | None:
+        return self._staged.staged.final
+
+    def _commit(self, path) -> list[FileRecord]:
+        return self._staged.commit(path)
+
+    def to_json(self) -> dict:
+        """What the CLI's ``--report`` writes: the report, the gate's measurements and the files saved."""
+        return {
+            **self.report.to_json(),
+            "files": [f.to_json() for f in self._saved or []],
+            "verification": self.comparison.to_json(),
+        }
+
+    def __repr__(self) -> str:
+        return f"<onnxsmith.{type(self).__name__} {'; '.join(self.report.headline[:2])}>"
+
+
+class Piece(Variant):
+    """A subgraph made a model of its own (``extract``): a :class:`Variant` whose inputs and outputs differ.
+
+    ``inputs``/``outputs``: the piece's, as ``{"name", "dtype", "dims"}``; ``report.steps[0].stats``
+    holds the initializers kept and the tensors typed by running the source.
+    """
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.report.steps[0].stats["io"]["inputs"]
+
+    @property
+    def outputs(self) -> list[dict]:
+        return self.report.steps[0].stats["io"]["outputs"]
+
+    def to_json(self) -> dict:
+        [step] = self.report.steps
+        return {
+            "headline": self.report.headline,
+            "source": self.report.source.to_json(),
+            "files": [f.to_json() for f in self._saved or []],
+            "nodes": {"source": self.report.nodes_before, "piece": self.report.nodes_after},
+            "initializers": step.stats["initializers"],
+            "typed_by_running": step.stats["typed_by_running"],
+            "notes": step.notes,
+            "io": step.stats["io"],
+            "verification": self.comparison.to_json(),
+        }
+
+
+class QuantizedFolder(_Staged):
+    """A language model's folder with quantized weights (``quantize``); nothing written until :meth:`save`.
+
+    ``variants``: (file name under onnx/, :class:`Report`, :class:`Comparison`) per model file;
+    ``report`` and ``comparison`` are the published model's (the first); ``summary`` is
+    quantize_report.json as the folder holds it.
+    """
+
+    _staged: StagedFolder
+
+    def __init__(self, staged: StagedFolder, cleanup: list[PrivateFolder] = ()) -> None:
+        super().__init__(staged, list(cleanup))
+        self.variants = [(name, _report(v), v.comparison) for name, v in staged.variants]
+        _, self.report, self.comparison = self.variants[0]
+        self.summary: dict = staged.report
+        self.copied: list[str] = staged.copied
+
+    def _staged_for(self) -> Path | None:
+        return self._staged.output
+
+    def _commit(self, path) -> list[FileRecord]:
+        if self._saved is not None:
+            raise UsageError("the folder was saved already; copy it from there", self._staged_for())
+        return self._staged.commit(path)
+
+    def to_json(self) -> dict:
+        """quantize_report.json (the folder holds it too)."""
+        return self.summary
+
+    def __repr__(self) -> str:
+        return f"<onnxsmith.QuantizedFolder {'; '.join(self.report.headline[:2])}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls
+
+
+def fp16(model: ModelLike, *, samples: int = 4, **keywords) -> Variant:
+    """fp16 weights and compute with fp32 islands where measured ranges overflow (``onnxsmith fp16``).
+
+    Options: ``keep_io_types``, ``headroom``, ``rescale_residual``, ``residual_fp32``, ``small_fp32``,
+    ``dtype`` (docs/fp16.md).
+    """
+    return transform(model, "fp16", samples=samples, **keywords)
+
+
+def fuse(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
+    """A transformer fused into onnxruntime's contrib ops (``onnxsmith fuse``).
+
+    Options: ``precision`` ("fp32" or "fp16"), ``static_dims``, ``prune_rows`` (docs/fuse.md).
+    """
+    return transform(model, "fuse", samples=samples, **keywords)
+
+
+def shrink(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
+    """Smaller without changing what it computes (``onnxsmith shrink``).
+
+    Options: ``max_fold_growth``, ``fold``, ``narrow_int64``, ``narrow_fp64``, ``dedup`` (docs/shrink.md).
+    """
+    return transform(model, "shrink", samples=samples, **keywords)
+
+
+def transform(
+    model: ModelLike,
+    name: str,
+    *,
+    feeds: Feeds | None = None,
+    samples: int = 4,
+    seed: int = DEFAULT_SEED,
+    shape: Shape | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    external_data: bool | None = None,
+    out: str | os.PathLike | None = None,
+    progress: Progress = _quiet,
+    **options,
+) -> Variant:
+    """Apply the transform ``name`` to ``model`` and verify it like ``onnxsmith NAME`` does.
+
+    ``atol``/``rtol``: the gate's tolerances (default: the transform's own). ``external_data``:
+    True forces a data file beside the .onnx, None decides by size. ``out``: where :meth:`Variant.save`
+    writes by default; checked before any work, and the variant is staged beside it.
+    """
+    transform_cls = type(get_transform(name))
+    settings = _options(transform_cls.Options, options, name, _TRANSFORM_PARAMETERS)
+    with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
+        staged = make_variant(
+            path, [(name, settings)], atol=atol, rtol=rtol, external_data=external_data, progress=progress, **made_from
+        )
+    return Variant(staged)
+
+
+def extract(
+    model: ModelLike,
+    *,
+    outputs: Sequence[str],
+    inputs: Sequence[str] | None = None,
+    feeds: Feeds | None = None,
+    samples: int = 2,
+    seed: int = DEFAULT_SEED,
+    shape: Shape | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    external_data: bool | None = None,
+    out: str | os.PathLike | None = None,
+    progress: Progress = _quiet,
+) -> Piece:
+    """The subgraph between the tensors ``inputs`` and ``outputs`` as a model of its own (``onnxsmith extract``).
+
+    ``inputs`` None: the source's inputs that the outputs read. Verified on the source's own
+    values of the cut tensors (``feeds`` are the source's inputs). ``external_data`` None: as
+    the source keeps its weights.
+    """
+    if isinstance(outputs, str) or (inputs is not None and isinstance(inputs, str)):
+        raise UsageError("extract(): inputs and outputs are lists of tensor names")
+    cut = (None if inputs is None else list(inputs), list(outputs))
+    with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
+        staged = make_piece(
+            path, *cut, atol=atol, rtol=rtol, external_data=external_data, progress=progress, **made_from
+        )
+    return Piece(staged)
+
+
+def quantize(
+    model: ModelLike,
+    *,
+    gate_samples: int = 4,
+    gate_length: int = 32,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+    progress: Progress = _quiet,
+    **options,
+) -> QuantizedFolder:
+    """A language model with 4-bit (8-bit) weights in the folder layout transformers.js loads (``onnxsmith quantize``).
+
+    ``model``: an optimum/transformers.js folder (``onnx/model.onnx`` beside config and tokenizer
+    files, which are copied), an .onnx file, or a model in memory. Judged by the LM gate on
+    ``gate_samples`` sequences of ``gate_length`` tokens sampled from the source. Options:
+    ``scheme``, ``block_size``, ``symmetric``, ``format``, ``head``, ``last_token``, ``max_kl``,
+    ``min_top1``, ... (docs/quantize.md).
+    """
+    settings = _options(QuantizeOptions, options, "quantize", _QUANTIZE_PARAMETERS)
+    with _Source(model, out, folder_ok=True) as source:
+        staged = stage_folder(
+            source.path,
+            settings,
+            output=None if out is None else Path(out),
+            gate_samples=gate_samples,
+            gate_length=gate_length,
+            seed=seed,
+            source_name=source.name,
+            origin=source.origin,
+            progress=progress,
+        )
+    return QuantizedFolder(staged)
+
+
+def compare(
+    reference: ModelLike | Variant,
+    candidate: ModelLike | Variant,
+    *,
+    feeds: Feeds | None = None,
+    samples: int = 1,
+    seed: int = DEFAULT_SEED,
+    shape: Shape | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    fp16_mode: str = "auto",
+) -> Comparison:
+    """Run both on the same inputs and compare every output (``onnxsmith compare``).
+
+    ``fp16_mode``: "auto" runs a model with fp16 tensors storage-faithfully (as a GPU holds
+    them); "native" as onnxruntime's CPU provider runs it. ``comparison.passed`` is the verdict.
+    """
+    with _Source(reference) as ref, _Source(candidate) as cand:
+        input_sets = _input_sets(load_model(ref.path), feeds, samples=samples, seed=seed, shape=shape)
+        comparison = compare_models(ref.path, cand.path, input_sets, atol=atol, rtol=rtol, fp16_mode=fp16_mode)
+    return dataclasses.replace(comparison, reference=ref.name, candidate=cand.name)
+
+
+def build(
+    recipe: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    bench: bool = True,
+    force: bool = False,
+    progress: Progress = _quiet,
+    log: Progress = _quiet,
+):
+    """The release a recipe describes, built into ``out`` (``onnxsmith build``); returns a ``BuildResult``.
+
+    ``out`` None: release/<the recipe's folder name>. A variant that fails its gates is not
+    published (``result.failed`` says why); the others are. ``bench=False`` skips the timing.
+    """
+    from onnxsmith.release.build import build as build_release  # matplotlib & co: only when building
+    from onnxsmith.release.build import default_out
+    from onnxsmith.release.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    target = Path(out) if out is not None else default_out(loaded.path)
+    return build_release(loaded, target, progress=progress, log=log, bench=bench, force=force)
+
+
+def check_outputs(
+    outputs: Sequence[str | os.PathLike | None],
+    *,
+    sources: Sequence[str | os.PathLike] = (),
+    model_folders: bool = False,
+) -> None:
+    """Refuse, before any work, outputs that cannot be written or that a source reads (as every call does).
+
+    ``sources``: model files, each loaded (a bad one is refused here); with ``model_folders``
+    a source may also be a model folder, its onnx/model.onnx (as ``quantize`` takes). None in
+    ``outputs``: not asked for.
+    """
+    models = [source_model(Path(s))[0] if model_folders else s for s in sources]
+    _check_outputs(outputs, protect=files_read_by(*models) if models else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+#: Each call's own keywords (shown beside the options when one is unknown).
+_TRANSFORM_PARAMETERS = ("feeds", "samples", "seed", "shape", "atol", "rtol", "external_data", "out", "progress")
+_QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "progress")
+
+
+def _options(options_cls, given: dict[str, Any], call: str, parameters: tuple[str, ...]):
+    known = [f.name for f in dataclasses.fields(options_cls)]
+    unknown = sorted(k for k in given if k.replace("-", "_") not in known)
+    if unknown:
+        raise UnknownKeyword(
+            f"onnxsmith.{call}() got an unknown keyword '{unknown[0]}' (options: {', '.join(known)}; "
+            f"parameters: {', '.join(parameters)})"
+        )
+    return opts.build(options_cls, given, where=f"onnxsmith.{call}()")
+
+
+@contextlib.contextmanager
+def _prepared(
+    model: ModelLike,
+    out: str | os.PathLike | None,
+    feeds: Feeds | None,
+    *,
+    samples: int,
+    seed: int,
+    shape: Shape | None,
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The source as a file, ``out`` checked before any work, and what the variant is made from:
+    the input sets to calibrate and verify on, the output, what the provenance says of the source."""
+    with _Source(model, out) as source:
+        loaded = load_model(source.path)
+        if out is not None:
+            _check_outputs([out], protect=source_files(loaded, source.path))
+        input_sets = _input_sets(loaded, feeds, samples=samples, seed=seed, shape=shape)
+        del loaded
+        yield source.path, {"feeds": input_sets, "output": out, "source_name": source.name, "origin": source.origin}
+
+
+def _input_sets(
+    model: ir.Model, feeds: Feeds | None, *, samples: int, seed: int, shape: Shape | None
+) -> list[dict[str, np.ndarray]]:
+    """The input sets a call calibrates and verifies on (see the module doc)."""
+    if feeds is not None:
+        if isinstance(feeds, (str, os.PathLike)):
+            return load_input_sets(feeds, model)
+        sets = [feeds] if isinstance(feeds, Mapping) else list(feeds)
+        if not sets or not all(isinstance(s, Mapping) for s in sets):
+            raise UsageError("feeds: expected {input name: array}, a list of them, or an .npz path")
+        return [_matched(model, s) for s in sets]
+    if samples < 1:
+        raise UsageError(f"samples must be at least 1, not {samples}")
+    shapes, dims = _shape(shape)
+    return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + i) for i in range(samples)]
+
+
+def _matched(model: ir.Model, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An input set checked against the model's inputs (names, kinds), in the model's dtypes."""
+    matched = {}
+    for spec in input_specs(model):
+        if spec.name not in arrays:
+            raise UsageError(f"feeds: no array for input '{spec.name}' (given: {', '.join(sorted(arrays)) or 'none'})")
+        array = np.asarray(arrays[spec.name])
+        if array.dtype != spec.dtype:
+            if array.dtype.kind != spec.dtype.kind:
+                raise UsageError(f"feeds: input '{spec.name}' is {array.dtype}, the model wants {spec.dtype}")
+            array = array.astype(spec.dtype)
+        matched[spec.name] = array
+    return matched
+
+
+def _shape(shape: Shape | None) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    if shape is None:
+        return {}, {}
+    if not isinstance(shape, Mapping):
+        return parse_shape_options(list(shape))
+    shapes, dims = {}, {}
+    for name, value in shape.items():
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            dims[name] = int(value)
+        elif isinstance(value, Sequence) and all(isinstance(d, (int, np.integer)) for d in value):
+            shapes[name] = tuple(int(d) for d in value)
+        else:
+            raise UsageError(
+                f"shape: '{name}' must be a size (a named dim) or a tuple of sizes (an input), not {value!r}"
+            )
+    return shapes, dims
+
+
+class _Source:
+    """A model argument as a file: a path as it is; a model in memory written to a private file.
+
+    The private copy lives for the ``with`` block (the variant is judged by then); ``name``
+    and ``origin`` are what the provenance says of it.
+    """
+
+    def __init__(self, model, out: str | os.PathLike | None = None, *, folder_ok: bool = False) -> None:
+        self._model = model
+        self._out = out
+        self._folder: PrivateFolder | None = None
+        self.origin: str | None = None
+        if isinstance(model, Variant):
+            self.path = model.path
+        elif isinstance(model, (str, os.PathLike)):
+            self.path = Path(model)
+        elif isinstance(model, (ir.Model, onnx.ModelProto)):
+            self.path = None
+        else:
+            kinds = "a path, an onnx_ir.Model or an onnx.ModelProto" + (" (or a model folder)" if folder_ok else "")
+            raise UsageError(f"expected {kinds} where a model is meant, got {type(model).__name__}")
+        self.name = self.path.name if self.path is not None else None
+
+    def __enter__(self) -> _Source:
+        if self.path is not None:
+            return self
+        model = self._model
+        kind = "onnx_ir.Model" if isinstance(model, ir.Model) else "onnx.ModelProto"
+        if isinstance(model, onnx.ModelProto):
+            model = ir.serde.deserialize_model(model)
+        self.name = f"{_file_name(model.graph.name)}.onnx"
+        self.origin = (
+            f"an {kind} in memory (graph '{model.graph.name}')" if model.graph.name else f"an {kind} in memory"
+        )
+        where = Path(self._out).parent if self._out is not None else tempfile.gettempdir()
+        self._folder = PrivateFolder(where)
+        try:
+            self.path = self._folder.path / self.name
+            save_model(model, self.path)
+        except BaseException:
+            self._folder.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._folder is not None:
+            self._folder.close()
+
+
+def _file_name(text: str) -> str:
+    """A graph's name as a file name (letters, digits, ._-), "model" when there is none."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"

@@ -1,0 +1,245 @@
+"""onnxsmith as a library (docs/api.md): every documented call, verified like its command.
+
+Each call is checked against what its command does on the same input and options (same
+gate, same bytes), and for what a library adds: in-memory models, unknown keywords, a
+variant staged until it is saved and removed when it is dropped.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import onnxsmith
+from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.io.files import STAGING_PREFIX, sha256_file
+from onnxsmith.io.save import PROVENANCE_KEY
+from onnxsmith.verify.compare import Comparison
+from tests.conftest import FIXTURES
+from tests.support.lm_models import gpt2_folder
+from tests.support.models import mlp
+from tests.support.release import recipe_text, save_toy_faceage
+from tests.support.surgery_models import chain, hitnet_bloat
+
+FACEAGE = FIXTURES / "faceage_dynamo.onnx"
+
+
+def _staging(folder: Path) -> list[Path]:
+    return sorted(folder.glob(STAGING_PREFIX + "*"))
+
+
+@pytest.fixture(scope="module")
+def faceage_fp16(tmp_path_factory):
+    """The acceptance one-liner's variant, made once for the tests that only read it."""
+    with onnxsmith.fp16(str(FACEAGE)) as variant:
+        yield variant, tmp_path_factory.mktemp("fp16")
+
+
+def test_fp16_is_the_commands_variant_byte_for_byte(faceage_fp16, cli):
+    variant, tmp = faceage_fp16
+    assert variant.ok and variant.path.is_file() and variant.files is None  # verified, nothing written yet
+    [saved] = variant.save(tmp / "api.onnx")
+    result = cli("fp16", FACEAGE, tmp / "cli.onnx")  # the command's defaults: 4 samples, the same seed
+    assert result.returncode == 0, result.stderr
+    assert saved.sha256 == sha256_file(tmp / "cli.onnx") == sha256_file(tmp / "api.onnx")
+    assert variant.path == tmp / "api.onnx"  # moved, not copied
+    # The command prints the same headline first.
+    assert result.stdout.splitlines()[0] == variant.report.headline[0]
+
+
+def test_the_report_starts_with_what_was_achieved(faceage_fp16):
+    variant, _ = faceage_fp16
+    report = variant.report
+    first, verdict = report.headline[:2]
+    ratio = report.bytes / report.source.bytes
+    assert first.startswith(f"fp16: {ratio:.2f}x the source's size") and f"{report.nodes_before} ->" in first
+    assert 0.4 < ratio < 0.75
+    worst = min(o.cosine for o in variant.comparison.outputs)
+    assert verdict.startswith("verified: ") and f"cosine {worst:.9f}" in verdict
+    assert [s.step for s in report.steps] == ["fp16"] and report.steps[0].notes
+    assert report.source.name == FACEAGE.name and report.source.sha256 == sha256_file(FACEAGE)
+    assert str(report).splitlines()[:2] == report.headline[:2]
+
+
+def test_the_comparison_is_the_metrics_as_data(faceage_fp16):
+    variant, _ = faceage_fp16
+    comparison = variant.comparison
+    assert isinstance(comparison, Comparison) and comparison.passed == variant.ok
+    assert [o.name for o in comparison.outputs] == [o.name for o in onnx.load(FACEAGE).graph.output]
+    assert comparison.modes["candidate"] != "native"  # fp16 is judged storage-faithfully
+    assert all(o.max_abs <= comparison.atol + comparison.rtol * 1e6 for o in comparison.outputs)
+    assert comparison.samples == 4
+
+
+def test_a_refused_variant_is_saved_only_when_forced(tmp_path):
+    variant = onnxsmith.fp16(FACEAGE, atol=1e-9, rtol=0.0, samples=1)
+    assert not variant.ok and "differs by up to" in variant.failure
+    assert variant.report.headline[1].startswith("REFUSED by its gate: ")
+    with pytest.raises(GateFailed, match="force=True"):
+        variant.save(tmp_path / "refused.onnx")
+    assert not (tmp_path / "refused.onnx").exists()
+    [saved] = variant.save(tmp_path / "refused.onnx", force=True)
+    assert saved.path.is_file() and saved.sha256 == sha256_file(tmp_path / "refused.onnx")
+    variant.close()
+
+
+def test_a_variant_never_saved_leaves_nothing(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    out = tmp_path / "out" / "mlp_fp16.onnx"
+    variant = onnxsmith.fp16(source, out=out)  # staged beside out: the save would be a rename
+    assert variant.path.parent.parent == out.parent and len(_staging(out.parent)) == 1
+    del variant
+    gc.collect()
+    assert not out.parent.exists()  # the staging folder and the folder made for it are gone
+    with onnxsmith.fp16(source, out=out) as variant:
+        staged = variant.path
+        assert staged.is_file()
+    assert not staged.exists() and not out.parent.exists()
+
+
+def test_save_writes_where_out_said_and_twice_copies(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    with onnxsmith.shrink(source, out=tmp_path / "a.onnx") as variant:
+        [first] = variant.save()
+        [second] = variant.save(tmp_path / "b.onnx")
+    assert first.path == tmp_path / "a.onnx" and second.path == tmp_path / "b.onnx"
+    assert first.sha256 == second.sha256 == sha256_file(tmp_path / "b.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "b.onnx", "mlp.onnx"]
+
+
+def test_save_has_the_commands_protections(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    before = sha256_file(source)
+    with onnxsmith.shrink(source) as variant:
+        with pytest.raises(UsageError, match="refusing to overwrite the input model"):
+            variant.save(source)
+        (tmp_path / "folder.onnx").mkdir()
+        with pytest.raises(UsageError, match="is a folder, not a regular file"):
+            variant.save(tmp_path / "folder.onnx")
+    assert sha256_file(source) == before
+    with pytest.raises(UsageError, match="refusing to overwrite the input model"):
+        onnxsmith.shrink(source, out=source)  # checked before any work
+
+
+def test_external_data_is_named_after_where_it_is_saved(tmp_path, cli):
+    with onnxsmith.fp16(FACEAGE, external_data=True) as variant:
+        records = variant.save(tmp_path / "api.onnx")
+    assert [r.path.name for r in records] == ["api.onnx", "api.onnx.data"]
+    # Staged under another name, relocated on save: the bytes the command writes for that name.
+    assert cli("fp16", FACEAGE, tmp_path / "by_cli" / "api.onnx", "--external-data").returncode == 0
+    for name in ("api.onnx", "api.onnx.data"):
+        assert sha256_file(tmp_path / name) == sha256_file(tmp_path / "by_cli" / name), name
+    session = ort.InferenceSession(str(tmp_path / "api.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_outputs()  # reads its own data file
+
+
+def test_an_in_memory_model_works_and_says_where_it_came_from(tmp_path):
+    proto = mlp()
+    model = ir.serde.deserialize_model(proto)
+    nodes = [n.op_type for n in model.graph]
+    for given, kind in ((model, "onnx_ir.Model"), (proto, "onnx.ModelProto")):
+        with onnxsmith.fp16(given) as variant:
+            assert variant.ok
+            [saved] = variant.save(tmp_path / f"{kind}.onnx")
+        provenance = json.loads({p.key: p.value for p in onnx.load(saved.path).metadata_props}[PROVENANCE_KEY])
+        assert provenance["source"]["origin"] == f"an {kind} in memory (graph 'mlp')"
+        assert provenance["source"]["name"] == "mlp.onnx" == variant.report.source.name
+    assert [n.op_type for n in model.graph] == nodes and PROVENANCE_KEY not in model.metadata_props  # untouched
+
+
+def test_options_are_keywords_and_an_unknown_one_is_named(save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    with pytest.raises(TypeError, match=r"unknown keyword 'headrom'.*options: keep_io_types, headroom"):
+        onnxsmith.fp16(source, headrom=2)
+    with pytest.raises(UsageError, match="headroom must be at least 1"):
+        onnxsmith.fp16(source, headroom=0.5)
+    with pytest.raises(UsageError, match="option 'precision' must be one of fp32, fp16"):
+        onnxsmith.fuse(source, precision="int4")
+    with pytest.raises(UsageError, match=r"expected a path, an onnx_ir\.Model or an onnx\.ModelProto"):
+        onnxsmith.shrink(42)
+    with onnxsmith.fp16(source, keep_io_types=False) as variant:
+        assert variant.report.steps[0].options["keep_io_types"] is False
+        assert ort.InferenceSession(str(variant.path)).get_inputs()[0].type == "tensor(float16)"
+
+
+def test_fuse_at_fp16_halves_the_transformer():
+    with onnxsmith.fuse(FIXTURES / "faceage_torchscript.onnx", precision="fp16") as variant:
+        assert variant.ok, variant.failure
+        assert variant.report.steps[0].options["precision"] == "fp16"
+        assert variant.report.size_ratio < 0.6
+        ops = {n.op_type for n in onnx.load(variant.path).graph.node}
+        assert "MultiHeadAttention" in ops
+
+
+def test_fuse_fp32_says_why_the_file_is_not_smaller():
+    with onnxsmith.fuse(FIXTURES / "faceage_torchscript.onnx") as variant:
+        assert variant.ok
+        assert any("weights stay fp32" in line for line in variant.report.headline[2:])
+
+
+def test_shrink_says_what_it_kept(save_proto):
+    source = save_proto(hitnet_bloat(height=128, width=256, tile1=3, tile2=2), "grid.onnx")
+    with onnxsmith.shrink(source) as variant:
+        assert variant.ok
+        assert any("stay computed at run time" in line for line in variant.report.headline[2:])
+
+
+def test_extract_is_the_commands_piece(tmp_path, save_proto, cli):
+    source = save_proto(chain(), "chain.onnx")
+    with onnxsmith.extract(source, inputs=["b", "d"], outputs=["y"]) as piece:
+        assert piece.ok and [i["name"] for i in piece.inputs] == ["b", "d"]
+        [saved] = piece.save(tmp_path / "api.onnx")
+        report = piece.to_json()
+    assert report["nodes"] == {"source": 7, "piece": 2} and report["headline"][0].startswith("extract: ")
+    assert cli("extract", source, tmp_path / "cli.onnx", "--inputs", "b,d", "--outputs", "y").returncode == 0
+    assert saved.sha256 == sha256_file(tmp_path / "cli.onnx")
+
+
+def test_compare_takes_files_models_variants_and_feeds(save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+    same = onnxsmith.compare(source, mlp(), feeds={"x": x})
+    assert same.passed and same.samples == 1 and same.outputs[0].max_abs == 0.0
+    other = onnxsmith.compare(source, mlp(seed=1), feeds=[{"x": x}, {"x": -x}])
+    assert not other.passed and other.samples == 2 and other.candidate == "mlp.onnx"
+    with onnxsmith.fp16(source) as variant:
+        judged = onnxsmith.compare(source, variant, samples=2, atol=0.05, rtol=0.05)
+        assert judged.passed and judged.modes["candidate"] != "native"
+    with pytest.raises(UsageError, match="feeds: no array for input 'x'"):
+        onnxsmith.compare(source, source, feeds={"y": x})
+
+
+def test_quantize_stages_the_folder_and_saves_it(tmp_path):
+    out = tmp_path / "q4"
+    with onnxsmith.quantize(gpt2_folder(), last_token=False, gate_samples=2, gate_length=16) as folder:
+        assert folder.ok and [name for name, _, _ in folder.variants] == ["model_q4.onnx"]
+        assert folder.report.headline[0].startswith("quantize: ") and folder.report.size_ratio < 0.5
+        assert not out.exists()
+        records = folder.save(out)
+    assert [r.path for r in records] == [out / "onnx" / "model_q4.onnx"]
+    assert records[0].sha256 == sha256_file(out / "onnx" / "model_q4.onnx")
+    assert json.loads((out / "quantize_report.json").read_text()) == json.loads(json.dumps(folder.summary))
+    assert (out / "tokenizer.json").read_bytes() == (gpt2_folder() / "tokenizer.json").read_bytes()
+    assert _staging(tmp_path) == []
+
+
+def test_build_makes_the_release_with_headlines_on_the_card(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    source = save_toy_faceage(project / "toy.onnx")
+    recipe = project / "recipe.toml"
+    recipe.write_text(recipe_text(source, '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n'))
+    result = onnxsmith.build(recipe, tmp_path / "release", bench=False)
+    assert result.ok and result.out == tmp_path / "release"
+    [variant] = json.loads((result.out / "measurements.json").read_text())["variants"]
+    card = (result.out / "README.md").read_text()
+    first = variant["headline"][0]
+    assert first.startswith("fp16: ") and f"**{first}**" in card
+    assert card.index(first) < card.index(variant["steps"][0]["notes"][0])  # the headline comes first
