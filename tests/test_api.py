@@ -191,6 +191,18 @@ def test_shrink_says_what_it_kept(save_proto):
         assert any("stay computed at run time" in line for line in variant.report.headline[2:])
 
 
+def test_int8_is_judged_by_cosine_and_says_what_stays_fp32(cli, tmp_path):
+    with onnxsmith.int8(FACEAGE) as variant:
+        assert variant.ok and variant.report.size_ratio < 0.6
+        assert all(o.cosine >= 0.995 for o in variant.comparison.outputs)
+        assert "atol" not in variant.report.headline[1]  # its gate is the cosine, not a tolerance
+        kept = [r for r in variant.report.steps[0].tables["Linears"] if r["int8"] == "no"]
+        assert sum(int(line.split()[0]) for line in variant.report.headline[2:]) == len(kept)
+        [saved] = variant.save(tmp_path / "api.onnx")
+    assert cli("int8", FACEAGE, tmp_path / "cli.onnx").returncode == 0
+    assert saved.sha256 == sha256_file(tmp_path / "cli.onnx")
+
+
 def test_extract_is_the_commands_piece(tmp_path, save_proto, cli):
     source = save_proto(chain(), "chain.onnx")
     with onnxsmith.extract(source, inputs=["b", "d"], outputs=["y"]) as piece:

@@ -1,6 +1,6 @@
 """onnxsmith: turn a source ONNX model into deployment variants proven against their source.
 
-The calls (``onnxsmith.fp16``, ``fuse``, ``shrink``, ``extract``, ``quantize``, ``compare``,
+The calls (``onnxsmith.fp16``, ``fuse``, ``shrink``, ``int8``, ``extract``, ``quantize``, ``compare``,
 ``build``, ...) are :mod:`onnxsmith.api`'s, see docs/api.md. They are imported on first use:
 ``import onnxsmith`` (and ``onnxsmith --version``) does not load onnxruntime and the rewriter.
 """
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         extract,
         fp16,
         fuse,
+        int8,
         quantize,
         shrink,
         transform,
@@ -41,6 +42,7 @@ __all__ = [
     "extract",
     "fp16",
     "fuse",
+    "int8",
     "quantize",
     "shrink",
     "transform",

@@ -23,19 +23,17 @@ import onnx_ir as ir
 from onnxsmith.analysis.cut import plan_cut
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Progress, StepReport
-from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
+from onnxsmith.io.files import FileRecord, sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
-from onnxsmith.io.save import Provenance, stage_model
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.extract import ExtractPass
-from onnxsmith.release.headline import headline
 from onnxsmith.release.variant import (
     SourceInfo,
     StagedVariant,
+    Staging,
     commit_verified,
     count_nodes,
-    Staging,
     staged_variant,
 )
 from onnxsmith.runtime import runner

@@ -162,7 +162,9 @@ class Staging:
     def stage(self, model: ir.Model, name: str, provenance: Provenance) -> Iterator[tuple[PrivateFolder, StagedModel]]:
         """``model`` written as ``name`` in a new private folder, removed if the block raises (else the
         variant's to remove)."""
-        folder = PrivateFolder(self.output.parent if self.output is not None else self.stage_in or tempfile.gettempdir())
+        folder = PrivateFolder(
+            self.output.parent if self.output is not None else self.stage_in or tempfile.gettempdir()
+        )
         try:
             staged = stage_model(
                 model,
@@ -267,7 +269,9 @@ def make_variant(
         comparison = dataclasses.replace(comparison, candidate=name)
         failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
         what = " + ".join(name for name, _ in steps) or "re-saved"
-        return staged_variant(info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what)
+        return staged_variant(
+            info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
+        )
 
 
 def _judge(

@@ -274,6 +274,7 @@ def _report(report: StepReport, decisions: list[Decision], options: Options) -> 
         f"expected speed-up if the Linears dominate the run time: {expected:.2f}x "
         f"({share:.0%} of their work at the ~{KERNEL_SPEEDUP:g}x of the int8 kernel)"
     )
+    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in sorted(kept.items())]
     report.tables["Linears"] = [d.row() for d in decisions]
     report.stats["before_after"] = {
         "Linears in int8": (0, len(int8)),

@@ -6,6 +6,7 @@ transform's gate, and the tests all call :func:`compare_models`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,7 +68,10 @@ class Comparison:
             if len(self.outputs) == 1
             else f"worst of {len(self.outputs)} outputs '{worst.name}'"
         )
-        return f"{where}: {', '.join(parts)} (atol {self.atol:g}, rtol {self.rtol:g}; {self.samples} input set(s))"
+        bounds = (
+            f"atol {self.atol:g}, rtol {self.rtol:g}; " if math.isfinite(self.atol) and math.isfinite(self.rtol) else ""
+        )
+        return f"{where}: {', '.join(parts)} ({bounds}{self.samples} input set(s))"
 
     def failures(self) -> list[str]:
         lines = []
