@@ -255,3 +255,39 @@ def test_build_makes_the_release_with_headlines_on_the_card(tmp_path):
     first = variant["headline"][0]
     assert first.startswith("fp16: ") and f"**{first}**" in card
     assert card.index(first) < card.index(variant["steps"][0]["notes"][0])  # the headline comes first
+
+
+def test_transform_runs_any_registered_transform_by_name(save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    with onnxsmith.transform(source, "shrink", dedup=False, samples=1) as variant:
+        assert variant.ok and variant.report.steps[0].step == "shrink"
+        assert variant.report.steps[0].options["dedup"] is False
+        assert variant.comparison.samples == 1
+    with pytest.raises(UsageError, match="nosuch"):
+        onnxsmith.transform(source, "nosuch")
+
+
+def test_check_outputs_refuses_before_any_work(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    onnxsmith.check_outputs([tmp_path / "ok.onnx", None], sources=[source])
+    with pytest.raises(UsageError, match="refusing to overwrite the input model"):
+        onnxsmith.check_outputs([source], sources=[source])
+    (tmp_path / "folder.onnx").mkdir()
+    with pytest.raises(UsageError, match="is a folder, not a regular file"):
+        onnxsmith.check_outputs([tmp_path / "folder.onnx"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.onnx", "mlp.onnx"]  # nothing written
+
+
+def test_shape_sizes_random_inputs_by_input_or_by_dim():
+    from onnxsmith.api import _input_sets
+
+    model = ir.serde.deserialize_model(mlp())
+    by_input = _input_sets(model, None, samples=2, seed=0, shape={"x": (5, 8)})
+    by_dim = _input_sets(model, None, samples=2, seed=0, shape={"batch": 5})
+    by_strings = _input_sets(model, None, samples=2, seed=0, shape=["batch=5"])
+    assert [s["x"].shape for s in by_input] == [(5, 8), (5, 8)]
+    for sets in (by_dim, by_strings):
+        assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(by_input, sets, strict=True))
+    assert not np.array_equal(by_input[0]["x"], by_input[1]["x"])  # set i is seeded seed + i
+    with pytest.raises(UsageError, match="shape: 'x' must be a size"):
+        _input_sets(model, None, samples=1, seed=0, shape={"x": "5,8"})
