@@ -1,5 +1,7 @@
-"""Precision: fp16 with fp32 islands, decided from measured ranges (given as data).
+"""The precision engine: fp16 (or bf16) with fp32 islands, shared by ``fp16`` and ``fuse --precision fp16``.
 
-:mod:`.convert` is what ``fp16`` does after measuring; :mod:`.fused` what ``fuse
---precision fp16`` does; :mod:`.islands` shows the decisions as a table.
+* :mod:`.engine` measures (through :mod:`onnxsmith.runtime`) and runs the steps below;
+* :mod:`.plan` decides, from data (the model and its measured ranges), into a ``Plan``;
+* :mod:`.apply` carries a plan out with the passes (rescaling, conversion, Cast clean-up);
+* :mod:`.report` shows what was measured, decided and done (notes, the islands table).
 """

@@ -16,14 +16,13 @@ BiasGelu -> MatMul. The steps:
    tokens (a CLS head), the last block computes only those.
 4. Precision: ``fp32`` keeps every type; ``fp16`` runs MatMul, attention, RoPE
    and BiasGelu in fp16 while the residual stream and the LayerNorms stay fp32
-   (:mod:`onnxsmith.precision.fused`, on measured ranges).
+   (the precision engine, :mod:`onnxsmith.precision.engine`, on measured ranges).
 
 The result is verified against the source before it is written (produce_variant).
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -40,20 +39,19 @@ from onnxscript.rewriter import RewritePass, RewriteRuleSet
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.io.files import staging_dir
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
 from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
-from onnxsmith.precision.fused import fused_to_fp16, rescale_residual_streams
+from onnxsmith.precision import engine
+from onnxsmith.precision import report as precision_report
 from onnxsmith.rules import attention, bias_gelu, layer_scale, noop_reshape, rotary, skip_layernorm, v_bias
 from onnxsmith.rules.apply import RuleOutcome, apply_rules
 from onnxsmith.rules.cleanup import cleanup_rules
 from onnxsmith.runtime.evaluate import evaluate_shapes
 from onnxsmith.runtime.inputs import input_specs
-from onnxsmith.runtime.ranges import measure_ranges
 
 #: The fusions in the order they run: (name in the report, rule sets applied in turn).
 FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
@@ -129,9 +127,8 @@ class Fuse(Transform):
         if options.precision == "fp16":
             # Before anything renames a value: the stream is found by its Adds and measured by name.
             context.progress("fuse: measuring activation ranges of the source")
-            with context.model_file(model) as path:
-                ranges = measure_ranges(path, context.feeds)
-            report.notes.extend(rescale_residual_streams(model, ranges))
+            streams = engine.rescale_streams_for_fusion(model, engine.measure(model, context))
+            report.notes.extend(precision_report.fused_stream_notes(streams))
 
         context.progress("fuse: folding shape computations")
         fold, noop = prepare_shapes(model, dims, context.feeds[0], progress=context.progress)
@@ -157,11 +154,9 @@ class Fuse(Transform):
                 )
         if options.precision == "fp16":
             context.progress("fuse: measuring activation ranges of the fused graph")
-            with staging_dir(tempfile.gettempdir()) as tmp:  # removed by a later run if this one is killed
-                path = tmp / "fused_fp32.onnx"
-                context.save(model, path)
-                ranges = measure_ranges(path, context.feeds)
-            report.notes.extend(fused_to_fp16(model, ranges, context.progress))
+            ranges = engine.measure(model, context, edited=True)
+            context.progress("fuse: converting to fp16")
+            report.notes.extend(precision_report.fused_conversion_notes(engine.convert_fused(model, ranges)))
         DeduplicateInitializersPass()(model)
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)  # onnxscript's private fusion domain

@@ -1,0 +1,116 @@
+"""The precision engine: measure, decide, apply — what ``fp16`` and ``fuse --precision fp16`` both run.
+
+* :func:`measure` runs the model as it is now on the calibration inputs
+  (:func:`onnxsmith.runtime.ranges.measure_ranges`); measuring the source also gives the
+  gate its reference outputs, so the source is not run twice.
+* :func:`convert` is ``fp16`` on a measured model: stream decisions, islands
+  (:mod:`.plan`), then the passes (:mod:`.apply`).
+* ``fuse --precision fp16`` runs the same decisions in two places:
+  :func:`rescale_streams_for_fusion` on the unfused graph, where the residual stream is
+  a chain of Adds read by LayerNorms, and :func:`convert_fused` on the fused graph, with
+  :meth:`Settings.for_fused_graph <onnxsmith.precision.plan.Settings.for_fused_graph>`.
+
+The result is a :class:`PrecisionRecord` (data); :mod:`.report` turns it into notes and tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsmith.analysis.measurements import TensorRange
+from onnxsmith.core.transform import ReferenceOutputs, TransformContext
+from onnxsmith.io.files import staging_dir
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.precision.apply import Applied, apply_plan, rescale_streams
+from onnxsmith.precision.plan import Plan, Settings, StreamDecision, decide, decide_streams
+from onnxsmith.runtime.fp16_storage import has_fp16
+from onnxsmith.runtime.ranges import measure_ranges
+from onnxsmith.runtime.runner import FAITHFUL, NATIVE
+
+
+@dataclass
+class PrecisionRecord:
+    """One conversion: what was measured, what was decided, what the passes did."""
+
+    ranges: list[TensorRange]
+    plan: Plan
+    applied: Applied
+
+    @property
+    def precision(self):
+        return self.applied.precision
+
+
+def measure(model: ir.Model, context: TransformContext, *, edited: bool = False) -> list[TensorRange]:
+    """Every float tensor's range on ``context.feeds``, measured on ``model`` as it is now.
+
+    ``edited``: the model was changed since it was loaded (a fused graph), so it is written
+    to a temporary file to be run. Measuring the source leaves its outputs in
+    ``context.reference`` for the gate.
+    """
+    outputs: dict[str, np.ndarray] = {}
+    with _model_file(model, context, edited) as path:
+        ranges = measure_ranges(path, context.feeds, outputs=outputs, derive_movement=True)
+    # After an earlier step of a chain the outputs are that step's, not the source's: not reused.
+    if context.model_is_source and not edited:
+        context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)
+    return ranges
+
+
+@contextlib.contextmanager
+def _model_file(model: ir.Model, context: TransformContext, edited: bool) -> Iterator[Path]:
+    if not edited:
+        with context.model_file(model) as path:
+            yield path
+        return
+    with staging_dir(tempfile.gettempdir()) as tmp:  # removed by a later run if this one is killed
+        path = tmp / "measured.onnx"
+        context.save(model, path)
+        yield path
+
+
+def convert(
+    model: ir.Model,
+    ranges: list[TensorRange],
+    settings: Settings | None = None,
+    *,
+    keep_fp32: dict[str, str] | None = None,
+    infer: bool = True,
+) -> PrecisionRecord:
+    """Convert ``model`` in place to ``settings.dtype`` with fp32 islands, given its measured ``ranges``.
+
+    Runs nothing. ``settings``: what it may do (default: ``fp16``'s defaults). ``keep_fp32`` adds tensors the caller wants kept fp32 (name -> reason);
+    ``infer``: False when the caller has just run :func:`infer_types` on ``model``.
+    """
+    settings = settings or Settings()
+    if infer:
+        infer_types(model)
+    streams = decide_streams(model, ranges, settings)
+    plan = decide(model, ranges, settings, streams, keep_fp32=keep_fp32)
+    rescale_streams(model, streams)
+    # Rescaling changed constants and attributes only: the types inferred above still hold.
+    return PrecisionRecord(ranges, plan, apply_plan(model, plan, infer=False))
+
+
+def rescale_streams_for_fusion(model: ir.Model, ranges: list[TensorRange]) -> list[StreamDecision]:
+    """``fuse --precision fp16`` before fusing: scale each overflowing stream so the fp16 projections
+    that write it fit (after fusion the stream is SkipLayerNormalization's fp32 skip)."""
+    infer_types(model)
+    streams = decide_streams(model, ranges, Settings.for_fused_graph())
+    rescale_streams(model, streams)
+    return streams
+
+
+def convert_fused(model: ir.Model, ranges: list[TensorRange]) -> PrecisionRecord:
+    """``fuse --precision fp16`` after fusing: MatMul, attention, RoPE, BiasGelu in fp16; the residual
+    stream, the normalisations and the per-sample tail fp32. ``ranges``: the fused graph's, measured."""
+    settings = Settings.for_fused_graph()
+    plan = decide(model, ranges, settings)
+    return PrecisionRecord(ranges, plan, apply_plan(model, plan))

@@ -1,0 +1,230 @@
+"""The precision engine's decisions: measured ranges in, a :class:`Plan` out; nothing is changed here.
+
+Every low-precision conversion onnxsmith makes (``fp16``, ``fuse --precision fp16``) is
+decided by the functions of this module, from data: the model (read, never written) and
+the ranges measured on it (:mod:`onnxsmith.runtime.ranges`). What they decide:
+
+* **Residual streams** (:func:`decide_streams`): a pre-LN transformer's stream that
+  overflows the low type either stays one fp32 path end to end, with the branches that
+  write its over-range values (``residual_fp32``), or is carried scaled by a power of two
+  so that it and its writers fit (``rescale``); see :mod:`onnxsmith.passes.residual_rescale`.
+* **Islands** (:func:`decide`): the tensors that stay fp32 (measured over range or
+  underflowing, the stream kept fp32, a fused graph's skip stream) and the nodes that
+  compute in fp32 whatever the ranges (the op policy, the cost rule, a fused graph's
+  normalisations and per-sample tail), each with its reason.
+
+The rules themselves live in :mod:`onnxsmith.analysis.precision_policy`; :mod:`.apply`
+carries a plan out and :mod:`.report` shows it. What differs between ``fp16`` and ``fuse``
+is data: a :class:`Settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from onnxsmith.analysis.measurements import TensorRange
+from onnxsmith.analysis.precision_policy import (
+    DEFAULT_HEADROOM,
+    Limits,
+    SmallNodes,
+    Unsafe,
+    policy_reason,
+    unsafe_activations,
+)
+from onnxsmith.irutil.types import FLOAT_TYPES
+from onnxsmith.irutil.walk import const_array
+from onnxsmith.passes.residual_rescale import ResidualStream, choose_scale, find_residual_streams
+
+#: How a node computing a massive activation is kept (the islands table groups on it).
+WRITER_REASON = "computes what writes into the residual stream"
+#: Normalisations a fused graph computes in fp32 (they read the fp32 residual stream and reduce over it).
+FUSED_NORM_OPS = frozenset({"LayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+NORM_REASON = "normalisation (fuse keeps LayerNorms fp32)"
+TAIL_REASON = "after the token row is selected: one vector per sample, fp32 costs nothing"
+SKIP_STREAM_REASON = "residual stream"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a conversion may do: ``fp16``'s options, or the fixed choices of ``fuse --precision fp16``."""
+
+    dtype: ir.DataType = ir.DataType.FLOAT16
+    headroom: float = DEFAULT_HEADROOM
+    #: Keep an overflowing residual stream, and the branches writing its over-range values, fp32.
+    residual_fp32: bool = True
+    #: Rescale every rescalable stream (True), none (False), or where the stream is carried low (None).
+    rescale: bool | None = None
+    #: The cost rule: nodes whose tensors are tiny next to the largest activation stay fp32.
+    small_fp32: bool = True
+    keep_io_types: bool = True
+    #: A fused graph: its normalisations and SkipLayerNormalization's skip stream stay fp32.
+    fused: bool = False
+    #: A fused graph: what follows the selection of one token row (a CLS head) stays fp32.
+    tail_fp32: bool = False
+
+    @classmethod
+    def for_fused_graph(cls) -> Settings:
+        """``fuse --precision fp16``: an overflowing stream rescaled so the fp16 projections writing it fit
+        (the fused graph's SkipLayerNormalizations keep it fp32); no cost rule; the per-sample tail fp32."""
+        return cls(residual_fp32=False, small_fp32=False, fused=True, tail_fp32=True)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.for_dtype(self.dtype, self.headroom)
+
+
+@dataclass
+class StreamDecision:
+    """One residual stream: how it is carried, with what was measured on it."""
+
+    stream: ResidualStream
+    peak: float  # measured max |x| over the stream (source scale)
+    peak_tensor: str = ""
+    overflows: bool = False  # peak over the low type's safe limit
+    scale: float = 1.0  # carried scaled by this (1.0: not rescaled)
+    kept_fp32: bool = False
+    note: str = ""  # why it was not rescaled although asked
+    #: (writer, its measured max |x|, nodes kept fp32 to compute it) for over-range writers
+    writers: list[tuple[str, float, int]] = field(default_factory=list)
+    #: tensor -> why, for the stream values and writer branches kept fp32
+    keep_fp32: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """Everything decided for one graph, as data: what :func:`onnxsmith.precision.apply.apply_plan` carries out."""
+
+    settings: Settings
+    streams: list[StreamDecision] = field(default_factory=list)
+    #: measured tensors over the safe limit or underflowing
+    unsafe: dict[str, Unsafe] = field(default_factory=dict)
+    #: tensor -> why it stays fp32 (with the node that writes it and the nodes that read it)
+    keep_fp32: dict[str, str] = field(default_factory=dict)
+    #: node -> why it computes in fp32 whatever the ranges (op policy, cost, fused norms, tail)
+    node_reasons: dict[ir.Node, str] = field(default_factory=dict)
+    #: tensors the cost rule found small, with the numbers (the islands table shows them)
+    small: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def scaled(self) -> dict[str, float]:
+        """Measured tensors the plan carries scaled, with the factor."""
+        return {v.name: d.scale for d in self.streams if d.scale != 1.0 for v in d.stream.scaled}
+
+
+def decide_streams(model: ir.Model, ranges: list[TensorRange], settings: Settings) -> list[StreamDecision]:
+    """How each residual stream of ``model`` (types inferred) is carried, from its measured peaks."""
+    limit = settings.limits.max_abs
+    measured = {r.name: r.absmax for r in ranges}
+    decisions = []
+    for stream in find_residual_streams(model):
+        peak_value = max(stream.values, key=lambda v: measured.get(v.name, 0.0))
+        peak = measured.get(peak_value.name, 0.0)
+        decision = StreamDecision(stream, peak, peak_value.name, overflows=peak > limit)
+        decisions.append(decision)
+        wanted = (
+            settings.rescale if settings.rescale is not None else (decision.overflows and not settings.residual_fp32)
+        )
+        if wanted and stream.problem is not None:
+            decision.note = f"not rescaled: {stream.problem}"
+        elif wanted:
+            writers_peak = max((measured.get(v.name, 0.0) for v in stream.scaled), default=0.0)
+            decision.scale = choose_scale(max(peak, writers_peak), limit)
+        if decision.overflows and settings.residual_fp32:
+            decision.kept_fp32 = True
+            reason = f"residual stream, max |x| {peak:.3g} in the source"
+            decision.keep_fp32.update({v.name: reason for v in stream.values})
+            if decision.scale == 1.0:
+                _keep_massive_writers(decision, measured, limit)
+    return decisions
+
+
+def _keep_massive_writers(decision: StreamDecision, measured: dict[str, float], limit: float) -> None:
+    """Keep fp32 every branch that writes an over-range value into the (fp32) stream."""
+    stream = decision.stream
+    for writer in stream.writers():
+        peak = measured.get(writer.name, 0.0)
+        if peak <= limit:
+            continue
+        reason = f"{WRITER_REASON} '{writer.name}' (max |x| {peak:.3g})"
+        nodes = stream.writer_nodes(writer)
+        decision.writers.append((writer.name, peak, len(nodes)))
+        for node in nodes:
+            for out in node.outputs:
+                if out.dtype in FLOAT_TYPES and out.name:
+                    decision.keep_fp32.setdefault(out.name, reason)
+
+
+def decide(
+    model: ir.Model,
+    ranges: list[TensorRange],
+    settings: Settings,
+    streams: list[StreamDecision] = (),
+    *,
+    keep_fp32: dict[str, str] | None = None,
+) -> Plan:
+    """The islands of ``model`` (types inferred) from its measured ``ranges``, given the stream decisions.
+
+    ``keep_fp32`` adds tensors a caller wants kept fp32 (name -> reason).
+    """
+    plan = Plan(settings, streams=list(streams))
+    keep = dict(keep_fp32 or {})
+    for decision in plan.streams:
+        for name, reason in decision.keep_fp32.items():
+            keep.setdefault(name, reason)
+    if settings.fused:
+        for name in _skip_stream(model):
+            keep.setdefault(name, SKIP_STREAM_REASON)
+    plan.unsafe = unsafe_activations(ranges, settings.limits, scale=plan.scaled)
+    for name, unsafe in plan.unsafe.items():
+        keep.setdefault(name, unsafe.reason)
+    plan.keep_fp32 = keep
+    small = SmallNodes(model, ranges) if settings.small_fp32 else None
+    plan.small = small.tensors if small else {}
+    tail = _per_sample_tail(model) if settings.tail_fp32 else set()
+    for graph in model.graphs():
+        for node in graph:
+            reason = _node_reason(node, settings, tail, small)
+            if reason is not None:
+                plan.node_reasons[node] = reason
+    return plan
+
+
+def _node_reason(node: ir.Node, settings: Settings, tail: set[ir.Node], small: SmallNodes | None) -> str | None:
+    if settings.fused and node.op_type in FUSED_NORM_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
+        return NORM_REASON
+    if node in tail:
+        return TAIL_REASON
+    reason = policy_reason(node)
+    if reason is None and small is not None:
+        reason = small.reason(node)
+    return reason
+
+
+def _skip_stream(model: ir.Model) -> list[str]:
+    """The residual stream of a fused graph: what SkipLayerNormalization adds to (its skip) and its sums."""
+    names = []
+    for node in model.graph:
+        if node.domain == "com.microsoft" and node.op_type in FUSED_NORM_OPS:
+            names.append(node.inputs[1].name)
+            if len(node.outputs) > 3 and node.outputs[3].uses():
+                names.append(node.outputs[3].name)
+    return names
+
+
+def _per_sample_tail(model: ir.Model) -> set[ir.Node]:
+    """Nodes from a Gather that picks one token row on (a CLS head): they see one vector per sample."""
+    tail: set[ir.Node] = set()
+    for node in model.graph:  # topological: a node's producers come first
+        if _picks_a_row(node) or any(v is not None and v.producer() in tail for v in node.inputs):
+            tail.add(node)
+    return tail
+
+
+def _picks_a_row(node: ir.Node) -> bool:
+    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.inputs[0].shape is None:
+        return False
+    rank = node.inputs[0].shape.rank()
+    index = const_array(node.inputs[1])
+    return rank >= 3 and index is not None and index.ndim == 0 and node.attributes.get_int("axis", 0) in (rank - 2, -2)
