@@ -108,6 +108,69 @@ def test_shape_arithmetic_and_range_stay_as_they_are(save_proto, tmp_path):
     assert_pass_preserves_outputs(source, after, tmp_path, atol=ATOL, rtol=RTOL, shapes={"x": (2, 6)})
 
 
+def _index_arithmetic_model() -> onnx.ModelProto:
+    """DINOv2's interpolated position grid, reduced: sizes computed in float from constants and shapes.
+
+    ``side = Cast<int64>(Floor(Pow(2049, 1)))`` picks how many rows of ``table`` to keep (2049:
+    2048 in fp16); a cubic Resize's ``scales`` come from ``Div(Cast<float>(Shape(x)), 4)``
+    over a constant; ``y = Resize(x) + Slice(table)``, both [1, 1, 2049 // 2049 * ..]: see below.
+    """
+    nodes = [
+        helper.make_node("Pow", ["n", "one_f"], ["n_pow"], name="pow"),
+        helper.make_node("Floor", ["n_pow"], ["n_floor"], name="floor"),
+        helper.make_node("Cast", ["n_floor"], ["side"], to=TensorProto.INT64, name="to_int"),
+        helper.make_node("Unsqueeze", ["side", "zero_i"], ["end"], name="end"),
+        helper.make_node("Slice", ["table", "zero_1d", "end", "zero_1d"], ["rows"], name="rows"),
+        helper.make_node("ReduceMax", ["rows"], ["peak"], keepdims=1, axes=[0], name="peak"),
+        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
+        helper.make_node("Cast", ["x_shape"], ["x_shape_f"], to=TensorProto.FLOAT, name="shape_f"),
+        helper.make_node("Div", ["x_shape_f", "three_f"], ["thirds"], name="thirds"),
+        helper.make_node("Mul", ["thirds", "seven_f"], ["wanted"], name="wanted"),
+        helper.make_node("Div", ["wanted", "x_shape_f"], ["ratio"], name="ratio"),
+        helper.make_node("Slice", ["ratio", "two_1d", "four_1d", "zero_1d"], ["hw"], name="hw"),
+        helper.make_node("Concat", ["ones_f", "hw"], ["scales"], axis=0, name="scales"),
+        helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="cubic", name="resize"),
+        helper.make_node("Mul", ["up", "peak"], ["y"], name="out"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(2049.0, np.float32), "n"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+        numpy_helper.from_array(np.array(3.0, np.float32), "three_f"),
+        numpy_helper.from_array(np.array(7.0, np.float32), "seven_f"),
+        numpy_helper.from_array(np.ones(2, np.float32), "ones_f"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero_i"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero_1d"),
+        numpy_helper.from_array(np.array([2], np.int64), "two_1d"),
+        numpy_helper.from_array(np.array([4], np.int64), "four_1d"),
+        # row 2048 (the 2049th) holds the largest value: dropped if 2049 becomes 2048
+        numpy_helper.from_array(np.concatenate([np.ones(2048), [5.0]]).astype(np.float32).reshape(2049, 1), "table"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "index_arithmetic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_index_arithmetic_on_constants_and_resize_scales_stay_exact(save_proto, tmp_path):
+    source = save_proto(_index_arithmetic_model())
+    model, conversion = _convert(source)
+    types = {n.name: n.outputs[0].dtype for n in model.graph}
+    for name in ("pow", "floor", "thirds", "wanted", "ratio", "hw", "scales"):
+        assert types[name] == F32, name  # what becomes an integer or a Resize scale
+    assert types["rows"] == F16 and types["out"] == F16  # the data itself is converted
+    assert model.graph.initializers["n"].dtype == F32 and model.graph.initializers["table"].dtype == F16
+    assert conversion.shape_nodes >= 2
+    after = save_ir(model, tmp_path / "after.onnx")
+    _loads_natively(after)
+    # 2049 rows, the last one (5.0) kept; a cubic Resize by 7/3 on both sides: [1, 1, 14, 21].
+    comparison = assert_pass_preserves_outputs(source, after, tmp_path, atol=ATOL, rtol=RTOL)
+    assert comparison.outputs[0].shape == (1, 1, 14, 21)
+
+
 def test_weights_inside_if_branches_are_converted_interface_kept(save_proto, tmp_path):
     source = save_proto(with_if_subgraph())
     model, _ = _convert(source)

@@ -10,7 +10,11 @@ Which node computes in which precision is decided before anything changes
   tensors are never touched.
 * Shape computations stay as they are: a float value computed from tensor
   shapes and constants only (TorchScript's RoPE positions: Range over
-  ``Cast(Shape(x))``) is arithmetic on sizes, not activations.
+  ``Cast(Shape(x))``) is arithmetic on sizes, not activations. So does float
+  arithmetic on constants that ends in an integer (a Cast to int64, a
+  comparison) or in an input its reader takes in fp32 only (Resize's
+  ``scales``, Range): index arithmetic such as DINOv2's interpolated position
+  grid, ``Cast<int64>(Floor(Pow(n, 0.5)))``, must give the same integers.
 * ``keep_fp32`` names tensors that must stay fp32 (measured out of range, the
   residual stream): their producer and every node reading them through a
   converted input compute in fp32 — an island. ``policy`` adds nodes by op
@@ -43,7 +47,7 @@ from onnxsmith.analysis.type_rules import Signature, opset_of, signature
 from onnxsmith.irutil.casts import cast_node, insert_after_producer
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.tensors import lazy_tensor
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import FLOAT_TYPES, infer_types
 from onnxsmith.irutil.walk import captured, subgraphs_of
 
 F32 = ir.DataType.FLOAT
@@ -170,13 +174,48 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 self._category[value] = CONST
         # A graph is decided whole before its subgraphs: a subgraph reads only values
         # defined before its node, and its node's interface does not depend on it.
-        order = []
-        for graph in _graphs_parent_first(self._model.graph):
-            for node in graph:
-                self._categorize(node)
-                self._decide(node)
-                order.append(node)
+        order = [node for graph in _graphs_parent_first(self._model.graph) for node in graph]
+        for node in order:
+            self._categorize(node)
+        self._exact = self._index_arithmetic(order)
+        for node in order:
+            self._decide(node)
         self._settle_weight_movement(order)
+
+    def _index_arithmetic(self, order: list[ir.Node]) -> set[ir.Value]:
+        """Float values computed from shapes and constants only that end up as integers, or where
+        only fp32 is read (Resize's scales): they are computed exactly as the source computes them."""
+        exact: set[ir.Value] = set()
+        pending: list[ir.Value] = []
+
+        def mark(value: ir.Value | None) -> None:
+            if value is None or value in exact or self._orig(value) != F32:
+                return
+            if self._category.get(value, DATA) == DATA:
+                return  # activations: their precision is a question of measured ranges
+            exact.add(value)
+            pending.append(value)
+
+        for node in order:
+            if _is_constant_node(node) or subgraphs_of(node) or node.op_type in ("Shape", "Size"):
+                continue  # Shape and Size read dims, not values
+            if not any(self._orig(out) in FLOAT_TYPES for out in node.outputs if out.name or out.uses()):
+                for value in node.inputs:  # floats in, no float out: a Cast to int64, a comparison
+                    mark(value)
+                continue
+            sig = self._signature(node)
+            if sig is None:
+                continue
+            slots = self._slots_of(node, sig)
+            for i, value in enumerate(node.inputs):
+                if i not in slots.inputs and i not in slots.free_inputs:
+                    mark(value)  # read in fp32 only
+        while pending:
+            producer = pending.pop().producer()
+            if producer is not None and not _is_constant_node(producer) and not subgraphs_of(producer):
+                for value in producer.inputs:
+                    mark(value)
+        return exact
 
     def _settle_weight_movement(self, order: list[ir.Node]) -> None:
         """Data movement on weights (an LSTM's weights sliced and concatenated) is the weight's
@@ -265,6 +304,9 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         result.float_nodes[node.op_type] += 1
         if node.outputs and self._category.get(node.outputs[0]) == SHAPE:
             result.shape_nodes += 1  # arithmetic on sizes, not activations
+            return
+        if any(node.outputs[j] in self._exact for j in slots.outputs):
+            result.shape_nodes += 1  # index arithmetic on constants
             return
         reason = self.policy(node)
         if reason is not None:

@@ -89,6 +89,13 @@ def open_session(
     1 GB write, parse and copy per session. The cost: onnxruntime does not fold what it
     computes from those weights (a Cast or Transpose of one runs in every call), which
     the few runs a check makes do not notice.
+
+    With weights as inputs onnxruntime's transpose optimizer also sees a graph the file
+    would not show it, and rewrites it where it would not: it pushes the Transpose of an
+    interpolated position embedding (DINOv2's ``interpolate_pos_encoding``) through a cubic
+    Resize, which its own CPU kernel then refuses ("'Cubic' mode only supports ... outermost
+    2 scale values being 1"). Such a session runs without it (:data:`NOT_WITH_FED_WEIGHTS`):
+    it changes the layout of the work, not the arithmetic.
     """
     providers = providers or CPU
     options = options or session_options()
@@ -97,8 +104,14 @@ def open_session(
         label, model = label or model, load_model(model)
     if isinstance(model, ir.Model):
         proto, weights = _weights_as_inputs(model)
-        return Session(_session(proto.SerializeToString(), options, providers, label or "<in-memory model>"), weights)
+        disabled = [f"{name}_{provider}" for name in NOT_WITH_FED_WEIGHTS for provider in providers] if weights else []
+        label = label or "<in-memory model>"
+        return Session(_session(proto.SerializeToString(), options, providers, label, disabled), weights)
     return Session(_session(os.fspath(Path(model)), options, providers, label or model))
+
+
+#: Graph optimizers a session whose weights are fed as inputs runs without (see :func:`open_session`).
+NOT_WITH_FED_WEIGHTS = ("TransposeOptimizer",)
 
 
 def _utf8(text: str) -> bool:
@@ -157,8 +170,12 @@ def _weights_as_inputs(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, np.n
     return proto, {value.name: value.const_value.numpy() for value in fed}
 
 
-def _session(model: str | bytes, options, providers, label) -> ort.InferenceSession:
+def _session(model: str | bytes, options, providers, label, disabled=()) -> ort.InferenceSession:
     try:
+        if disabled:
+            return ort.InferenceSession(
+                model, sess_options=options, providers=providers, disabled_optimizers=list(disabled)
+            )
         return ort.InferenceSession(model, sess_options=options, providers=providers)
     except Exception as err:  # onnxruntime raises its own exception types
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

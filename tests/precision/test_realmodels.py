@@ -1,0 +1,59 @@
+"""The precision engine on other people's models: what issue 11 found on them (classes 4 and 5)."""
+
+import onnx_ir as ir
+import pytest
+
+from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.release.variant import produce_variant
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.runner import FAITHFUL
+from onnxsmith.transforms.fp16 import Options
+from onnxsmith.transforms.fuse import Fuse
+from onnxsmith.verify.compare import compare_models
+from tests.support.realmodels import real_model
+
+pytestmark = pytest.mark.realmodel
+
+DINO_224 = {"pixel_values": (1, 3, 224, 224)}
+
+
+def _resize_size_types(model: ir.Model) -> list[tuple[str, str]]:
+    """The Resize nodes' scales/sizes and every tensor computing them (from the dims Shape reads), as (name, dtype)."""
+    found, pending, seen = [], [], set()
+    for node in model.graph:
+        if node.op_type == "Resize":
+            pending.extend(v for v in node.inputs[1:] if v is not None)
+    while pending:
+        value = pending.pop()
+        if value.name in seen:
+            continue
+        seen.add(value.name)
+        found.append((value.name, str(value.dtype)))
+        producer = value.producer()
+        if producer is not None and producer.op_type != "Shape":
+            pending.extend(v for v in producer.inputs if v is not None)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("step", [("fp16", Options()), ("fuse", Fuse.Options(precision="fp16"))], ids=["fp16", "fuse"])
+def test_dinov2_interpolated_position_grid_stays_exact(tmp_path, step):
+    """Issue 11 class 5: DINOv2's cubic Resize of its position embeddings, sized by Shape arithmetic,
+    ran in onnxruntime no more after fp16 ('Cubic' mode only supports ... outermost 2 scale values being 1)."""
+    source = real_model("dinov2_interp")
+    model = load_model(source)
+    feeds = [random_inputs(model, shapes=DINO_224, seed=s) for s in range(2)]
+    out = tmp_path / "dino.onnx"
+    produce_variant(source, out, [step], feeds=feeds)
+    variant = load_model(out)
+    infer_types(model)
+    exact = dict(_resize_size_types(model))
+    computed = _resize_size_types(variant)
+    assert computed and all(exact.get(name, dtype) == dtype for name, dtype in computed), computed
+    assert out.stat().st_size <= 0.6 * source.stat().st_size
+    # At a size the variant was not made at (20x20 patches instead of 16x16): the grid is interpolated
+    # to another size, storage-faithfully, and matches the source.
+    other = [random_inputs(model, shapes={"pixel_values": (1, 3, 280, 280)}, seed=7)]
+    comparison = compare_models(source, out, other, atol=1e9, rtol=1e9)
+    assert comparison.modes["candidate"] == FAITHFUL
+    assert min(o.cosine for o in comparison.outputs) >= 0.999
