@@ -14,7 +14,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.precision.plan import NORM_REASON, TAIL_REASON, WRITER_REASON, Settings, decide, decide_streams
+from onnxsmith.precision.plan import (
+    NORM_REASON,
+    TAIL_REASON,
+    WRITER_REASON,
+    Settings,
+    check_store_low,
+    decide,
+    decide_streams,
+)
 
 
 def _r(name: str, absmax: float, elements: int = 64, tiny: float = 0.0) -> TensorRange:
@@ -150,3 +158,117 @@ def test_deciding_changes_nothing(settings):
     before = ir.serde.serialize_model(model).SerializeToString()
     decide(model, _stream_ranges(1.5e5), settings, decide_streams(model, _stream_ranges(1.5e5), settings))
     assert ir.serde.serialize_model(model).SerializeToString() == before
+
+
+# ------------------------------------------------------------------ the cost rule ("small" nodes)
+
+
+def _heads(count: int, shared: bool) -> ir.Model:
+    """x[1, 8] -> MatMul(x, big) = a[1, 1000], and ``count`` heads MatMul(x, w_i) = y_i[1, 8] (each a
+    256-byte weight, or one weight they all read through a Transpose when ``shared``)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 1000)).astype(np.float32), "big")]
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["a"], name="body")]
+    if shared:
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"))
+        nodes.append(helper.make_node("Transpose", ["w"], ["wt"], name="wt", perm=[1, 0]))
+    for i in range(count):
+        if not shared:
+            inits.append(numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["x", "wt" if shared else f"w{i}"], [f"y{i}"], name=f"head{i}"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["a"] + [f"y{i}" for i in range(count)]]
+    return _model(nodes, [x], outs, inits)
+
+
+def _head_ranges(count: int, wt_elements: int = 64) -> list[TensorRange]:
+    return [_r("x", 1.0, 8), _r("a", 1.0, 1000), _r("wt", 1.0, wt_elements)] + [
+        _r(f"y{i}", 1.0, 8) for i in range(count)
+    ]
+
+
+def _small_heads(plan) -> set[str]:
+    return {n.name for n, why in plan.node_reasons.items() if why.startswith("small")}
+
+
+def test_small_nodes_together_hold_at_most_a_twentieth_of_the_weights():
+    # 10 heads of 256 bytes next to a 32,000-byte body: each is under 1 % of the weights, all ten 7 %.
+    model = _heads(10, shared=False)
+    plan = decide(model, _head_ranges(10), Settings())
+    kept = _small_heads(plan)
+    assert len(kept) == 6  # 6 x 256 = 1,536 <= 5 % of 34,560 < 7 x 256
+    assert all(f"y{i}" in plan.small for i in range(10))  # all small; the budget chose among them
+
+
+def test_a_weight_shared_by_small_nodes_counts_once():
+    model = _heads(10, shared=True)
+    plan = decide(model, _head_ranges(10), Settings())
+    assert _small_heads(plan) == {f"head{i}" for i in range(10)}  # one 256-byte weight for all
+
+
+def test_a_weight_computed_at_run_time_is_not_the_largest_activation():
+    # rxnmap: a Transpose of a shared weight measured as the biggest tensor made every activation "small".
+    model = _heads(2, shared=True)
+    plan = decide(model, _head_ranges(2, wt_elements=10**6), Settings())
+    assert set(plan.small) == {"x", "y0", "y1"} and plan.small["y0"] == "8 elements, 1/125 of the largest activation"
+    assert "a" not in plan.small and "wt" not in plan.small
+
+
+def test_a_tensor_growing_faster_than_the_largest_activation_is_not_small():
+    # Attention scores [seq, seq] are 1/128 of [seq, 1000] at 8 tokens, not at 512.
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 1000)).astype(np.float32), "big"),
+        numpy_helper.from_array(np.array([0], np.int64), "first"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "big"], ["a"], name="body"),
+        helper.make_node("Transpose", ["x"], ["xt"], name="xt", perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"], name="scores"),
+        helper.make_node("Gather", ["x", "first"], ["cls"], name="cls", axis=0),
+        helper.make_node("Sigmoid", ["cls"], ["gate"], name="gate"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 8])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "scores", "gate")]
+    model = _model(nodes, [x], outs, inits)
+    ranges = [_r("x", 1.0, 64), _r("a", 1.0, 8000), _r("xt", 1.0, 64), _r("scores", 1.0, 64)]
+    ranges += [_r("cls", 1.0, 8), _r("gate", 1.0, 8)]
+    plan = decide(model, ranges, Settings())
+    assert "scores" not in plan.small  # [seq, seq]: seq twice, the largest [seq, 1000] once
+    assert "gate" in plan.small  # [1, 8]: no symbolic dim at all
+
+
+# ------------------------------------------------------------------ recurrent weights stored low
+
+
+def _lstm() -> ir.Model:
+    rng = np.random.default_rng(0)
+    hidden, d = 4, 3
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, d)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32), "R"),
+        numpy_helper.from_array(rng.standard_normal((1, 8 * hidden)).astype(np.float32), "B"),
+    ]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], name="lstm", hidden_size=hidden)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, d])
+    return _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+
+
+def test_a_recurrent_cell_computes_in_fp32_and_its_weights_may_be_stored_low():
+    model = _lstm()
+    plan = decide(model, [_r("x", 1.0, 15), _r("y", 1.0, 20)], Settings(small_fp32=False))
+    (lstm,) = model.graph
+    assert "LSTM" in plan.node_reasons[lstm]
+    assert set(plan.store_low) == {"W", "R", "B"} and "LSTM 'lstm'" in plan.store_low["W"]
+
+
+def test_recurrent_weights_stay_stored_low_only_if_rounding_them_moves_the_outputs_less_than_fp16_would():
+    reference = {"y": np.linspace(-10, 10, 50, dtype=np.float32)}
+    close = {"y": reference["y"] + 10 * 2.0**-13}  # within 2^-11 of the range (10)
+    far = {"y": reference["y"] + 10 * 2.0**-9}
+    plan = decide(_lstm(), [], Settings(small_fp32=False))
+    check_store_low(plan, reference, close)
+    assert set(plan.store_low) == {"W", "R", "B"} and "stored fp16" in plan.store_low_checked[0]
+    plan = decide(_lstm(), [], Settings(small_fp32=False))
+    check_store_low(plan, reference, far)
+    assert plan.store_low == {} and "kept fp32: rounding them output 'y' moved by" in plan.store_low_checked[0]

@@ -57,3 +57,56 @@ def test_dinov2_interpolated_position_grid_stays_exact(tmp_path, step):
     comparison = compare_models(source, out, other, atol=1e9, rtol=1e9)
     assert comparison.modes["candidate"] == FAITHFUL
     assert min(o.cosine for o in comparison.outputs) >= 0.999
+
+
+def _notes(source, tmp_path, shapes=None):
+    model = load_model(source)
+    feeds = [random_inputs(model, shapes=shapes, seed=s) for s in range(2)]
+    result = produce_variant(source, tmp_path / "out.onnx", [("fp16", Options())], feeds=feeds)
+    return result.reports[0].notes, load_model(tmp_path / "out.onnx")
+
+
+def _lstm_weight_types(model: ir.Model) -> set[tuple[str, str]]:
+    """(op writing each LSTM weight input, the dtype of what that op reads) — through Slice/Concat/Unsqueeze."""
+    found = set()
+    for graph in model.graphs():
+        for node in graph:
+            if node.op_type == "LSTM":
+                for value in node.inputs[1:4]:
+                    while value is not None and value.producer() is not None and value.producer().op_type != "Cast":
+                        value = value.producer().inputs[0]
+                    cast = value.producer() if value is not None else None
+                    found.add(("Cast", str(cast.inputs[0].dtype)) if cast else ("weight", str(value.dtype)))
+    return found
+
+
+def test_crnn_lstm_weights_are_stored_fp16_and_widened_at_load(tmp_path):
+    """Issue 11 class 4: ddddocr's recogniser (CNN + LSTM) came out at 0.66x, its LSTM weights fp32."""
+    source = real_model("ddddocr_common")
+    notes, variant = _notes(source, tmp_path)
+    assert _lstm_weight_types(variant) == {("Cast", "FLOAT16")}  # the LSTM itself computes in fp32
+    assert any(n.startswith("3 recurrent weights stored fp16, widened by a Cast at load") for n in notes), notes
+    assert (tmp_path / "out.onnx").stat().st_size <= 0.51 * source.stat().st_size
+
+
+def test_lstm_weights_read_inside_if_branches_are_stored_fp16(tmp_path):
+    """silero VAD slices its main graph's LSTM weights inside If branches."""
+    source = real_model("silero_vad_op15")
+    _, variant = _notes(source, tmp_path, shapes={"input": (1, 512)})
+    assert _lstm_weight_types(variant) == {("Cast", "FLOAT16")}
+    assert (tmp_path / "out.onnx").stat().st_size <= 0.55 * source.stat().st_size
+
+
+def test_an_int8_model_s_report_says_first_why_fp16_is_not_half(tmp_path):
+    source = real_model("minilm_int8")
+    notes, _ = _notes(source, tmp_path)
+    assert notes[0].endswith("are int8: fp16 converts fp32 weights only"), notes[:3]
+
+
+def test_a_transformer_with_shared_weights_is_half_size_in_fp16(tmp_path):
+    """Issue 11 class 4: rxnmap (15 blocks sharing their projections) came out at 0.998x: its "small tensors"
+    rule measured a Transpose of a shared weight as the largest activation."""
+    source = real_model("rxnmap")
+    notes, _ = _notes(source, tmp_path)
+    assert not any(n.startswith("small") or "stay fp32" in n for n in notes), notes[:3]
+    assert (tmp_path / "out.onnx").stat().st_size <= 0.51 * source.stat().st_size

@@ -30,12 +30,23 @@ One place decides it, from two sources:
 * Cost. fp16 pays on big tensors (half the memory traffic, tensor-core MatMuls)
   and big weights (half the file). A node whose float outputs are all tiny next
   to the model's largest activation (:data:`SMALL_SHARE` of its elements, at the
-  calibration shapes) and whose weights are a sliver of the model's
-  (:data:`SMALL_WEIGHT_SHARE`) — a readout on the pooled CLS token, a
-  squeeze-excitation gate — gains nothing measurable from fp16, while its
-  rounding reaches the outputs undamped: it stays fp32 (only the node; its
-  readers may still read it in fp16). Pure data movement (:data:`MOVEMENT_OPS`)
-  costs the same in any precision and follows its input instead.
+  calibration shapes) — a readout on the pooled CLS token, a squeeze-excitation
+  gate — gains nothing measurable from fp16, while its rounding reaches the
+  outputs undamped: it stays fp32 (only the node; its readers may still read it
+  in fp16). Three things keep the rule honest. A weight computed at run time
+  (a Transpose or an Identity of a shared weight) is a weight, not an activation:
+  it is never "the largest activation". Sizes at one calibration shape are
+  only evidence for other shapes when the tensor grows no faster than the
+  largest activation with the model's symbolic dims (attention scores
+  ``[heads, seq, seq]`` are tiny next to ``[seq, 3072]`` at 8 tokens, not at
+  512): when both shapes are known that is checked. And the rule is a cost
+  rule: a node it keeps reads at most :data:`SMALL_WEIGHT_SHARE` of the model's
+  weight bytes (weights read through such run-time copies included), and all the
+  nodes it keeps together at most :data:`SMALL_WEIGHTS_TOTAL` (the smallest first;
+  a weight shared by many nodes counted once), so it can never keep a
+  transformer's projections fp32 and the file nearly full size.
+  Pure data movement (:data:`MOVEMENT_OPS`) costs the same in any precision and
+  follows its input instead.
 
 bf16 has fp32's exponent range: nothing overflows or underflows it, so only the
 op policy applies.
@@ -43,6 +54,8 @@ op policy applies.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,10 +83,12 @@ ACCUMULATING_OPS = frozenset(
     }
 )
 
-#: A node whose float outputs each have at most this share of the largest activation's elements,
-#: and whose weights are at most SMALL_WEIGHT_SHARE of the model's, stays fp32.
+#: A node whose float outputs each have at most this share of the largest activation's elements
+#: stays fp32, as long as all such nodes together hold at most SMALL_WEIGHT_SHARE of the weight bytes.
 SMALL_SHARE = 1 / 64
 SMALL_WEIGHT_SHARE = 1 / 100
+#: All the nodes the cost rule keeps fp32 hold at most this share of the model's weight bytes.
+SMALL_WEIGHTS_TOTAL = 1 / 20
 
 #: Ops that only move or select data: they take the precision of the value they move.
 MOVEMENT_OPS = frozenset(
@@ -219,27 +234,80 @@ class SmallNodes:
         *,
         share: float = SMALL_SHARE,
         weight_share: float = SMALL_WEIGHT_SHARE,
+        weights_total: float = SMALL_WEIGHTS_TOTAL,
     ) -> None:
-        largest = max((r.elements for r in ranges), default=0)
+        self._computed = computed_from_constants(model.graph)
+        activations = [r for r in ranges if r.elements > 0 and r.name not in self._computed]
+        largest = max(activations, key=lambda r: r.elements, default=None)
+        shapes = {v.name: v.shape for v in model.graph.inputs}
+        shapes.update({out.name: out.shape for node in model.graph for out in node.outputs})
         #: measured tensor -> "128 elements, 1/1,176 of the largest activation"
         self.tensors = {
-            r.name: f"{r.elements:,} elements, 1/{largest // r.elements:,} of the largest activation"
-            for r in ranges
-            if 0 < r.elements <= largest * share
+            r.name: f"{r.elements:,} elements, 1/{largest.elements // r.elements:,} of the largest activation"
+            for r in activations
+            if r.elements <= largest.elements * share and _grows_no_faster(shapes.get(r.name), shapes.get(largest.name))
         }
-        total = sum(_weight_bytes(v) for g in model.graphs() for v in g.initializers.values())
-        total += sum(_weight_bytes(n.outputs[0]) for g in model.graphs() for n in g if _is_constant(n))
-        self._weight_limit = total * weight_share
+        self._bytes: dict[ir.Value, int] = {}
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                self._bytes[value] = _weight_bytes(value)
+            for node in graph:
+                if _is_constant(node):
+                    self._bytes[node.outputs[0]] = _weight_bytes(node.outputs[0])
+        total = sum(self._bytes.values())
+        self._node_limit = total * weight_share
+        self.budget = total * weights_total
 
-    def reason(self, node: ir.Node) -> str | None:
+    def is_small(self, node: ir.Node) -> bool:
         if node.op_type in MOVEMENT_OPS and node.domain in ("", "ai.onnx"):
-            return None
+            return False
         floats = [out for out in node.outputs if out.dtype in _FLOATS]
-        if not floats or not all(out.name in self.tensors for out in floats):
-            return None
-        if sum(_weight_bytes(v) for v in node.inputs if v is not None) > self._weight_limit:
-            return None
-        return f"small: {self.tensors[floats[0].name]}"
+        return bool(floats) and all(out.name in self.tensors for out in floats)
+
+    def decide(self, nodes: list[ir.Node]) -> dict[ir.Node, str]:
+        """The nodes of ``nodes`` the rule keeps fp32, with why: small ones reading few weights, the fewest
+        weight bytes first, while all the weights they hold together stay within the budget."""
+        candidates = []
+        for index, node in enumerate(nodes):
+            if self.is_small(node):
+                weights = self.weights(node)
+                size = sum(self._bytes[w] for w in weights)
+                if size <= self._node_limit:
+                    candidates.append((size, index, weights, node))
+        candidates.sort(key=lambda c: c[:2])
+        held: set[ir.Value] = set()
+        spent = 0
+        chosen: dict[ir.Node, str] = {}
+        for _, _, weights, node in candidates:
+            cost = sum(self._bytes[w] for w in weights - held)
+            if spent + cost > self.budget:
+                continue
+            held |= weights
+            spent += cost
+            first = next(out for out in node.outputs if out.dtype in _FLOATS)
+            chosen[node] = f"small: {self.tensors[first.name]}"
+        return chosen
+
+    def weights(self, node: ir.Node) -> set[ir.Value]:
+        return weights_read(node, self._computed)
+
+
+def weights_read(node: ir.Node, computed: set[str]) -> set[ir.Value]:
+    """The float weights ``node`` reads, directly or through the nodes that compute ``computed``
+    (:func:`computed_from_constants`: an Identity or a Transpose of a weight)."""
+    found: set[ir.Value] = set()
+    pending = [v for v in node.inputs if v is not None]
+    seen: set[ir.Value] = set()
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if _weight_bytes(value):
+            found.add(value)
+        elif value.name in computed and value.producer() is not None:
+            pending.extend(v for v in value.producer().inputs if v is not None)
+    return found
 
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
@@ -256,3 +324,45 @@ def _weight_bytes(value: ir.Value) -> int:
         attr = producer.attributes.get("value")
         tensor = attr.value if attr is not None and attr.type == ir.AttributeType.TENSOR else None
     return tensor.nbytes if tensor is not None and tensor.dtype in _FLOATS else 0
+
+
+def computed_from_constants(graph: ir.Graph, outer: Collection[str] = ()) -> set[str]:
+    """Names of the values ``graph`` computes from its weights alone (an Identity, a Transpose of one).
+
+    ``outer``: names of constants (and values computed from them) that a subgraph reads from the
+    graphs around it (an LSTM inside an If branch slicing the main graph's weights).
+    """
+    constant = {v.name for v in graph.initializers.values() if not v.is_graph_input()} | set(outer)
+    computed: set[str] = set()
+    for node in graph:
+        if _is_constant(node):
+            constant.update(out.name for out in node.outputs)
+            continue
+        reads = [v for v in node.inputs if v is not None]
+        subgraphs = any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
+        if reads and not subgraphs and all(v.name in constant or v.name in computed for v in reads):
+            computed.update(out.name for out in node.outputs if out.name)
+    return computed
+
+
+def _grows_no_faster(shape: ir.Shape | None, largest: ir.Shape | None) -> bool:
+    """Whether a tensor's size, as the symbolic dims grow, keeps at most its calibration share of the largest
+    activation's: its symbolic dims are among the largest's. Unknown shapes or dims: the measured sizes decide."""
+    mine, theirs = _symbolic_dims(shape), _symbolic_dims(largest)
+    if mine is None or theirs is None:
+        return True
+    return not (mine - theirs)
+
+
+def _symbolic_dims(shape: ir.Shape | None) -> Counter | None:
+    if shape is None:
+        return None
+    dims: Counter = Counter()
+    for dim in shape:
+        if isinstance(dim, int):
+            continue
+        name = dim.value
+        if not name or name.startswith("unk__"):
+            return None
+        dims[name] += 1
+    return dims

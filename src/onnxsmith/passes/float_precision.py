@@ -93,7 +93,11 @@ class PrecisionResult(ir.passes.PassResult):
     kept_for: dict[ir.Node, str | None] = field(default_factory=dict)
     weights_converted: int = 0
     weight_bytes_saved: int = 0
-    weights_kept: dict[str, str] = field(default_factory=dict)  # weight -> why it stays fp32
+    weights_kept: dict[str, str] = field(default_factory=dict)  # weight -> why it stays fp32 (read in both)
+    #: every float weight left fp32: name -> (bytes, a node reading it in fp32 ("" if none), why)
+    weights_fp32: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    #: weights stored low although read in fp32 (``store_low``): name -> bytes saved; a Cast widens them
+    weights_cast_at_load: dict[str, int] = field(default_factory=dict)
     casts_added: int = 0
     shape_nodes: int = 0
     unknown_ops: list[str] = field(default_factory=list)  # "domain::Op" left fp32
@@ -115,7 +119,9 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
 
     ``keep_fp32`` maps tensor names to the reason they stay fp32. ``policy`` returns
     why a node must stay fp32 regardless (default: the accumulating reductions).
-    Its result (:class:`PrecisionResult`) says what was done.
+    ``store_low`` names weights to store in the low type even where they are read in
+    fp32 (a recurrent cell's, kept fp32 for its arithmetic): a Cast widens them as the
+    model loads. Its result (:class:`PrecisionResult`) says what was done.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         keep_io_types: bool = True,
         limits: Limits | None = None,
         infer: bool = True,
+        store_low: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if dtype not in LOW_TYPES:
@@ -137,6 +144,7 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         self.keep_io_types = keep_io_types
         self.limits = limits or Limits.for_dtype(dtype)
         self.infer = infer  # False: the caller has just run type inference
+        self.store_low = dict(store_low or {})
 
     # ---------------------------------------------------------------- planning
 
@@ -407,15 +415,26 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 needs = {self._required(user, i, value) for user, i in value.uses()} - {None}
                 if value.is_graph_output():
                     needs.add(F32)
-                if needs != {low}:
-                    if low in needs:
-                        self._result.weights_kept[value.name] = "also read in fp32"
+                if not needs:
+                    continue  # read for its shape only, or not at all
+                safe = self._constant_problem(value) is None and value.name not in self.keep_fp32
+                if needs == {low}:
+                    if safe:  # else its readers were kept fp32, and needs would not be {low}
+                        self._store_low(value)
                     continue
-                if self._constant_problem(value) is not None or value.name in self.keep_fp32:
-                    continue  # its readers were kept fp32, so needs would not be {low}
-                self._store_low(value)
+                if safe and needs and value.name in self.store_low and not value.is_graph_output():
+                    saved = self._store_low(value)
+                    self._result.weights_cast_at_load[value.name] = saved
+                    continue
+                if low in needs:
+                    self._result.weights_kept[value.name] = "also read in fp32"
+                if safe:
+                    reader, why = self._why_fp32(value)
+                else:
+                    reader, why = "", self._constant_problem(value) or self.keep_fp32[value.name]
+                self._result.weights_fp32[value.name] = (_weight_tensor(value).nbytes, reader, why)
 
-    def _store_low(self, value: ir.Value) -> None:
+    def _store_low(self, value: ir.Value) -> int:
         low = self.dtype
         tensor = _weight_tensor(value)
         producer = value.producer()
@@ -429,6 +448,29 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         value.dtype = low
         self._result.weights_converted += 1
         self._result.weight_bytes_saved += tensor.nbytes - converted.nbytes
+        return tensor.nbytes - converted.nbytes
+
+    def _why_fp32(self, value: ir.Value) -> tuple[str, str]:
+        """(node, why) for a weight read in fp32: the first fp32 node that reads it and its reason
+        (through data movement and arithmetic on weights, which follow their readers)."""
+        pending, seen = [value], set()
+        while pending:
+            current = pending.pop(0)
+            for user, index in current.uses():
+                if user in seen or self._required(user, index, current) != F32:
+                    continue
+                seen.add(user)
+                label = node_label(user)
+                if label in self._result.kept:
+                    return label, self._result.kept[label]
+                category = self._category.get(user.outputs[0]) if user.outputs else None
+                if category == SHAPE or any(out in self._exact for out in user.outputs):
+                    return label, "shape or index arithmetic"
+                if category == CONST:
+                    pending.extend(out for out in user.outputs if self._orig(out) == F32)
+                    continue
+                return label, f"{user.op_type} reads it in fp32 (type rules)"
+        return "", "a graph output" if value.is_graph_output() else "read in fp32"
 
     def _insert_casts(self) -> None:
         pending: dict[tuple[ir.Value, ir.DataType], list[tuple[ir.Node, int]]] = {}

@@ -50,6 +50,7 @@ def apply_plan(model: ir.Model, plan: Plan, *, infer: bool = True) -> Applied:
         keep_io_types=settings.keep_io_types,
         limits=settings.limits,
         infer=infer,
+        store_low=plan.store_low,
     )(model)
     casts = CastHygienePass()(model).counts
     return Applied(precision, casts)

@@ -1,8 +1,9 @@
 """The precision engine: measure, decide, apply — what ``fp16`` and ``fuse --precision fp16`` both run.
 
-* :func:`measure` runs the model as it is now on the calibration inputs
+* :func:`measured` runs the model as it is now on the calibration inputs
   (:func:`onnxsmith.runtime.ranges.measure_ranges`); measuring the source also gives the
-  gate its reference outputs, so the source is not run twice.
+  gate its reference outputs, so the source is not run twice. While the file is open the
+  engine can measure more on it: what rounding a recurrent cell's weights does.
 * :func:`convert` is ``fp16`` on a measured model: stream decisions, islands
   (:mod:`.plan`), then the passes (:mod:`.apply`).
 * ``fuse --precision fp16`` runs the same decisions in two places:
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,13 @@ import onnx_ir as ir
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.core.transform import ReferenceOutputs, TransformContext
 from onnxsmith.io.files import staging_dir
+from onnxsmith.io.load import load_model
+from onnxsmith.irutil.tensors import lazy_tensor
 from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.walk import constant_tensors
 from onnxsmith.precision.apply import Applied, apply_plan, rescale_streams
-from onnxsmith.precision.plan import Plan, Settings, StreamDecision, decide, decide_streams
+from onnxsmith.precision.plan import Plan, Settings, StreamDecision, check_store_low, decide, decide_streams
+from onnxsmith.runtime import runner
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.runner import FAITHFUL, NATIVE
@@ -48,7 +53,38 @@ class PrecisionRecord:
         return self.applied.precision
 
 
-def measure(model: ir.Model, context: TransformContext, *, edited: bool = False) -> list[TensorRange]:
+@dataclass
+class Measurement:
+    """What was measured on one model file, which stays readable while it is in use (:func:`measured`)."""
+
+    path: Path
+    feeds: list[dict[str, np.ndarray]]
+    ranges: list[TensorRange]
+    #: the model's outputs on ``feeds`` (stacked per output, as runtime.runner.run_all gives them)
+    outputs: dict[str, np.ndarray]
+
+    def outputs_with_weights_rounded(self, names: Collection[str], dtype: ir.DataType) -> dict[str, np.ndarray]:
+        """The outputs on the same inputs with the weights ``names`` rounded to ``dtype`` (nothing else changed)."""
+        model = load_model(self.path)
+        low = dtype.numpy()
+        for const in constant_tensors(model):
+            if const.value.name not in names:
+                continue
+            rounded = lazy_tensor(
+                const.tensor, lambda a: a.astype(low).astype(a.dtype), dtype=const.tensor.dtype, name=const.value.name
+            )
+            if const.node is not None:
+                const.node.attributes["value"] = ir.AttrTensor(
+                    "value", ir.tensor(rounded.numpy(), name=const.value.name)
+                )
+            else:
+                const.value.const_value = rounded
+        session = runner.open_session(model, label=self.path)
+        return runner.run_all(session, model, self.feeds, self.path)
+
+
+@contextlib.contextmanager
+def measured(model: ir.Model, context: TransformContext, *, edited: bool = False) -> Iterator[Measurement]:
     """Every float tensor's range on ``context.feeds``, measured on ``model`` as it is now.
 
     ``edited``: the model was changed since it was loaded (a fused graph), so it is written
@@ -58,10 +94,16 @@ def measure(model: ir.Model, context: TransformContext, *, edited: bool = False)
     outputs: dict[str, np.ndarray] = {}
     with _model_file(model, context, edited) as path:
         ranges = measure_ranges(path, context.feeds, outputs=outputs, derive_movement=True)
-    # After an earlier step of a chain the outputs are that step's, not the source's: not reused.
-    if context.model_is_source and not edited:
-        context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)
-    return ranges
+        # After an earlier step of a chain the outputs are that step's, not the source's: not reused.
+        if context.model_is_source and not edited:
+            context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)
+        yield Measurement(Path(path), context.feeds, ranges, outputs)
+
+
+def measure(model: ir.Model, context: TransformContext, *, edited: bool = False) -> list[TensorRange]:
+    """The ranges of :func:`measured`, when nothing else is to be measured on the file."""
+    with measured(model, context, edited=edited) as measurement:
+        return measurement.ranges
 
 
 @contextlib.contextmanager
@@ -83,20 +125,38 @@ def convert(
     *,
     keep_fp32: dict[str, str] | None = None,
     infer: bool = True,
+    measurement: Measurement | None = None,
 ) -> PrecisionRecord:
     """Convert ``model`` in place to ``settings.dtype`` with fp32 islands, given its measured ``ranges``.
 
-    Runs nothing. ``settings``: what it may do (default: ``fp16``'s defaults). ``keep_fp32`` adds tensors the caller wants kept fp32 (name -> reason);
-    ``infer``: False when the caller has just run :func:`infer_types` on ``model``.
+    ``settings``: what it may do (default: ``fp16``'s defaults). ``keep_fp32`` adds tensors
+    the caller wants kept fp32 (name -> reason); ``infer``: False when the caller has just run
+    :func:`infer_types` on ``model``. ``measurement``: the file ``ranges`` were measured on, to
+    measure what rounding a recurrent cell's weights does (without it they stay fp32).
     """
     settings = settings or Settings()
     if infer:
         infer_types(model)
     streams = decide_streams(model, ranges, settings)
     plan = decide(model, ranges, settings, streams, keep_fp32=keep_fp32)
+    _check_store_low(plan, measurement)
     rescale_streams(model, streams)
     # Rescaling changed constants and attributes only: the types inferred above still hold.
     return PrecisionRecord(ranges, plan, apply_plan(model, plan, infer=False))
+
+
+def _check_store_low(plan: Plan, measurement: Measurement | None) -> None:
+    if not plan.store_low:
+        return
+    if measurement is None:
+        plan.store_low_checked.append(
+            f"{len(plan.store_low)} recurrent weights kept fp32 (their rounding not measured)"
+        )
+        plan.store_low = {}
+        return
+    check_store_low(
+        plan, measurement.outputs, measurement.outputs_with_weights_rounded(plan.store_low, plan.settings.dtype)
+    )
 
 
 def rescale_streams_for_fusion(model: ir.Model, ranges: list[TensorRange]) -> list[StreamDecision]:
@@ -108,9 +168,9 @@ def rescale_streams_for_fusion(model: ir.Model, ranges: list[TensorRange]) -> li
     return streams
 
 
-def convert_fused(model: ir.Model, ranges: list[TensorRange]) -> PrecisionRecord:
+def convert_fused(model: ir.Model, measurement: Measurement) -> PrecisionRecord:
     """``fuse --precision fp16`` after fusing: MatMul, attention, RoPE, BiasGelu in fp16; the residual
-    stream, the normalisations and the per-sample tail fp32. ``ranges``: the fused graph's, measured."""
-    settings = Settings.for_fused_graph()
-    plan = decide(model, ranges, settings)
-    return PrecisionRecord(ranges, plan, apply_plan(model, plan))
+    stream, the normalisations and the per-sample tail fp32. ``measurement``: the fused graph's."""
+    plan = decide(model, measurement.ranges, Settings.for_fused_graph())
+    _check_store_low(plan, measurement)
+    return PrecisionRecord(measurement.ranges, plan, apply_plan(model, plan))

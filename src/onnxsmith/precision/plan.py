@@ -22,17 +22,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.analysis.precision_policy import (
     DEFAULT_HEADROOM,
+    RECURRENT_OPS,
     Limits,
     SmallNodes,
     Unsafe,
+    computed_from_constants,
     policy_reason,
     unsafe_activations,
+    weights_read,
 )
+from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes.residual_rescale import ResidualStream, choose_scale, find_residual_streams
@@ -106,6 +111,10 @@ class Plan:
     node_reasons: dict[ir.Node, str] = field(default_factory=dict)
     #: tensors the cost rule found small, with the numbers (the islands table shows them)
     small: dict[str, str] = field(default_factory=dict)
+    #: weights stored in the low type although read in fp32, widened by a Cast at load -> why
+    store_low: dict[str, str] = field(default_factory=dict)
+    #: what measuring those weights rounded showed, one line each (why some are kept fp32 after all)
+    store_low_checked: list[str] = field(default_factory=list)
 
     @property
     def scaled(self) -> dict[str, float]:
@@ -180,26 +189,89 @@ def decide(
     for name, unsafe in plan.unsafe.items():
         keep.setdefault(name, unsafe.reason)
     plan.keep_fp32 = keep
-    small = SmallNodes(model, ranges) if settings.small_fp32 else None
-    plan.small = small.tensors if small else {}
     tail = _per_sample_tail(model) if settings.tail_fp32 else set()
+    rest = []
     for graph in model.graphs():
         for node in graph:
-            reason = _node_reason(node, settings, tail, small)
+            reason = _node_reason(node, settings, tail)
             if reason is not None:
                 plan.node_reasons[node] = reason
+            else:
+                rest.append(node)
+    if settings.small_fp32:
+        small = SmallNodes(model, ranges)
+        plan.small = small.tensors
+        plan.node_reasons.update(small.decide(rest))
+    plan.store_low = _recurrent_weights(model)
     return plan
 
 
-def _node_reason(node: ir.Node, settings: Settings, tail: set[ir.Node], small: SmallNodes | None) -> str | None:
+def _recurrent_weights(model: ir.Model) -> dict[str, str]:
+    """The weights of recurrent cells (kept fp32 by policy): they may be stored in the low type.
+
+    The policy keeps an LSTM's arithmetic fp32 (its state compounds rounding step after step;
+    onnxruntime's CPU LSTM is fp32 only), not its weights: rounded once, as every converted
+    weight is, they halve the file. :func:`check_store_low` decides from the measured effect.
+    """
+    outer = {v.name for g in model.graphs() for v in g.initializers.values() if not v.is_graph_input()}
+    computed: set[str] = set()
+    for graph in model.graphs():  # a graph before its subgraphs
+        computed |= computed_from_constants(graph, outer | computed)
+    found: dict[str, str] = {}
+    for graph in model.graphs():
+        for node in graph:
+            if node.op_type in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
+                for weight in sorted(weights_read(node, computed), key=lambda v: v.name):
+                    found.setdefault(weight.name, f"a weight of {node.op_type} '{node_label(node)}'")
+    return found
+
+
+#: Rounding weights to the low type is accepted when it moves no output by more than this share
+#: of the output's largest |value| (fp16's unit roundoff, 2**-11): less than storing the output
+#: itself in fp16 would.
+STORE_LOW_BUDGET = {ir.DataType.FLOAT16: 2.0**-11, ir.DataType.BFLOAT16: 2.0**-8}
+
+
+def check_store_low(plan: Plan, reference: dict[str, np.ndarray], rounded: dict[str, np.ndarray]) -> None:
+    """Keep the plan's ``store_low`` weights only if rounding them moved the outputs less than the budget.
+
+    ``reference``: the outputs measured on the calibration inputs; ``rounded``: the same with the
+    ``store_low`` weights rounded to the low type (and nothing else changed).
+    """
+    budget = STORE_LOW_BUDGET[plan.settings.dtype]
+    worst = ""
+    for name, ref in reference.items():
+        if name not in rounded or ref.dtype.kind != "f":
+            continue
+        ref64, got64 = ref.astype(np.float64), rounded[name].astype(np.float64)
+        finite = np.isfinite(ref64)
+        scale = float(np.abs(ref64[finite]).max()) if finite.any() else 0.0
+        moved = float(np.abs(got64 - ref64)[finite].max()) if finite.any() else 0.0
+        if not np.isfinite(got64[finite]).all() or moved > budget * scale:
+            worst = f"output '{name}' moved by {moved:.3g} (> {budget:.2g} x {scale:.3g})"
+            break
+    count = len(plan.store_low)
+    if worst:
+        plan.store_low_checked.append(f"{count} recurrent weights kept fp32: rounding them {worst}")
+        plan.store_low = {}
+    else:
+        plan.store_low_checked.append(
+            f"{count} recurrent weights stored {low_name(plan.settings.dtype)}, widened by a Cast at load "
+            f"(rounding them moved no output by more than {budget:.2g} of its range)"
+        )
+
+
+def low_name(dtype: ir.DataType) -> str:
+    return {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}.get(dtype, dtype.name.lower())
+
+
+def _node_reason(node: ir.Node, settings: Settings, tail: set[ir.Node]) -> str | None:
+    """Why ``node`` computes in fp32 by op (the policy, a fused graph's norms and tail), or None."""
     if settings.fused and node.op_type in FUSED_NORM_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
         return NORM_REASON
     if node in tail:
         return TAIL_REASON
-    reason = policy_reason(node)
-    if reason is None and small is not None:
-        reason = small.reason(node)
-    return reason
+    return policy_reason(node)
 
 
 def _skip_stream(model: ir.Model) -> list[str]:

@@ -13,12 +13,7 @@ import onnx_ir as ir
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.unionfind import UnionFind
 from onnxsmith.precision.engine import PrecisionRecord
-from onnxsmith.precision.plan import WRITER_REASON, StreamDecision
-
-
-def low_name(dtype: ir.DataType) -> str:
-    return {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}.get(dtype, dtype.name.lower())
-
+from onnxsmith.precision.plan import WRITER_REASON, StreamDecision, low_name
 
 # ------------------------------------------------------------------ fp16
 
@@ -63,6 +58,7 @@ def conversion_notes(record: PrecisionRecord) -> list[str]:
         f"({precision.weight_bytes_saved / 2**20:.1f} MB saved)"
         + (f"; {len(precision.weights_kept)} kept fp32 (also read in fp32)" if precision.weights_kept else "")
     )
+    notes.extend(plan.store_low_checked)
     notes.append(f"casts: {precision.casts_added} inserted at island borders; {casts.describe()}")
     if precision.unknown_ops:
         notes.append(f"left fp32 (type rules unknown): {', '.join(sorted(set(precision.unknown_ops)))}")
@@ -84,6 +80,48 @@ def conversion_stats(record: PrecisionRecord) -> dict:
             {"values": len(d.stream.values), "peak": d.peak, "scale": d.scale, "note": d.note} for d in plan.streams
         ],
     }
+
+
+#: The weights count as "about half" when they are at most this share of the source's.
+ABOUT_HALF = 0.55
+
+
+def why_not_more(record: PrecisionRecord, before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Why the weights are not about half the source's (the report's first lines), or nothing.
+
+    ``before``/``after``: weight bytes by dtype name ("float", "float16", "int8", ...) of the
+    source and the variant. Said in bytes, biggest first: weights of a type the conversion does
+    not touch (an int8 model), then fp32 weights by the kind of reason that keeps their readers fp32.
+    """
+    total = sum(before.values())
+    if not total or sum(after.values()) <= ABOUT_HALF * total:
+        return []
+    low = low_name(record.precision.dtype)
+    lines = [
+        f"{_mb(nbytes)} of the weights ({nbytes / total:.0%}) are {dtype}: {low} converts fp32 weights only"
+        for dtype, nbytes in sorted(before.items(), key=lambda kv: (-kv[1], kv[0]))
+        if dtype != "float" and nbytes >= total / 100
+    ]
+    readers = {node_label(n): n for n in record.precision.kept_nodes}
+    groups: dict[str, list] = {}
+    for nbytes, reader, why in record.precision.weights_fp32.values():
+        kind = island_kind(record, readers[reader]) if reader in readers else why
+        group = groups.setdefault(kind, [0, 0, reader, why])
+        group[0] += nbytes
+        group[1] += 1
+    # Kinds that hold under 1 % of the weights explain nothing about the size.
+    ranked = sorted(((k, g) for k, g in groups.items() if g[0] >= total / 100), key=lambda kv: (-kv[1][0], kv[0]))
+    for kind, (nbytes, count, reader, why) in ranked[:3]:
+        where = f" ('{reader}': {why})" if reader and kind != why else ""
+        lines.append(f"{_mb(nbytes)} of fp32 weights ({nbytes / total:.0%}, {count}) stay fp32: {kind}{where}")
+    if len(ranked) > 3:
+        rest = sum(g[0] for _, g in ranked[3:])
+        lines.append(f"{_mb(rest)} more stay fp32 for {len(ranked) - 3} other kinds of reason (see the fp32 islands)")
+    return lines
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
 
 
 # ------------------------------------------------------------------ fuse --precision fp16
@@ -113,6 +151,7 @@ def fused_conversion_notes(record: PrecisionRecord) -> list[str]:
         f"{len(precision.kept)} stay fp32 (residual stream, normalisations"
         + (f", {len(unsafe)} tensors measured out of fp16's range" if unsafe else "")
         + ")",
+        *record.plan.store_low_checked,
         f"casts: {precision.casts_added} inserted; {record.applied.casts.describe()}",
     ]
 
@@ -120,27 +159,29 @@ def fused_conversion_notes(record: PrecisionRecord) -> list[str]:
 # ------------------------------------------------------------------ the islands table
 
 
+def island_kind(record: PrecisionRecord, node: ir.Node) -> str:
+    """What kind of reason keeps ``node`` fp32: "residual stream", "over range", "LSTM policy", ..."""
+    plan, precision = record.plan, record.precision
+    tensor = precision.kept_for.get(node)
+    if tensor is None:
+        reason = precision.kept[node_label(node)]
+        return "small tensors" if reason.startswith("small") else reason.split(" ")[0] + " policy"
+    if any(tensor == v.name for d in plan.streams for v in d.stream.values):
+        return "residual stream"
+    if plan.keep_fp32.get(tensor, "").startswith(WRITER_REASON):
+        return "stream writer"
+    if tensor in plan.unsafe:
+        return "over range" if "max |x|" in plan.unsafe[tensor].reason else "underflow"
+    return "constant out of range" if tensor not in plan.keep_fp32 else "kept by caller"
+
+
 def islands_table(record: PrecisionRecord) -> list[dict]:
     """The fp32 islands: connected groups of fp32 nodes kept for the same kind of reason."""
     plan, precision = record.plan, record.precision
     small = plan.small
     stream_peak = {v.name: d for d in plan.streams for v in d.stream.values}
-
-    def kind(node: ir.Node) -> str:
-        tensor = precision.kept_for.get(node)
-        if tensor is None:
-            reason = precision.kept[node_label(node)]
-            return "small tensors" if reason.startswith("small") else reason.split(" ")[0] + " policy"
-        if tensor in stream_peak:
-            return "residual stream"
-        if plan.keep_fp32.get(tensor, "").startswith(WRITER_REASON):
-            return "stream writer"
-        if tensor in plan.unsafe:
-            return "over range" if "max |x|" in plan.unsafe[tensor].reason else "underflow"
-        return "constant out of range" if tensor not in plan.keep_fp32 else "kept by caller"
-
     kept = precision.kept_nodes
-    kinds = {node: kind(node) for node in kept}
+    kinds = {node: island_kind(record, node) for node in kept}
     islands = UnionFind(kept)
     for node in kept:
         for value in node.outputs:

@@ -103,10 +103,8 @@ class Fp16(Transform):
         infer_types(model)
         _check_convertible(model, source, dtype)
         casts_before = count_casts(model)
-        weight_bytes_before = _float_weight_bytes(model)
+        weight_bytes_before = _weight_bytes(model)
         context.progress(f"fp16: measuring activation ranges on {len(context.feeds)} input set(s)")
-        ranges = engine.measure(model, context)
-        context.progress("fp16: converting")
         settings = Settings(
             dtype=dtype,
             headroom=options.headroom,
@@ -115,7 +113,9 @@ class Fp16(Transform):
             small_fp32=options.small_fp32,
             keep_io_types=options.keep_io_types,
         )
-        record = engine.convert(model, ranges, settings, infer=False)
+        with engine.measured(model, context) as measurement:
+            context.progress("fp16: converting")
+            record = engine.convert(model, measurement.ranges, settings, infer=False, measurement=measurement)
         streams = record.plan.streams
         if options.rescale_residual and not any(d.scale != 1.0 for d in streams):
             found = [d.note for d in streams if d.note]
@@ -153,20 +153,24 @@ def _check_convertible(model: ir.Model, path, dtype: ir.DataType) -> None:
     raise InputError("has no fp32 tensors to convert", path)
 
 
-def _float_weight_bytes(model: ir.Model) -> dict[str, int]:
+def _weight_bytes(model: ir.Model) -> dict[str, int]:
+    """Weight bytes by dtype name ("float", "float16", "int8", ...)."""
     sizes: Counter = Counter()
     for const in constant_tensors(model):
-        if const.tensor.dtype in FLOAT_TYPES:
-            sizes[const.tensor.dtype.name.lower()] += const.tensor.nbytes
+        sizes[const.tensor.dtype.name.lower()] += const.tensor.nbytes
     return dict(sizes)
 
 
 def _report(name, options, model, record: PrecisionRecord, casts_before, weights_before) -> StepReport:
     report = StepReport(step=name, options=to_json(options))
+    weights_after = _weight_bytes(model)
+    # Why the file is not about half its source's: the report's first lines (StepReport.why_not_more
+    # once the release headline reads it).
+    why_not_more = precision_report.why_not_more(record, weights_before, weights_after)
+    report.notes.extend(why_not_more)
     report.notes.extend(precision_report.conversion_notes(record))
     precision = record.precision
     low = precision_report.low_name(precision.dtype)
-    weights_after = _float_weight_bytes(model)
     report.stats = {
         "before_after": {
             "Casts": (casts_before, count_casts(model)),
@@ -179,6 +183,7 @@ def _report(name, options, model, record: PrecisionRecord, casts_before, weights
             ),
         },
         **precision_report.conversion_stats(record),
+        "why_not_more": why_not_more,
     }
     report.tables["fp32 islands"] = precision_report.islands_table(record)
     return report

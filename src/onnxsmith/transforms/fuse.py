@@ -154,9 +154,10 @@ class Fuse(Transform):
                 )
         if options.precision == "fp16":
             context.progress("fuse: measuring activation ranges of the fused graph")
-            ranges = engine.measure(model, context, edited=True)
-            context.progress("fuse: converting to fp16")
-            report.notes.extend(precision_report.fused_conversion_notes(engine.convert_fused(model, ranges)))
+            with engine.measured(model, context, edited=True) as measurement:
+                context.progress("fuse: converting to fp16")
+                record = engine.convert_fused(model, measurement)
+            report.notes.extend(precision_report.fused_conversion_notes(record))
         DeduplicateInitializersPass()(model)
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)  # onnxscript's private fusion domain
