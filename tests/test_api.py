@@ -18,14 +18,15 @@ import onnxruntime as ort
 import pytest
 
 import onnxsmith
+from onnxsmith.cli.main import main
 from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.io.files import STAGING_PREFIX, sha256_file
 from onnxsmith.io.save import PROVENANCE_KEY
 from onnxsmith.verify.compare import Comparison
 from tests.conftest import FIXTURES
-from tests.support.lm_models import gpt2_folder
+from tests.support.lm_models import TEXT, gpt2_folder
 from tests.support.models import mlp
-from tests.support.release import recipe_text, save_toy_faceage
+from tests.support.release import EXAMPLE, recipe_text, save_toy_faceage
 from tests.support.surgery_models import chain, hitnet_bloat
 
 FACEAGE = FIXTURES / "faceage_dynamo.onnx"
@@ -33,6 +34,17 @@ FACEAGE = FIXTURES / "faceage_dynamo.onnx"
 
 def _staging(folder: Path) -> list[Path]:
     return sorted(folder.glob(STAGING_PREFIX + "*"))
+
+
+@pytest.fixture
+def run_main_json(capsys):
+    """``onnxsmith ARGS --json`` in-process: what it printed, parsed."""
+
+    def call(*args):
+        assert main([str(a) for a in args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    return call
 
 
 @pytest.fixture(scope="module")
@@ -242,19 +254,95 @@ def test_quantize_stages_the_folder_and_saves_it(tmp_path):
     assert _staging(tmp_path) == []
 
 
-def test_build_makes_the_release_with_headlines_on_the_card(tmp_path):
+def test_build_makes_the_release_with_headlines_on_the_card_and_card_rewrites_it(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     source = save_toy_faceage(project / "toy.onnx")
     recipe = project / "recipe.toml"
-    recipe.write_text(recipe_text(source, '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n'))
+    variants = '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n'
+    recipe.write_text(recipe_text(source, variants, card='[card]\ntitle = "First title"\n'))
     result = onnxsmith.build(recipe, tmp_path / "release", bench=False)
     assert result.ok and result.out == tmp_path / "release"
     [variant] = json.loads((result.out / "measurements.json").read_text())["variants"]
     card = (result.out / "README.md").read_text()
     first = variant["headline"][0]
-    assert first.startswith("fp16: ") and f"**{first}**" in card
+    assert first.startswith("fp16: ") and f"**{first}**" in card and "First title" in card
     assert card.index(first) < card.index(variant["steps"][0]["notes"][0])  # the headline comes first
+
+    recipe.write_text(recipe_text(source, variants, card='[card]\ntitle = "Second title"\n'))
+    record = onnxsmith.card(result.out, recipe=recipe)
+    card = (result.out / "README.md").read_text()
+    assert record.path == result.out / "README.md" and record.sha256 == sha256_file(record.path)
+    assert "Second title" in card and "First title" not in card and f"**{first}**" in card
+    (result.out / "half.onnx").write_bytes(b"changed")
+    with pytest.raises(UsageError, match="changed since the build"):
+        onnxsmith.card(result.out)
+
+
+def test_inspect_is_the_commands_summary(save_proto, run_main_json):
+    source = save_proto(mlp(), "mlp.onnx")
+    summary = onnxsmith.inspect(ir.serde.deserialize_model(mlp()), top=2)
+    assert summary.node_count == 5 and [i["name"] for i in summary.inputs] == ["x"] and len(summary.largest) == 2
+    assert summary.largest[0].name == "w1"  # 8x16 floats, the largest
+    assert run_main_json("inspect", source, "--top", "2", "--json") == json.loads(
+        json.dumps(onnxsmith.inspect(source, top=2).to_json())
+    )
+
+
+def test_validate_judges_a_variant_on_a_tasks_data(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    with onnxsmith.fp16(source) as variant:
+        validation = onnxsmith.validate(source, variant, task="generic", samples=3)
+        assert validation.passed and validation.samples == 3 and validation.task == "generic"
+        assert validation.reference == "mlp.onnx" and validation.modes["candidate"] != "native"
+        cosine = next(m for m in validation.metrics if m.name == "min_cosine")
+        assert cosine.gate == 0.999 and 0.999 < cosine.value <= 1.0
+        strict = onnxsmith.validate(source, variant, task="generic", gates={"max_abs": 1e-9})
+        assert not strict.passed and any("max |Δ|" in line for line in strict.failures())
+    with pytest.raises(UsageError, match="task 'generic' has no metric 'max_age'"):
+        onnxsmith.validate(source, source, task="generic", gates={"max_age": 1})
+    with pytest.raises(TypeError, match="unknown keyword 'boxes'"):
+        onnxsmith.validate(source, source, task="generic", boxes="boxes.txt")
+
+
+def test_predict_answers_for_one_face(tmp_path, run_main_json):
+    source = save_toy_faceage(tmp_path / "toy.onnx")
+    image = EXAMPLE / "images" / "astronaut.png"
+    prediction = onnxsmith.predict(source, image, task="faceage", box=(180, 70, 95, 94))
+    assert 0 < prediction["age"] < 100 and prediction["gender"] in ("female", "male") and prediction["run"]
+    assert prediction == run_main_json("predict", "--task", "faceage", source, image, "--box", "180,70,95,94", "--json")
+    assert onnxsmith.predict(source, image, box=(0, 0, 95, 94))["age"] != prediction["age"]
+    with pytest.raises(UsageError, match="positive width and height"):
+        onnxsmith.predict(source, image, box=(1, 2, 0, 4))
+    with pytest.raises(UsageError, match="task 'generic' cannot predict"):
+        onnxsmith.predict(source, image, task="generic")
+
+
+def test_eval_lm_scores_models_on_text():
+    source = gpt2_folder() / "onnx" / "model.onnx"
+    scored = onnxsmith.eval_lm([source, source], TEXT, window=32, max_windows=2)
+    assert (scored.windows, scored.window, scored.reference) == (2, 32, "model.onnx")
+    reference, same = scored.scores
+    assert reference.kl is None and reference.tokens == same.tokens == 2 * 31
+    assert same.kl == pytest.approx(0.0, abs=1e-6) and same.top1 == 1.0 and same.loss == reference.loss
+    assert scored.to_json()["scores"][1]["top1"] == 1.0
+
+
+def test_bench_measures_each_model_and_says_what_it_could_not(tmp_path, save_proto):
+    source = save_proto(mlp(), "mlp.onnx")
+    other = tmp_path / "other"
+    other.mkdir()
+    twin = save_proto(mlp(seed=1), "other/mlp.onnx")
+    config = {"session.disable_quant_qdq": "1"}
+    run = onnxsmith.bench([source, twin], batch=[1, 3], runs=2, warmup=0, session_config=config)
+    assert [r.name for r in run.results] == [str(source), str(twin)]  # two files of one name: their paths
+    assert all([b.batch for b in r.batches] == [1, 3] and r.session_config == config for r in run.results)
+    assert all(b.runs == 2 and b.median_ms > 0 for r in run.results for b in r.batches)
+    assert not run.failures and run.shortfall() == ""
+    with pytest.raises(UsageError, match="runs must be >= 1"):
+        onnxsmith.bench([source], runs=0)
+    with pytest.raises(UsageError, match=r"a list of \.onnx files"):
+        onnxsmith.bench(source)
 
 
 def test_transform_runs_any_registered_transform_by_name(save_proto):

@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.core.transform import StepReport
@@ -47,10 +48,23 @@ from onnxsmith.io.files import FileRecord, PrivateFolder, write_text_atomic
 from onnxsmith.io.load import files_read_by, load_model, source_files
 from onnxsmith.io.paths import check_outputs as _check_outputs
 from onnxsmith.io.save import save_model
+from onnxsmith.irutil.types import infer_types
+from onnxsmith.release.bench import PROVIDERS, BenchRun, BenchSettings, bench_models
 from onnxsmith.release.extract import make_piece
 from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
+from onnxsmith.release.validate import TaskRun, Validation, check_gates
 from onnxsmith.release.variant import SourceInfo, StagedVariant, make_variant
-from onnxsmith.runtime.inputs import DEFAULT_SEED, input_specs, load_input_sets, parse_shape_options, random_inputs
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import (
+    DEFAULT_SEED,
+    adapt_feeds,
+    input_specs,
+    load_input_sets,
+    parse_shape_options,
+    random_inputs,
+)
+from onnxsmith.runtime.runner import prepare_session
+from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
 from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare_models
@@ -486,11 +500,171 @@ def check_outputs(
 
 
 # ---------------------------------------------------------------------------------------------
+# Looking at models: what they are, what they predict, how fast they run, how well they score
+
+
+def inspect(model: ModelLike, *, top: int = 10) -> ModelSummary:
+    """What a model is made of and what looks wrong with it (``onnxsmith inspect``).
+
+    A :class:`~onnxsmith.analysis.summary.ModelSummary`: IR version, opsets, inputs and outputs,
+    ops, parameters and bytes by dtype, the ``top`` largest tensors, warnings; ``to_json()``.
+    """
+    with _Source(model) as source:
+        loaded = load_model(source.path)
+        infer_types(loaded)  # shapes let the warnings size computed tensors
+        return summarize(loaded, top=top, file_bytes=source.path.stat().st_size)
+
+
+def validate(
+    source: ModelLike,
+    variant: ModelLike | Variant,
+    *,
+    task: str,
+    gates: Mapping[str, float] | None = None,
+    fp16_mode: str = "auto",
+    progress: Progress = _quiet,
+    **options,
+) -> Validation:
+    """``variant`` judged against ``source`` on a task's data (``onnxsmith validate``).
+
+    ``task``: "faceage", "lm" or "generic"; its options as keywords (``data``,
+    ``limit``, ...); ``gates``: bounds on its metrics (``{"max_abs_age_error": 0.1}``), replacing
+    the task's defaults for those metrics. ``validation.passed`` is the verdict, ``failures()`` why.
+    """
+    task_obj = get_task(task)
+    settings = _options(task_obj.Options, options, "validate", _VALIDATE_PARAMETERS)
+    bounds = check_gates(task_obj, dict(gates or {}))
+    with _Source(source) as ref, _Source(variant) as cand:
+        run = TaskRun(task_obj, settings, ref.path, fp16_mode=fp16_mode, progress=progress)
+        validation = run.validate(cand.path, bounds, name=cand.name)
+    return dataclasses.replace(validation, reference=ref.name)
+
+
+def predict(
+    model: ModelLike,
+    image: str | os.PathLike,
+    *,
+    task: str = "faceage",
+    box: tuple[float, float, float, float] | None = None,
+    fp16_mode: str = "auto",
+    **options,
+) -> dict[str, Any]:
+    """One prediction, for checking by hand (``onnxsmith predict``): the task's answer for ``image``.
+
+    ``box``: the face as (x, y, width, height) in pixels (None: the image is the crop). For
+    faceage: ``{"age", "gender", "p", "run"}``; ``run`` says how the model was run.
+    """
+    task_obj = get_task(task)
+    if not hasattr(task_obj, "predict_feeds"):
+        raise UsageError(f"task '{task_obj.name}' cannot predict from an image")
+    if box is not None and (len(box) != 4 or box[2] <= 0 or box[3] <= 0):
+        raise UsageError(f"box {box}: expected (x, y, width, height) with a positive width and height")
+    settings = _options(task_obj.Options, options, "predict", _PREDICT_PARAMETERS)
+    with _Source(model) as source:
+        feeds = task_obj.predict_feeds(load_model(source.path), image, box, settings)
+        session, loaded, mode = prepare_session(source.path, fp16_mode)
+        outputs = runner.run(session, adapt_feeds(feeds, loaded), label=source.path)
+    return {**task_obj.decode(outputs, settings)[0], "run": mode}
+
+
+def eval_lm(
+    models: Sequence[str | os.PathLike],
+    text: str | os.PathLike,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    window: int = lm.DEFAULT_WINDOW,
+    max_windows: int | None = None,
+    threads: int | None = None,
+    session_config: Mapping[str, str] | None = None,
+    progress: Progress = _quiet,
+) -> lm.TextScores:
+    """Language models' loss, perplexity, KL and top-1 agreement on held-out text (``onnxsmith eval-lm``).
+
+    The first model is the reference; the text (a UTF-8 file) is tokenized with ``tokenizer``
+    (default: the first model's folder's tokenizer.json) into windows of ``window`` tokens.
+    ``session_config``: onnxruntime session config entries every model gets.
+    """
+    if isinstance(models, (str, os.PathLike)):
+        raise UsageError("eval_lm(): models is a list of .onnx files, the first the reference")
+    return lm.score_text(
+        list(models),
+        text,
+        tokenizer=tokenizer,
+        window=window,
+        max_windows=max_windows,
+        threads=threads,
+        session_config=dict(session_config or {}),
+        progress=progress,
+    )
+
+
+def bench(
+    models: Sequence[str | os.PathLike],
+    *,
+    batch: Sequence[int] = (1,),
+    provider: str = "cpu",
+    runs: int = 20,
+    warmup: int = 3,
+    threads: int | None = None,
+    shape: Shape | None = None,
+    session_config: Mapping[str, str] | None = None,
+    progress: Progress = _quiet,
+) -> BenchRun:
+    """Latency per batch size, throughput, session load time and peak memory (``onnxsmith bench``).
+
+    Each model runs in its own process. ``shape``: sizes of symbolic dims other than the batch.
+    A model that cannot be benchmarked (or a batch size it cannot take) is in the result's
+    ``failures`` (``shortfall()`` in one line); the others are measured.
+    """
+    if isinstance(models, (str, os.PathLike)):
+        raise UsageError("bench(): models is a list of .onnx files")
+    if runs < 1 or warmup < 0:
+        raise UsageError("runs must be >= 1 and warmup >= 0")
+    if not batch or any(not isinstance(b, int) or b < 1 for b in batch):
+        raise UsageError(f"batch sizes must be positive integers, not {list(batch)}")
+    if provider not in PROVIDERS:
+        raise UsageError(f"provider must be one of {', '.join(sorted(PROVIDERS))}, not '{provider}'")
+    _shape(shape)  # checked here, given to each model's process as text
+    settings = BenchSettings(
+        batches=list(batch), provider=provider, runs=runs, warmup=warmup, threads=threads, shape=_shape_items(shape)
+    )
+    files_read_by(*models)  # a file that is no model is refused before any work
+    names = [Path(m).name for m in models]
+    if len(set(names)) != len(names):  # two files of one name in different folders
+        names = [str(m) for m in models]
+    config = dict(session_config or {})
+    return bench_models([(n, m, config) for n, m in zip(names, models)], settings, progress=progress)
+
+
+def card(release: str | os.PathLike, *, recipe: str | os.PathLike | None = None) -> FileRecord:
+    """Write a release's README.md again from its measurements.json (``onnxsmith card``).
+
+    The files it pins are re-hashed first (a changed one is refused). ``recipe``: take the
+    title, description, homepage and license from this (possibly edited) recipe's [card].
+    """
+    from onnxsmith.release.build import rewrite_card  # matplotlib & co: only when writing
+    from onnxsmith.release.recipe import load_recipe
+
+    fields = None
+    if recipe is not None:
+        loaded = load_recipe(recipe)
+        fields = {
+            "title": loaded.card.title or loaded.source.stem,
+            "description": loaded.card.description,
+            "homepage": loaded.card.homepage,
+            "license": loaded.license_text(),
+        }
+    return rewrite_card(Path(release), fields)
+
+
+# ---------------------------------------------------------------------------------------------
 # Arguments
 
 #: Each call's own keywords (shown beside the options when one is unknown).
 _TRANSFORM_PARAMETERS = ("feeds", "samples", "seed", "shape", "atol", "rtol", "external_data", "out", "progress")
 _QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "progress")
+_VALIDATE_PARAMETERS = ("task", "gates", "fp16_mode", "progress")
+_PREDICT_PARAMETERS = ("task", "box", "fp16_mode")
 
 
 def _options(options_cls, given: dict[str, Any], call: str, parameters: tuple[str, ...]):
@@ -573,6 +747,18 @@ def _shape(shape: Shape | None) -> tuple[dict[str, tuple[int, ...]], dict[str, i
                 f"shape: '{name}' must be a size (a named dim) or a tuple of sizes (an input), not {value!r}"
             )
     return shapes, dims
+
+
+def _shape_items(shape: Shape | None) -> list[str]:
+    """A shape as the CLI's strings (``x:1,3,224,224``, ``batch=2``): what a benchmark process reads."""
+    if shape is None:
+        return []
+    if not isinstance(shape, Mapping):
+        return list(shape)
+    return [
+        f"{name}={value}" if isinstance(value, (int, np.integer)) else f"{name}:{','.join(str(d) for d in value)}"
+        for name, value in shape.items()
+    ]
 
 
 class _Source:

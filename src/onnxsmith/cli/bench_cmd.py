@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from onnxsmith.cli.common import err, out
+from onnxsmith import api
+from onnxsmith.cli.common import err, out, session_config
 from onnxsmith.cli.release_tables import bench_table
-from onnxsmith.core.errors import Incomplete, InputError, UsageError
+from onnxsmith.core.errors import Incomplete, InputError
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.io.load import files_read_by
-from onnxsmith.io.paths import check_outputs
-from onnxsmith.release.bench import PROVIDERS, BenchSettings, bench_models
+from onnxsmith.release.bench import PROVIDERS
 
 
 def _batches(text: str) -> list[int]:
@@ -64,28 +62,28 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.runs < 1 or args.warmup < 0:
-        raise UsageError("--runs must be >= 1 and --warmup >= 0")
-    config = {}
-    for item in args.session_config:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--session-config {item}: expected KEY=VALUE")
-        config[key] = value
-    check_outputs([args.json, args.plot], protect=files_read_by(*args.models))  # a file that is no model: exit 2
-    names = [Path(m).name for m in args.models]
-    if len(set(names)) != len(names):  # two files of one name in different folders
-        names = list(args.models)
-    settings = BenchSettings(
-        batches=args.batch,
-        provider=args.provider,
-        runs=args.runs,
-        warmup=args.warmup,
-        threads=args.threads,
-        shape=args.shape or [],
-    )
+    config = session_config(args.session_config)
+    settings = {
+        "batches": args.batch,
+        "provider": args.provider,
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "shape": args.shape or [],
+    }
+    api.check_outputs([args.json, args.plot], sources=args.models)  # a file that is no model: exit 2
     with err.status("") as status:
-        run = bench_models([(n, m, config) for n, m in zip(names, args.models)], settings, progress=status.update)
+        run = api.bench(
+            args.models,
+            batch=args.batch,
+            provider=args.provider,
+            runs=args.runs,
+            warmup=args.warmup,
+            threads=args.threads,
+            shape=args.shape,
+            session_config=config,
+            progress=status.update,
+        )
     if not run.results:
         only = run.failures[0] if len(run.failures) == 1 else None
         raise InputError(only.reason, only.path) if only else InputError(run.shortfall())
@@ -93,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     for note in run.notes():
         out.print(note, markup=False, soft_wrap=True)
     if args.json:
-        write_text_atomic(args.json, json.dumps({"settings": vars(settings), **run.to_json()}, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps({"settings": settings, **run.to_json()}, indent=1) + "\n")
     if args.plot:
         from onnxsmith.release import plots  # matplotlib: only when plotting
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from onnxsmith import api
 from onnxsmith.cli.common import out
 
 
@@ -21,18 +22,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onnxsmith.release.build import rewrite_card  # matplotlib & co: only when writing
-    from onnxsmith.release.recipe import load_recipe
-
-    fields = None
-    if args.recipe:
-        recipe = load_recipe(args.recipe)
-        fields = {
-            "title": recipe.card.title or recipe.source.stem,
-            "description": recipe.card.description,
-            "homepage": recipe.card.homepage,
-            "license": recipe.license_text(),
-        }
-    record = rewrite_card(Path(args.release), fields)
+    record = api.card(Path(args.release), recipe=args.recipe)
     out.print(f"wrote {record.path} ({record.bytes:,} bytes)")
     return 0

@@ -49,5 +49,16 @@ def input_keywords(args: argparse.Namespace) -> dict:
     return {"feeds": feeds, "samples": args.samples, "seed": args.seed, "shape": args.shape}
 
 
+def session_config(items: list[str] | None) -> dict[str, str]:
+    """``--session-config KEY=VALUE`` (repeatable) as the API's ``session_config``."""
+    config = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--session-config {item}: expected KEY=VALUE")
+        config[key.strip()] = value.strip()
+    return config
+
+
 def print_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.table import Table
 
-from onnxsmith.cli.common import err, out, print_json
-from onnxsmith.core.errors import UsageError
+from onnxsmith import api
+from onnxsmith.cli.common import err, out, print_json, session_config
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.io.load import files_read_by
-from onnxsmith.io.paths import check_outputs
-from onnxsmith.tasks import lm as task
+from onnxsmith.tasks.lm import DEFAULT_WINDOW
 
 
 def register(subparsers) -> None:
@@ -34,7 +31,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--window",
         type=int,
-        default=task.DEFAULT_WINDOW,
+        default=DEFAULT_WINDOW,
         help="tokens per window, at most the model's context (default %(default)s)",
     )
     parser.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
@@ -54,32 +51,20 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = {}
-    for item in args.session_config:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--session-config {item}: expected KEY=VALUE")
-        config[key.strip()] = value.strip()
-    check_outputs([args.report], protect=files_read_by(*args.models))
-    tokenizer = task.load_tokenizer(args.tokenizer or task.folder_of(args.models[0]))
-    text = task.read_text(args.text)
-    windows = task.text_windows(tokenizer, text, window=args.window, max_windows=args.max_windows, label=args.text)
+    config = session_config(args.session_config)
+    api.check_outputs([args.report], sources=args.models)
     with err.status("") as status:
-        scores = task.score_models(
+        scored = api.eval_lm(
             args.models,
-            windows,
+            args.text,
+            tokenizer=args.tokenizer,
+            window=args.window,
+            max_windows=args.max_windows,
             threads=args.threads,
+            session_config=config,
             progress=status.update,
-            configs=[config or None] * len(args.models),
         )
-    result = {
-        "text": Path(args.text).name,
-        "windows": int(windows.shape[0]),
-        "window": int(windows.shape[1]),
-        "reference": Path(args.models[0]).name,
-        "session_config": config,
-        "scores": [s.to_json() for s in scores],
-    }
+    result = scored.to_json()
     if args.report:
         write_text_atomic(args.report, json.dumps(result, indent=2) + "\n")
     if args.json:
@@ -92,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for column in ("model", "tokens", "loss", "perplexity", "Δ loss", "KL (nats)", "top-1"):
         table.add_column(column, justify="left" if column == "model" else "right")
-    for s in scores:
+    for s in scored.scores:
         table.add_row(
             s.model,
             str(s.tokens),

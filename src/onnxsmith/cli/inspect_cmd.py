@@ -7,12 +7,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from onnxsmith.analysis.summary import summarize
+from onnxsmith import api
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.render import bytes_table
 from onnxsmith.io.files import human_bytes
-from onnxsmith.io.load import load_model
-from onnxsmith.irutil.types import infer_types
 
 
 def register(subparsers) -> None:
@@ -25,9 +23,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.model)
-    model = load_model(path)
-    infer_types(model)  # shapes let the warnings size computed tensors
-    summary = summarize(model, top=args.top, file_bytes=path.stat().st_size)
+    summary = api.inspect(path, top=args.top)
     if args.json:
         print_json(summary.to_json())
         return 0

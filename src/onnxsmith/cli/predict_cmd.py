@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from onnxsmith import api
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.task_args import add_task_arguments, task_options_from_args
+from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
-from onnxsmith.io.load import load_model
-from onnxsmith.runtime import runner
-from onnxsmith.runtime.inputs import adapt_feeds
-from onnxsmith.runtime.runner import FP16_MODES, prepare_session
+from onnxsmith.runtime.runner import FP16_MODES
 from onnxsmith.tasks import get_task
 
 
@@ -44,16 +43,12 @@ def parse_box(text: str | None) -> tuple[float, float, float, float] | None:
 
 def run(args: argparse.Namespace) -> int:
     task = get_task(args.task)
-    if not hasattr(task, "predict_feeds"):
-        raise UsageError(f"task '{task.name}' cannot predict from an image")
-    options = task_options_from_args(args, task)
-    model = load_model(args.model)
-    feeds = task.predict_feeds(model, args.image, parse_box(args.box), options)
-    session, model, mode = prepare_session(args.model, args.fp16_mode)
-    outputs = runner.run(session, adapt_feeds(feeds, model), label=args.model)
-    prediction = task.decode(outputs, options)[0]
+    options = opts.to_json(task_options_from_args(args, task))
+    prediction = api.predict(
+        args.model, args.image, task=args.task, box=parse_box(args.box), fp16_mode=args.fp16_mode, **options
+    )
     if args.json:
-        print_json({**prediction, "run": mode})
+        print_json(prediction)
     else:
-        out.print(task.describe_prediction(prediction) + f"  [dim]({mode})[/]")
+        out.print(task.describe_prediction(prediction) + f"  [dim]({prediction['run']})[/]")
     return 0

@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from onnxsmith import api
 from onnxsmith.cli.common import err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
+from onnxsmith.core import options as opts
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.io.load import files_read_by
-from onnxsmith.io.paths import check_outputs
-from onnxsmith.release.validate import TaskRun, check_gates
 from onnxsmith.runtime.runner import FP16_MODES
 from onnxsmith.tasks import get_task
 
@@ -46,13 +45,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    task = get_task(args.task)
-    options = task_options_from_args(args, task)
-    gates = check_gates(task, parse_gates(args.gate))
-    check_outputs([args.json], protect=files_read_by(args.source, args.variant))
+    options = opts.to_json(task_options_from_args(args, get_task(args.task)))
+    gates = parse_gates(args.gate)
+    api.check_outputs([args.json], sources=[args.source, args.variant])
     with err.status("") as status:
-        task_run = TaskRun(task, options, args.source, fp16_mode=args.fp16_mode, progress=status.update)
-        validation = task_run.validate(args.variant, gates)
+        validation = api.validate(
+            args.source,
+            args.variant,
+            task=args.task,
+            gates=gates,
+            fp16_mode=args.fp16_mode,
+            progress=status.update,
+            **options,
+        )
     out.print(validation_table([validation]))
     if args.details:
         out.print(rows_table(validation))

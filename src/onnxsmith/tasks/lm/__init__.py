@@ -26,12 +26,14 @@ from onnxsmith.tasks.lm.scoring import (
     FOLDER_FILES,
     TOKENIZER_FILE,
     LMScore,
+    TextScores,
     folder_of,
     greedy_generate,
     lm_feeds_at,
     load_tokenizer,
     read_text,
     score_models,
+    score_text,
     text_windows,
 )
 from onnxsmith.tasks.lm.task import LanguageModel, LMOptions
@@ -54,6 +56,7 @@ __all__ = [
     "LMSignature",
     "LanguageModel",
     "PastInput",
+    "TextScores",
     "compare_lm",
     "folder_of",
     "greedy_generate",
@@ -65,5 +68,6 @@ __all__ = [
     "read_text",
     "sample_sequences",
     "score_models",
+    "score_text",
     "text_windows",
 ]

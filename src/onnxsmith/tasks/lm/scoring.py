@@ -173,6 +173,62 @@ def score_models(
     return scores
 
 
+@dataclass(frozen=True)
+class TextScores:
+    """Models scored on one held-out text (``eval-lm``): the first is the reference."""
+
+    text: str  # the text file's name
+    windows: int
+    window: int  # tokens per window
+    reference: str
+    session_config: dict[str, str]
+    scores: list[LMScore]
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "windows": self.windows,
+            "window": self.window,
+            "reference": self.reference,
+            "session_config": self.session_config,
+            "scores": [s.to_json() for s in self.scores],
+        }
+
+
+def score_text(
+    paths: list[str | os.PathLike],
+    text: str | os.PathLike,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    window: int = DEFAULT_WINDOW,
+    max_windows: int | None = None,
+    threads: int | None = None,
+    session_config: dict[str, str] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> TextScores:
+    """Every model on the windows of a text file, tokenized with ``tokenizer`` (default: the first
+    model's folder's); ``session_config``: onnxruntime session config entries every model gets."""
+    if not paths:
+        raise UsageError("no models to score")
+    windows = text_windows(
+        load_tokenizer(tokenizer or folder_of(paths[0])),
+        read_text(text),
+        window=window,
+        max_windows=max_windows,
+        label=text,
+    )
+    config = dict(session_config or {})
+    scores = score_models(paths, windows, threads=threads, progress=progress, configs=[config or None] * len(paths))
+    return TextScores(
+        text=Path(text).name,
+        windows=int(windows.shape[0]),
+        window=int(windows.shape[1]),
+        reference=Path(paths[0]).name,
+        session_config=config,
+        scores=scores,
+    )
+
+
 def greedy_generate(
     path: str | os.PathLike, prompt: list[int], new_tokens: int, *, config: dict[str, str] | None = None
 ) -> list[int]:
