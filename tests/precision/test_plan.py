@@ -16,6 +16,7 @@ from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.precision.plan import (
     NORM_REASON,
+    SKIP_STREAM_REASON,
     TAIL_REASON,
     WRITER_REASON,
     Settings,
@@ -150,6 +151,32 @@ def test_op_policy_and_fused_policies_are_node_reasons():
     assert fused.node_reasons[named["ln"]] == NORM_REASON
     assert fused.node_reasons[named["pick"]] == TAIL_REASON and fused.node_reasons[named["head"]] == TAIL_REASON
     assert named["add"] not in fused.node_reasons
+
+
+def test_a_fused_post_ln_stream_is_written_in_fp32_and_read_in_fp16_by_its_projections():
+    """BERT-like (post-LN): the stream is both SkipLayerNormalization's skip and the projections' input."""
+    d = 4
+    nodes = [
+        helper.make_node("Add", ["x", "pos"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["q"], name="proj"),
+        helper.make_node(
+            "SkipLayerNormalization", ["q", "e", "g", "b"], ["y"], name="skipln", domain="com.microsoft", epsilon=1e-5
+        ),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones(d, np.float32), "pos"),
+        numpy_helper.from_array(np.eye(d, dtype=np.float32), "w"),
+        numpy_helper.from_array(np.ones(d, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(d, np.float32), "b"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, d])
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model.opset_imports["com.microsoft"] = 1
+    named = {n.name: n for n in model.graph}
+    plan = decide(model, [_r(v, 1.0, 40) for v in ("x", "e", "q", "y")], Settings.for_fused_graph())
+    assert plan.node_reasons[named["embed"]] == SKIP_STREAM_REASON  # the stream is written in fp32
+    assert plan.node_reasons[named["skipln"]] == NORM_REASON
+    assert named["proj"] not in plan.node_reasons and "e" not in plan.keep_fp32  # and read in fp16
 
 
 @pytest.mark.parametrize("settings", [Settings(), Settings.for_fused_graph()])

@@ -182,18 +182,20 @@ def decide(
     for decision in plan.streams:
         for name, reason in decision.keep_fp32.items():
             keep.setdefault(name, reason)
-    if settings.fused:
-        for name in _skip_stream(model):
-            keep.setdefault(name, SKIP_STREAM_REASON)
     plan.unsafe = unsafe_activations(ranges, settings.limits, scale=plan.scaled)
     for name, unsafe in plan.unsafe.items():
         keep.setdefault(name, unsafe.reason)
     plan.keep_fp32 = keep
     tail = _per_sample_tail(model) if settings.tail_fp32 else set()
+    # A fused graph's residual stream is computed and stored fp32 by the nodes that write it; the
+    # projections that read it (a post-LN block's QKV and FFN) read it in fp16 when it fits.
+    stream_writers = _skip_stream_writers(model) if settings.fused else set()
     rest = []
     for graph in model.graphs():
         for node in graph:
             reason = _node_reason(node, settings, tail)
+            if reason is None and node in stream_writers:
+                reason = SKIP_STREAM_REASON
             if reason is not None:
                 plan.node_reasons[node] = reason
             else:
@@ -274,15 +276,15 @@ def _node_reason(node: ir.Node, settings: Settings, tail: set[ir.Node]) -> str |
     return policy_reason(node)
 
 
-def _skip_stream(model: ir.Model) -> list[str]:
-    """The residual stream of a fused graph: what SkipLayerNormalization adds to (its skip) and its sums."""
-    names = []
+def _skip_stream_writers(model: ir.Model) -> set[ir.Node]:
+    """The nodes writing a fused graph's residual stream: what SkipLayerNormalization adds to (its skip)."""
+    writers = set()
     for node in model.graph:
         if node.domain == "com.microsoft" and node.op_type in FUSED_NORM_OPS:
-            names.append(node.inputs[1].name)
-            if len(node.outputs) > 3 and node.outputs[3].uses():
-                names.append(node.outputs[3].name)
-    return names
+            producer = node.inputs[1].producer()
+            if producer is not None:
+                writers.add(producer)
+    return writers
 
 
 def _per_sample_tail(model: ir.Model) -> set[ir.Node]:
