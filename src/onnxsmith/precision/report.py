@@ -12,6 +12,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.unionfind import UnionFind
+from onnxsmith.irutil.walk import constant_tensors
 from onnxsmith.precision.engine import PrecisionRecord
 from onnxsmith.precision.plan import WRITER_REASON, StreamDecision, low_name
 
@@ -80,6 +81,14 @@ def conversion_stats(record: PrecisionRecord) -> dict:
             {"values": len(d.stream.values), "peak": d.peak, "scale": d.scale, "note": d.note} for d in plan.streams
         ],
     }
+
+
+def weight_bytes_by_type(model: ir.Model) -> dict[str, int]:
+    """The bytes of ``model``'s weights by dtype name ("float", "float16", "int8", ...)."""
+    sizes: Counter = Counter()
+    for const in constant_tensors(model):
+        sizes[const.tensor.dtype.name.lower()] += const.tensor.nbytes
+    return dict(sizes)
 
 
 #: The weights count as "about half" when they are at most this share of the source's.

@@ -103,7 +103,7 @@ class Fp16(Transform):
         infer_types(model)
         _check_convertible(model, source, dtype)
         casts_before = count_casts(model)
-        weight_bytes_before = _weight_bytes(model)
+        weight_bytes_before = precision_report.weight_bytes_by_type(model)
         context.progress(f"fp16: measuring activation ranges on {len(context.feeds)} input set(s)")
         settings = Settings(
             dtype=dtype,
@@ -153,21 +153,11 @@ def _check_convertible(model: ir.Model, path, dtype: ir.DataType) -> None:
     raise InputError("has no fp32 tensors to convert", path)
 
 
-def _weight_bytes(model: ir.Model) -> dict[str, int]:
-    """Weight bytes by dtype name ("float", "float16", "int8", ...)."""
-    sizes: Counter = Counter()
-    for const in constant_tensors(model):
-        sizes[const.tensor.dtype.name.lower()] += const.tensor.nbytes
-    return dict(sizes)
-
-
 def _report(name, options, model, record: PrecisionRecord, casts_before, weights_before) -> StepReport:
     report = StepReport(step=name, options=to_json(options))
-    weights_after = _weight_bytes(model)
-    # Why the file is not about half its source's: the report's first lines (StepReport.why_not_more
-    # once the release headline reads it).
-    why_not_more = precision_report.why_not_more(record, weights_before, weights_after)
-    report.notes.extend(why_not_more)
+    weights_after = precision_report.weight_bytes_by_type(model)
+    # Why the file is not about half its source's: the report's first lines.
+    report.why_not_more = precision_report.why_not_more(record, weights_before, weights_after)
     report.notes.extend(precision_report.conversion_notes(record))
     precision = record.precision
     low = precision_report.low_name(precision.dtype)
@@ -183,7 +173,6 @@ def _report(name, options, model, record: PrecisionRecord, casts_before, weights
             ),
         },
         **precision_report.conversion_stats(record),
-        "why_not_more": why_not_more,
     }
     report.tables["fp32 islands"] = precision_report.islands_table(record)
     return report

@@ -123,6 +123,7 @@ class Fuse(Transform):
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))
         before = _op_counts(model)
+        weights_before = precision_report.weight_bytes_by_type(model)
         dims = input_dims(model, context.feeds[0], options.static_dims)
         if options.precision == "fp16":
             # Before anything renames a value: the stream is found by its Adds and measured by name.
@@ -152,6 +153,7 @@ class Fuse(Transform):
                     f"{', '.join(f'[{a}:{b})' for a, b in sorted(rows))} of {tokens}: "
                     + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n, _, _ in prune.pruned).items())
                 )
+        record = None
         if options.precision == "fp16":
             context.progress("fuse: measuring activation ranges of the fused graph")
             with engine.measured(model, context, edited=True) as measurement:
@@ -164,6 +166,9 @@ class Fuse(Transform):
 
         report.tables["rules"] = [o.row() for o in outcomes]
         report.why_not_more = _why_not_more(options, fold)
+        if record is not None:
+            weights_after = precision_report.weight_bytes_by_type(model)
+            report.why_not_more[:0] = precision_report.why_not_more(record, weights_before, weights_after)
         matched = [o for o in outcomes if o.matched]
         report.notes.insert(0, "fused: " + (", ".join(f"{o.name} x{o.matched}" for o in matched) or "nothing"))
         after = _op_counts(model)
