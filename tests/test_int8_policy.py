@@ -1,0 +1,88 @@
+"""The int8 search (analysis/int8_policy.py) on measured errors, and the roles it groups Linears by."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from onnxsmith.analysis.int8_policy import roles, search
+from onnxsmith.io.load import load_model
+from onnxsmith.passes.quantize_linears import find_linears
+from tests.support.fusion import FACEAGE
+
+
+def _additive(errors: dict[str, float], calls: list):
+    """A model whose output errors add as independent noise does: sqrt of the sum of squares."""
+
+    def error(names: set[str]) -> float:
+        calls.append(frozenset(names))
+        return float(np.sqrt(sum(errors[n] ** 2 for n in names)))
+
+    return error
+
+
+def _blocks(n_blocks: int, roles_: dict[str, float]):
+    groups = {r: [f"{r}{i}" for i in range(n_blocks)] for r in roles_}
+    errors = {f"{r}{i}": e for r, e in roles_.items() for i in range(n_blocks)}
+    return list(groups.items()), errors
+
+
+def test_everything_within_the_budget_is_one_run():
+    groups, errors = _blocks(4, {"q": 1e-3, "fc1": 1e-3})
+    calls = []
+    result = search(groups, dict.fromkeys(errors, 1.0), _additive(errors, calls), 0.05, 24)
+    assert result.chosen == set(errors) and len(calls) == 1 and result.measured <= 0.05
+
+
+def test_a_sensitive_role_stays_fp32_and_the_rest_goes_int8():
+    groups, errors = _blocks(24, {"q": 0.03, "k": 0.03, "v": 0.002, "o": 0.002, "fc1": 0.002, "fc2": 0.002})
+    value = {n: (4.0 if n.startswith("fc") else 1.0) for n in errors}
+    calls = []
+    result = search(groups, value, _additive(errors, calls), 0.05, 24)
+    assert result.measured <= 0.05 and len(calls) <= 24
+    assert {n for n in errors if n[0] in "vof"} <= result.chosen  # every cheap-to-quantize layer
+    assert len(result.chosen & {n for n in errors if n[0] in "qk"}) < 48  # not all sensitive ones
+    assert result.measured == pytest.approx(np.sqrt(sum(errors[n] ** 2 for n in result.chosen)))
+
+
+def test_halving_finds_the_one_sensitive_layer_of_a_role():
+    errors = {f"fc2_{i}": 0.001 for i in range(16)} | {f"q{i}": 0.001 for i in range(16)}
+    errors["fc2_11"] = 0.5  # one block's fc2 carries an outlier
+    groups = [("fc2", [f"fc2_{i}" for i in range(16)]), ("q", [f"q{i}" for i in range(16)])]
+    calls = []
+    result = search(groups, dict.fromkeys(errors, 1.0), _additive(errors, calls), 0.05, 24)
+    assert result.chosen == set(errors) - {"fc2_11"}
+    assert len(calls) <= 2 + 2 * 4 + 3  # all, two roles, four halvings, confirmation
+
+
+def test_the_sum_under_estimating_is_trimmed_by_measurement():
+    groups, errors = _blocks(4, {"a": 0.02, "b": 0.02, "c": 0.02})
+    calls = []
+
+    def correlated(names):  # errors that add in amplitude, not in energy
+        calls.append(frozenset(names))
+        return sum(errors[n] for n in names)
+
+    result = search(groups, dict.fromkeys(errors, 1.0), correlated, 0.05, 24)
+    assert result.measured <= 0.05 and correlated(result.chosen) <= 0.05
+    assert any("left out" in step for step in result.steps)
+
+
+def test_tables_are_taken_first():
+    errors = {"table": 0.03, "fc": 0.03, "q": 0.03}
+    groups = [("tables", ["table"]), ("fc", ["fc"]), ("q", ["q"])]
+    value = {"table": 1.0, "fc": 1e9, "q": 1e9}
+    result = search(groups, value, _additive(errors, []), 0.05, 24, first={"table"})
+    assert "table" in result.chosen and len(result.chosen) == 2
+
+
+@pytest.mark.parametrize("exporter", sorted(FACEAGE))
+def test_roles_group_the_blocks_layers(exporter):
+    model = load_model(FACEAGE[exporter])
+    found = roles([(lin.name, lin.input, lin.output, lin.kn()) for lin in find_linears(model)])
+    sizes = Counter(found.values())
+    # 4 blocks: rotary q and k told apart by order, v, o, fc1, fc2; then the neck and two heads alone
+    assert sorted(sizes.values()) == [1, 1, 1, 4, 4, 4, 4, 4, 4]
+    assert sum("MatMul:1(Softmax)" in r for r in sizes) == 1  # the value projections
