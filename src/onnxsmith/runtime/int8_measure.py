@@ -1,19 +1,19 @@
-"""What int8 does to each Linear layer, measured in onnxruntime with the kernel that will run it.
+"""What int8 does to a model, measured in onnxruntime with the kernels that will run it.
 
 Three measurements, each one session on an instrumented copy of the model (the copy is
-never written; its Linears are found by :func:`onnxsmith.passes.quantize_linears.find_linears`):
+never written; its Linears and tables are found by passes/quantize_linears.py and
+passes/quantize_tables.py, their int8 nodes made by the same builders the passes use):
 
 1. :func:`measure_inputs`: per input channel, the max |x| of every Linear's input, and the
    input's element count (is it one vector per sample, or a token matrix?).
-2. :func:`measure_layer_errors`: beside every Linear, its int8 form (DynamicQuantizeMatMul,
-   optionally smoothed with each candidate alpha) on the *same* fp32 input; the error is the
-   RMS over output channels of ``||Δy_j|| / ||y_j||``. Per channel, because a massive output
-   channel (the face-age net's 1.5e5) would otherwise hide what happens to all the others.
-3. :class:`SensitivityProbe`: every candidate Linear computes both forms and a boolean input
-   picks one (``Where``), so one session answers "how far do the model's outputs move when
-   these Linears are int8": each alone (its end-to-end sensitivity), then the chosen set.
-   A per-layer error does not see what follows a layer (softmax amplifies an attention
-   projection's error); this does.
+2. :func:`measure_layer_errors`: beside every Linear, its int8 forms (unsmoothed, smoothed
+   with each candidate alpha) on the *same* fp32 input; the error is the RMS over output
+   channels of ``||Δy_j|| / ||y_j||``. Per channel, because a massive output channel (the
+   face-age net's 1.5e5) would otherwise hide what happens to all the others.
+3. :class:`SensitivityProbe`: every candidate Linear and table computes both forms and a
+   boolean input picks one (``Where``), so one session answers "how far do the model's
+   outputs move when *these* are int8", for any set. A per-layer error does not see what
+   follows a layer (softmax amplifies an attention projection's error); this does.
 """
 
 from __future__ import annotations
@@ -28,12 +28,8 @@ from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
-from onnxsmith.passes.quantize_linears import (
-    MS_DOMAIN,
-    find_linears,
-    int8_linear_nodes,
-    smoothing_factors,
-)
+from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, find_linears
+from onnxsmith.passes.quantize_tables import TableBuilder, find_tables
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
 
@@ -134,21 +130,18 @@ def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.
 def measure_layer_errors(
     model_path: str | os.PathLike,
     feeds_list: list[dict[str, np.ndarray]],
-    inputs: dict[str, InputStats],
-    alphas: tuple[float | None, ...],
-    names: set[str] | None = None,
+    forms: dict[str, dict[float | None, np.ndarray | None]],
 ) -> dict[str, dict[float | None, float]]:
-    """Per Linear (by name, those in ``names``): its int8 error for each smoothing alpha (None: unsmoothed)."""
+    """Per Linear (by name) in ``forms``: its int8 error for each form (label -> smoothing factors or None)."""
     model = _load(model_path)
     build = _Builder(model)
     graph = model.graph
+    int8 = Int8Builder(graph, build.names)
     wanted: dict[str, dict[float | None, str]] = {}
     for linear in find_linears(model):
-        stats = inputs.get(linear.name)
         rank = _rank(linear.output)
-        if stats is None or not rank or (names is not None and linear.name not in names):
+        if linear.name not in forms or not rank:
             continue
-        w = linear.weight_array()
         y = linear.output
         axes = list(range(rank - 1))
         block: list = []
@@ -163,14 +156,15 @@ def measure_layer_errors(
         )
         energy = build.node(block, "Add", [energy, floor])
         wanted[linear.name] = {}
-        for alpha in alphas:
-            s = None if alpha is None else smoothing_factors(stats.channel_absmax, w, alpha)
-            nodes, y_int8 = int8_linear_nodes(graph, linear, s, weights={}, divisors={}, names=build.names)
-            block.extend(nodes)
-            delta = build.reduce(block, "ReduceSumSquare", build.node(block, "Sub", [y_int8, y]), axes)
+        for label, smoothing in forms[linear.name].items():
+            made = int8.linear(linear, smoothing)
+            if made.prepare:
+                build.place_after(linear.input, made.prepare)
+            block.append(made.matmul)
+            delta = build.reduce(block, "ReduceSumSquare", build.node(block, "Sub", [made.output, y]), axes)
             error = build.node(block, "ReduceMean", [build.node(block, "Div", [delta, energy])], {"keepdims": 0})
             model.graph.outputs.append(error)
-            wanted[linear.name][alpha] = error.name
+            wanted[linear.name][label] = error.name
         build.place_after(y, block)
     if not wanted:
         return {}
@@ -185,7 +179,7 @@ def measure_layer_errors(
     release_weights(model)
     count = len(feeds_list)
     return {
-        linear: {alpha: float(np.sqrt(max(sums[out], 0.0) / count)) for alpha, out in per.items()}
+        linear: {label: float(np.sqrt(max(sums[out], 0.0) / count)) for label, out in per.items()}
         for linear, per in wanted.items()
     }
 
@@ -209,52 +203,66 @@ def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: lis
 
 @dataclass
 class SensitivityProbe:
-    """One session where each candidate Linear's int8 form is switched on or off by a boolean input."""
+    """One session where each candidate's int8 form is switched on or off by a boolean input.
+
+    Candidates: Linears (name -> smoothing factors or None) and tables (initializer names).
+    ``error(names)`` runs the calibration inputs with those int8 and the rest fp32.
+    """
 
     model_path: str | os.PathLike
     feeds_list: list[dict[str, np.ndarray]]
-    plans: dict[str, np.ndarray | None]  # candidate Linear -> its smoothing (None: unsmoothed)
-    reference: list[dict[str, np.ndarray]] = field(default_factory=list)
+    linears: dict[str, np.ndarray | None]
+    tables: set[str] = field(default_factory=set)
+    runs: int = 0  # measurements made (the reference run not counted)
 
     def __post_init__(self) -> None:
         model = _load(self.model_path)
         build = _Builder(model)
         graph = model.graph
         self.switches: dict[str, str] = {}
-        weights: dict = {}
-        divisors: dict = {}
+        int8 = Int8Builder(graph, build.names)
         for linear in find_linears(model):
-            if linear.name not in self.plans:
-                continue
-            nodes, y_int8 = int8_linear_nodes(
-                graph, linear, self.plans[linear.name], weights=weights, divisors=divisors, names=build.names
-            )
-            switch = ir.Value(
-                name=build.names(f"onnxsmith::int8::use::{linear.name}"),
-                shape=ir.Shape([]),
-                type=ir.TensorType(ir.DataType.BOOL),
-            )
-            graph.inputs.append(switch)
-            self.switches[linear.name] = switch.name
-            y = linear.output
-            uses = list(y.uses())
-            chosen = build.node(nodes, "Where", [switch, y_int8, y])
-            chosen.shape, chosen.dtype = y.shape, y.dtype
-            graph.insert_after(y.producer(), nodes)
-            for user, index in uses:
-                user.replace_input_with(index, chosen)
-            if y.is_graph_output():
-                graph.outputs[graph.outputs.index(y)] = chosen
-                name = y.name
-                y.name = build.names(f"{name}::fp32")
-                chosen.name = name
+            if linear.name in self.linears:
+                made = int8.linear(linear, self.linears[linear.name])
+                if made.prepare:
+                    build.place_after(linear.input, made.prepare)
+                self._switch(build, linear.name, linear.output, [made.matmul])
+        lookups = TableBuilder(graph, build.names)
+        for table in find_tables(model, min_elements=0):
+            if table.name in self.tables:
+                for gather in table.lookups:
+                    self._switch(build, table.name, gather.outputs[0], lookups.lookup(table, gather))
         self.model = model
         self.outputs = [v.name for v in graph.outputs]
         self.session = runner.open_session(model, label=self.model_path)
         self.reference = self.run(set())
 
+    def _switch(self, build: _Builder, name: str, y: ir.Value, nodes: list[ir.Node]) -> None:
+        """After ``y``'s producer: ``nodes`` (computing y in int8), then Where(switch ``name``, int8, y)."""
+        graph = build.graph
+        if name not in self.switches:
+            switch = ir.Value(
+                name=build.names(f"onnxsmith::int8::use::{name}"),
+                shape=ir.Shape([]),
+                type=ir.TensorType(ir.DataType.BOOL),
+            )
+            graph.inputs.append(switch)
+            self.switches[name] = switch.name
+        switch = next(v for v in graph.inputs if v.name == self.switches[name])
+        uses = list(y.uses())  # before the Where reads it
+        chosen = build.node(nodes, "Where", [switch, nodes[-1].outputs[0], y])
+        chosen.shape, chosen.dtype = y.shape, y.dtype
+        graph.insert_after(y.producer(), nodes)
+        for user, index in uses:
+            user.replace_input_with(index, chosen)
+        if y.is_graph_output():
+            graph.outputs[graph.outputs.index(y)] = chosen
+            original = y.name
+            y.name = build.names(f"{original}::fp32")
+            chosen.name = original
+
     def run(self, int8: set[str]) -> list[dict[str, np.ndarray]]:
-        switches = {name: np.array(linear in int8) for linear, name in self.switches.items()}
+        switches = {name: np.array(unit in int8) for unit, name in self.switches.items()}
         return [
             runner.run(self.session, {**feeds, **switches}, self.outputs, label=self.model_path)
             for feeds in self.feeds_list
@@ -262,7 +270,8 @@ class SensitivityProbe:
 
     def error(self, int8: set[str]) -> float:
         """The outputs' relative error (see :func:`relative_output_error`) with ``int8`` switched on."""
-        return relative_output_error(self.reference, self.run(int8))
+        self.runs += 1
+        return relative_output_error(self.reference, self.run(set(int8)))
 
     def close(self) -> None:
         del self.session

@@ -1,80 +1,102 @@
-"""``int8``: Linear layers in int8 for onnxruntime's CPU provider, where measurement says they can be.
+"""``int8``: Linear layers and embedding tables in int8 for onnxruntime's CPU provider, where measurement allows.
 
-Every MatMul/Gemm by a constant weight is a candidate. Each becomes com.microsoft
-DynamicQuantizeMatMul (int8 weight per output column, activation quantized per tensor at
-run time; passes/quantize_linears.py) or stays fp32, decided from measurements on the
-calibration inputs (analysis/int8_measure.py), never from op types:
+Every MatMul/Gemm by a constant weight is a candidate Linear; it becomes
+DynamicQuantizeLinear + com.microsoft MatMulIntegerToFloat (int8 weight per output column,
+activation quantized per tensor at run time; passes/quantize_linears.py) or stays fp32.
+Every big table read only by Gathers (token and position embeddings) is a candidate for int8
+storage per row (passes/quantize_tables.py). The choice is made from measurements on the
+calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never from op types:
 
 1. **Cost**: a Linear that multiplies one vector per sample (a CLS readout, a classifier
    head) stays fp32: int8 saves nothing there.
-2. **Per-layer error**: the int8 form beside the fp32 one on the same input, error per
-   output channel; unsmoothed and SmoothQuant-smoothed with each candidate alpha (the
-   per-channel input maxima measured first). Smoothing is kept where it cuts the error by
-   ``--smooth-gain`` (an input with outlier channels); a Linear whose best error is over
-   ``--max-layer-error`` stays fp32.
-3. **End-to-end sensitivity**: each remaining Linear switched to int8 alone, the outputs'
-   relative error measured; Linears go int8 from the best FLOPs-per-error up while the
-   errors' root sum of squares stays within ``--error-budget``; the chosen set is then
-   measured together and trimmed (most sensitive first) until it is within the budget.
+2. **Per-layer error**: each Linear's int8 form beside its fp32 one on the same input, error
+   per output channel; unsmoothed and SmoothQuant-smoothed (per input, shared by the Linears
+   reading it) with each candidate alpha. Smoothing is *offered* where it cuts the error by
+   ``--smooth-gain``, and used only if the model needs it to meet the budget (a Mul costs time).
+3. **End to end**: the outputs' relative error with a set of candidates in int8, measured.
+   Everything at once first; if that is over ``--error-budget``, the search of
+   analysis/int8_policy.py finds what must stay fp32 (roles, halves) within ``--max-runs``.
 
-The variant is verified against the source: every output's cosine >= ``--min-cosine`` and no
-new NaN/inf (a recipe's task gates — faceage |Δage|, lm KL/top-1 — apply on top in build).
+The budget defaults to 0.3 of what the gate allows (relative error sqrt(2 (1 - min_cosine)):
+0.03 for cosine 0.995): room for inputs the calibration did not see (calibrated on random
+inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on real crops). The variant is verified against the source: every output's
+cosine >= ``--min-cosine`` and no new NaN/inf (a recipe's task gates apply on top in build).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedNodesPass
 
+from onnxsmith.analysis.int8_policy import Selection, roles, search
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.passes.quantize_linears import LinearPlan, QuantizeLinearsPass, find_linears, smoothing_factors
+from onnxsmith.passes.quantize_linears import LinearPlan, QuantizeLinearsPass, by_input, find_linears, smoothing_factors
+from onnxsmith.passes.quantize_tables import QuantizeTablesPass, find_tables
 from onnxsmith.runtime.int8_measure import InputStats, SensitivityProbe, measure_inputs, measure_layer_errors
 
-#: Smoothing strengths tried per Linear (None: unsmoothed).
-ALPHAS: tuple[float | None, ...] = (None, 0.5, 0.75, 0.9)
+#: Smoothing strengths tried per input.
+ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
 KERNEL_SPEEDUP = 4.0
+#: The default error budget's share of the relative output error the cosine gate allows.
+GATE_SHARE = 0.3
 #: Linears smaller than this on either side stay fp32 (nothing to gain).
 MIN_SIDE = 16
 
 
 @dataclass
 class Options:
-    error_budget: float = field(
-        default=0.03,
+    error_budget: float | None = field(
+        default=None,
         metadata={
-            "help": "relative output error (||Δ|| / ||source||, worst output) the int8 Linears may cause together "
-            "on the calibration inputs; the most sensitive Linears stay fp32 to meet it"
+            "help": "relative output error (||Δ|| / ||source||, worst output) the int8 parts may cause together on "
+            "the calibration inputs (default: 0.3 of what the gate allows, 0.03 for --min-cosine 0.995)"
         },
     )
-    max_layer_error: float = field(
-        default=0.1,
-        metadata={"help": "a Linear whose own int8 error (per output channel, RMS) is above this stays fp32"},
+    max_runs: int = field(
+        default=24,
+        metadata={"help": "end-to-end runs of the calibration inputs the search may take (more only to trim)"},
     )
     smooth_gain: float = field(
         default=0.25,
-        metadata={"help": "smooth a Linear's input (SmoothQuant) when that cuts its measured error by this share"},
+        metadata={"help": "offer smoothing (SmoothQuant) for an input when it cuts its Linears' error by this share"},
+    )
+    tables: bool = field(
+        default=True, metadata={"help": "store embedding tables (read by Gather) in int8, one scale per row"}
     )
     sensitivity: bool = field(
         default=True,
-        metadata={"help": "measure each Linear's end-to-end effect and keep the most sensitive fp32 (--error-budget)"},
+        metadata={"help": "measure the outputs' error and keep fp32 what --error-budget needs (else: all int8)"},
+    )
+    max_layer_error: float = field(
+        default=0.1,
+        metadata={"help": "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"},
     )
     min_cosine: float = field(
         default=0.995, metadata={"help": "the gate: every output's cosine to the source's at least this"}
     )
 
     def validate(self) -> None:
-        if not self.error_budget > 0:
+        if self.error_budget is not None and not self.error_budget > 0:
             raise ValueError(f"error_budget must be positive, not {self.error_budget}")
         if not 0 < self.min_cosine <= 1:
             raise ValueError(f"min_cosine must be in (0, 1], not {self.min_cosine}")
         if not 0 <= self.smooth_gain < 1:
             raise ValueError(f"smooth_gain must be in [0, 1), not {self.smooth_gain}")
+        if self.max_runs < 1:
+            raise ValueError(f"max_runs must be at least 1, not {self.max_runs}")
+
+    def budget(self) -> float:
+        """The error budget: given, or 0.3 of the relative error the cosine gate allows."""
+        if self.error_budget is not None:
+            return self.error_budget
+        return GATE_SHARE * math.sqrt(2.0 * (1.0 - self.min_cosine)) if self.min_cosine < 1 else 1e-6
 
 
 @dataclass
@@ -86,9 +108,12 @@ class Decision:
     n: int
     rows: int  # vectors multiplied per run on the calibration input
     outlier_ratio: float  # max / median of the input's per-channel max |x|
-    errors: dict = field(default_factory=dict)  # alpha -> measured per-layer error
-    alpha: float | None = None
-    sensitivity: float | None = None
+    role: str = ""
+    errors: dict = field(default_factory=dict)  # alpha (None: unsmoothed) -> measured per-layer error
+    offered: float | None = None  # the smoothing alpha offered, if any
+    alpha: float | None = None  # the smoothing used
+    piece: str = ""  # the end-to-end measurement that decided it
+    piece_error: float | None = None
     int8: bool = False
     reason: str = ""
     kind: str = ""  # the reason's kind, for the summary line
@@ -97,19 +122,16 @@ class Decision:
     def flops(self) -> int:
         return 2 * self.rows * self.k * self.n
 
-    @property
-    def error(self) -> float | None:
-        return self.errors.get(self.alpha)
-
     def row(self) -> dict:
+        plain = self.errors.get(None)
         return {
             "linear": self.name,
             "K x N": f"{self.k}x{self.n}",
             "rows": self.rows,
             "input outlier ratio": round(self.outlier_ratio, 1),
-            "layer error": "-" if self.error is None else f"{self.error:.4f}",
-            "smoothing": "-" if self.alpha is None else f"alpha {self.alpha:g}",
-            "sensitivity": "-" if self.sensitivity is None else f"{self.sensitivity:.2e}",
+            "layer error": "-" if plain is None else f"{plain:.4f}",
+            "smoothing": "-" if self.alpha is None else f"alpha {self.alpha:g} ({self.errors[self.alpha]:.4f})",
+            "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
             "int8": "yes" if self.int8 else "no",
             "why": self.reason,
         }
@@ -118,7 +140,7 @@ class Decision:
 @register
 class Int8(Transform):
     name = "int8"
-    summary = "Linear layers int8 (DynamicQuantizeMatMul) where measured error allows, for onnxruntime on CPU"
+    summary = "Linear layers and embedding tables int8 where measured error allows, for onnxruntime on CPU"
     Options = Options
 
     gate_task = "generic"  # every output's cosine to the source, no new NaN/inf (tasks/generic.py)
@@ -132,60 +154,175 @@ class Int8(Transform):
         if lifted.modified:  # measure what is converted: Constant-node weights now are initializers
             context.model_is_source = False
         linears = find_linears(model)
-        if not linears:
+        tables = {t.name: t for t in find_tables(model)} if options.tables else {}
+        if not linears and not tables:
             raise InputError(
-                "has no MatMul or Gemm by a constant fp32 weight: nothing to make int8", context.source_path
+                "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8",
+                context.source_path,
             )
         batch = _batch(context.feeds[0])
+        budget = options.budget()
         decisions: dict[str, Decision] = {}
         with context.model_file(model) as path:
             context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
-            stats = measure_inputs(path, context.feeds)
+            stats = measure_inputs(path, context.feeds) if linears else {}
+            role = roles([(linear.name, linear.input, linear.output, linear.kn()) for linear in linears])
             for linear in linears:
                 k, n = linear.kn()
                 s = stats.get(linear.name)
                 d = Decision(linear.name, k, n, s.rows if s else 0, _outlier_ratio(s))
+                d.role = role[linear.name]
                 decisions[linear.name] = d
                 if s is None:
-                    d.reason = "input not measured (no shape)"
+                    d.reason, d.kind = "input not measured (no shape)", "not measured"
                 elif min(k, n) < MIN_SIDE:
                     d.reason, d.kind = f"too small ({k}x{n})", "too small"
                 elif s.rows <= batch:
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
-            candidates = {name for name, d in decisions.items() if not d.reason}
-            context.progress(f"int8: measuring int8 error of {len(candidates)} Linears ({len(ALPHAS)} forms each)")
-            errors = measure_layer_errors(path, context.feeds, stats, ALPHAS, candidates)
-            plans: dict[str, np.ndarray | None] = {}
-            weights = {linear.name: linear for linear in linears}
-            for name in sorted(candidates, key=list(decisions).index):
-                d = decisions[name]
-                d.errors = errors.get(name, {})
-                if not d.errors:
-                    d.reason = "error not measured"
-                    continue
-                d.alpha = _choose_alpha(d.errors, options.smooth_gain)
-                if d.error > options.max_layer_error or not np.isfinite(d.error):
-                    d.reason = f"layer error {d.error:.3f} > {options.max_layer_error:g} (input outlier ratio {d.outlier_ratio:.1f})"
-                    d.kind = "layer error"
-                    continue
-                plans[name] = (
-                    None
-                    if d.alpha is None
-                    else smoothing_factors(stats[name].channel_absmax, weights[name].weight_array(), d.alpha)
+            candidates = [linear for linear in linears if not decisions[linear.name].reason]
+            smoothing = _offer_smoothing(path, context, candidates, stats, decisions, options.smooth_gain)
+            if not options.sensitivity:
+                chosen = self._without_search(decisions, candidates, options)
+                chosen_tables = set(tables)
+                alphas = {}
+            else:
+                chosen, chosen_tables, alphas = self._search(
+                    path, context, candidates, tables, smoothing, decisions, budget, options, report
                 )
-            chosen = set(plans)
-            if options.sensitivity and plans:
-                chosen = _choose_by_sensitivity(path, context, plans, decisions, options.error_budget, report)
+        plan = {}
         for name in chosen:
-            decisions[name].int8 = True
-            if not decisions[name].reason:
-                decisions[name].reason = "measured within budget" if options.sensitivity else "layer error within bound"
-        plan = {name: LinearPlan(plans[name]) for name in chosen}
-        context.progress(f"int8: rewriting {len(plan)} Linears")
+            d = decisions[name]
+            d.int8 = True
+            d.alpha = alphas.get(name)
+            plan[name] = LinearPlan(smoothing[name][d.alpha] if d.alpha is not None else None)
+        context.progress(f"int8: rewriting {len(plan)} Linears and {len(chosen_tables)} tables")
         QuantizeLinearsPass(plan)(model)
+        QuantizeTablesPass(chosen_tables)(model)
         RemoveUnusedNodesPass()(model)
-        _report(report, list(decisions.values()), options)
+        _report(report, list(decisions.values()), tables, chosen_tables, budget)
         return report
+
+    def _without_search(self, decisions, candidates, options: Options) -> set[str]:
+        chosen = set()
+        for linear in candidates:
+            d = decisions[linear.name]
+            error = d.errors.get(None, float("inf"))
+            if not error <= options.max_layer_error:
+                d.reason = (
+                    f"layer error {error:.3f} > {options.max_layer_error:g} (input outlier ratio {d.outlier_ratio:.1f})"
+                )
+                d.kind = "layer error"
+                continue
+            d.reason = "layer error within bound (no end-to-end search)"
+            chosen.add(linear.name)
+        return chosen
+
+    def _search(self, path, context, candidates, tables, smoothing, decisions, budget, options, report):
+        """(Linears int8, tables int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
+        offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}
+        names = [linear.name for linear in candidates]
+        context.progress(f"int8: a probe with {len(names)} switchable Linears and {len(tables)} tables")
+        probe = SensitivityProbe(path, context.feeds, {n: None for n in names}, set(tables))
+        runs = 0  # of the probes closed before the search's
+        try:
+            alphas: dict[str, float] = {}
+            everything = None
+            if offered:
+                plain = everything = probe.error(set(names) | set(tables))
+                if plain > budget:
+                    # Smoothing where it was offered: measured in a second probe, kept if it helps.
+                    probe.close()
+                    runs += probe.runs
+                    forms = {n: (smoothing[n][offered[n]] if n in offered else None) for n in names}
+                    probe = SensitivityProbe(path, context.feeds, forms, set(tables))
+                    smoothed = probe.error(set(names) | set(tables))
+                    report.notes.append(
+                        f"smoothing offered for {len(offered)} Linears: everything int8 {plain:.2e} unsmoothed, "
+                        f"{smoothed:.2e} smoothed"
+                    )
+                    if smoothed < plain:
+                        alphas, everything = offered, smoothed
+                    else:
+                        probe.close()
+                        runs += probe.runs
+                        probe = SensitivityProbe(path, context.feeds, {n: None for n in names}, set(tables))
+            groups: dict[str, list[str]] = {}
+            if tables:
+                groups["embedding tables"] = list(tables)
+            for n in names:
+                groups.setdefault(decisions[n].role, []).append(n)
+            value = {n: float(decisions[n].flops) for n in names}
+            value.update({t: 0.75 * tables[t].value.const_value.nbytes for t in tables})
+
+            def error(chosen: set[str]) -> float:
+                context.progress(f"int8: end-to-end run {runs + probe.runs + 1}")
+                return probe.error(chosen)
+
+            selection = search(
+                list(groups.items()),
+                value,
+                error,
+                budget,
+                max(1, options.max_runs - runs - probe.runs),  # the smoothing trials count
+                first=set(tables),
+                everything=everything,
+            )
+        finally:
+            probe.close()
+            runs += probe.runs
+        _explain(selection, decisions, budget)
+        report.notes.append(
+            f"end to end on the calibration inputs: relative output error {selection.measured:.2e} "
+            f"(budget {budget:g}; {runs} run(s): {'; '.join(selection.steps)})"
+        )
+        report.stats["measured_output_error"] = selection.measured
+        report.stats["end_to_end_runs"] = runs
+        chosen = selection.chosen
+        return chosen - set(tables), chosen & set(tables), {n: a for n, a in alphas.items() if n in chosen}
+
+
+def _offer_smoothing(path, context, candidates, stats, decisions, gain: float) -> dict:
+    """Per candidate: alpha -> its input's smoothing factors; measures the per-layer errors and sets
+    ``Decision.errors`` and ``.offered`` (the alpha that cuts the input's Linears' error by ``gain``)."""
+    forms: dict[str, dict] = {}
+    smoothing: dict[str, dict] = {}
+    for readers in by_input(candidates).values():
+        weights = [r.weight_array() for r in readers]
+        per_alpha = {a: smoothing_factors(stats[readers[0].name].channel_absmax, weights, a) for a in ALPHAS}
+        for r in readers:
+            smoothing[r.name] = per_alpha
+            forms[r.name] = {None: None, **per_alpha}
+    if not forms:
+        return smoothing
+    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears ({1 + len(ALPHAS)} forms each)")
+    errors = measure_layer_errors(path, context.feeds, forms)
+    for readers in by_input(candidates).values():
+        for r in readers:
+            decisions[r.name].errors = errors.get(r.name, {})
+        mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *ALPHAS)}
+        best = min(ALPHAS, key=lambda a: (mean[a], a))
+        if mean[best] < (1.0 - gain) * mean[None]:
+            for r in readers:
+                decisions[r.name].offered = best
+    return smoothing
+
+
+def _explain(selection: Selection, decisions: dict[str, Decision], budget: float) -> None:
+    for name, d in decisions.items():
+        if d.reason:
+            continue
+        piece = selection.piece_of(name)
+        if piece is not None:
+            d.piece, d.piece_error = piece.label, piece.error
+        if name in selection.chosen:
+            d.reason = "measured within budget" if piece is None else f"its part measured {piece.error:.2e}, chosen"
+        else:
+            d.kind = "end-to-end error"
+            d.reason = (
+                f"{piece.label}: {piece.error:.2e} alone; with the rest over the budget {budget:g}"
+                if piece is not None
+                else f"over the budget {budget:g}"
+            )
 
 
 def _batch(feeds: dict[str, np.ndarray]) -> int:
@@ -202,58 +339,7 @@ def _outlier_ratio(stats: InputStats | None) -> float:
     return peak / median if median > 0 else (float("inf") if peak > 0 else 1.0)
 
 
-def _choose_alpha(errors: dict, gain: float) -> float | None:
-    """The smoothing with the lowest error when it beats none by ``gain``; else none (a Mul costs time)."""
-    plain = errors.get(None, float("inf"))
-    best = min(errors, key=lambda a: (errors[a], a is not None, a or 0.0))
-    return best if best is not None and errors[best] < (1.0 - gain) * plain else None
-
-
-def _choose_by_sensitivity(path, context, plans, decisions, budget: float, report: StepReport) -> set[str]:
-    """Each Linear alone in int8 -> its output error; the most FLOPs per error first while within budget."""
-    context.progress(f"int8: building a probe with {len(plans)} switchable Linears")
-    probe = SensitivityProbe(path, context.feeds, plans)
-    try:
-        names = sorted(plans, key=list(decisions).index)
-        for i, name in enumerate(names):
-            context.progress(f"int8: end-to-end sensitivity {i + 1}/{len(names)}")
-            decisions[name].sensitivity = probe.error({name})
-        order = sorted(
-            names, key=lambda n: (-decisions[n].flops / max(decisions[n].sensitivity, 1e-12) ** 2, names.index(n))
-        )
-        chosen, total = [], 0.0
-        for name in order:
-            s2 = decisions[name].sensitivity ** 2
-            if not np.isfinite(s2) or total + s2 > budget**2:
-                d = decisions[name]
-                d.reason = f"end-to-end sensitivity {d.sensitivity:.2e}: over the error budget {budget:g}"
-                d.kind = "end-to-end sensitivity"
-                continue
-            chosen.append(name)
-            total += s2
-        measured = probe.error(set(chosen)) if chosen else 0.0
-        trims = 0
-        while chosen and measured > budget:
-            # Trim the most sensitive tenth, then measure again.
-            chosen.sort(key=lambda n: decisions[n].sensitivity)
-            for name in chosen[-max(1, len(chosen) // 10) :]:
-                d = decisions[name]
-                d.reason = f"end-to-end sensitivity {d.sensitivity:.2e}: trimmed, together over budget"
-                d.kind = "end-to-end sensitivity"
-            chosen = chosen[: -max(1, len(chosen) // 10)]
-            measured = probe.error(set(chosen)) if chosen else 0.0
-            trims += 1
-        report.stats["measured_output_error"] = measured
-        report.notes.append(
-            f"end to end on the calibration inputs: relative output error {measured:.2e} with the chosen int8 Linears "
-            f"(budget {budget:g}; predicted {np.sqrt(total):.2e}{f', {trims} trim(s)' if trims else ''})"
-        )
-        return set(chosen)
-    finally:
-        probe.close()
-
-
-def _report(report: StepReport, decisions: list[Decision], options: Options) -> None:
+def _report(report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], budget) -> None:
     int8 = [d for d in decisions if d.int8]
     flops = sum(d.flops for d in decisions) or 1
     share = sum(d.flops for d in int8) / flops
@@ -263,12 +349,19 @@ def _report(report: StepReport, decisions: list[Decision], options: Options) -> 
     for d in decisions:
         if not d.int8:
             kept[d.kind or d.reason] = kept.get(d.kind or d.reason, 0) + 1
+    table_note = ""
+    if tables:
+        stored = sum(tables[t].value.const_value.nbytes for t in chosen_tables)
+        table_note = (
+            f"; {len(chosen_tables)} of {len(tables)} embedding tables int8 per row ({stored / 1e6:.1f} MB fp32)"
+        )
     report.notes.insert(
         0,
-        f"{len(int8)} of {len(decisions)} Linears int8 (DynamicQuantizeMatMul: int8 weights per output column, "
-        f"activations per tensor at run time), {share:.0%} of the Linears' multiply-adds"
+        f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
+        f"run time), {share:.0%} of the Linears' multiply-adds"
         + (f"; {len(smoothed)} with smoothed inputs" if smoothed else "")
-        + (f"; fp32: {', '.join(f'{n} ({k})' for k, n in sorted(kept.items()))}" if kept else ""),
+        + (f"; fp32: {', '.join(f'{n} ({k})' for k, n in sorted(kept.items()))}" if kept else "")
+        + table_note,
     )
     report.notes.append(
         f"expected speed-up if the Linears dominate the run time: {expected:.2f}x "
@@ -276,9 +369,21 @@ def _report(report: StepReport, decisions: list[Decision], options: Options) -> 
     )
     report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in sorted(kept.items())]
     report.tables["Linears"] = [d.row() for d in decisions]
+    if tables:
+        report.tables["Embedding tables"] = [
+            {
+                "table": name,
+                "rows x width": "x".join(map(str, t.shape)),
+                "MB (fp32)": round(t.value.const_value.nbytes / 1e6, 2),
+                "int8": "yes" if name in chosen_tables else "no",
+            }
+            for name, t in tables.items()
+        ]
     report.stats["before_after"] = {
         "Linears in int8": (0, len(int8)),
         "Linears in fp32": (len(decisions), len(decisions) - len(int8)),
+        "tables in int8": (0, len(chosen_tables)),
     }
     report.stats["int8_flops_share"] = share
     report.stats["expected_speedup"] = expected
+    report.stats["error_budget"] = budget
