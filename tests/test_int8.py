@@ -151,3 +151,15 @@ def test_a_model_without_linears_is_refused(cli, tmp_path):
     result = cli("int8", str(source), str(tmp_path / "out.onnx"))
     assert_one_line_error(result, "relu.onnx", "nothing to make int8")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_real_ppocr_rec_linears_of_unknown_rank_are_measured(tmp_path):
+    """PP-OCRv4's recogniser: weights in Constant nodes, dynamic dims and no shapes on the Linears' inputs;
+    their channel maxima and errors are measured on [rows, K] views, so its transformer Linears go int8."""
+    source = real_model("ppocr_rec")
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 48, 320)).astype(np.float32)
+    result = produce_variant(source, tmp_path / "rec-int8.onnx", [("int8", Int8.Options())], feeds=[{"x": x}])
+    rows = result.reports[0].tables["Linears"]
+    assert len(rows) == 9 and all(r["layer error"] != "-" for r in rows)  # measured, not "no shape"
+    assert sum(r["int8"] == "yes" for r in rows) >= 7
+    assert result.comparison.passed

@@ -65,6 +65,11 @@ class _Builder:
         axes_value = self.constant("onnxsmith::int8::axes", np.array(axes, dtype=np.int64))
         return self.node(block, op, [x, axes_value], {"keepdims": 0}, name=name)
 
+    def matrix(self, block: list, x: ir.Value, width: int) -> ir.Value:
+        """``x`` as [rows, width] (its last dim is ``width``): reductions over rows need no known rank."""
+        shape = self.constant("onnxsmith::int8::rows", np.array([-1, width], dtype=np.int64))
+        return self.node(block, "Reshape", [x, shape])
+
     def constant(self, name: str, array: np.ndarray) -> ir.Value:
         return add_initializer(self.graph, self.names(name), array)
 
@@ -83,10 +88,6 @@ def _load(model_path: str | os.PathLike) -> ir.Model:
     return model
 
 
-def _rank(value: ir.Value) -> int | None:
-    return len(value.shape) if value.shape is not None else None
-
-
 def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]]) -> dict[str, InputStats]:
     """Per Linear (by name): its input's per-channel max |x| and size, over every input set."""
     model = _load(model_path)
@@ -96,11 +97,11 @@ def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.
     for linear in find_linears(model):
         x = linear.input
         users[linear.name] = x.name
-        rank = _rank(x)
-        if x.name in outputs or not rank:
+        if x.name in outputs:
             continue
         block: list = []
-        absmax = build.reduce(block, "ReduceMax", build.node(block, "Abs", [x]), list(range(rank - 1)))
+        rows = build.matrix(block, build.node(block, "Abs", [x]), linear.kn()[0])
+        absmax = build.reduce(block, "ReduceMax", rows, [0])
         size = build.node(block, "Size", [x])
         build.place_after(x, block)
         model.graph.outputs.extend([absmax, size])
@@ -139,13 +140,12 @@ def measure_layer_errors(
     int8 = Int8Builder(graph, build.names)
     wanted: dict[str, dict[float | None, str]] = {}
     for linear in find_linears(model):
-        rank = _rank(linear.output)
-        if linear.name not in forms or not rank:
+        if linear.name not in forms:
             continue
-        y = linear.output
-        axes = list(range(rank - 1))
+        n = linear.kn()[1]
         block: list = []
-        energy = build.reduce(block, "ReduceSumSquare", y, axes)
+        y = build.matrix(block, linear.output, n)
+        energy = build.reduce(block, "ReduceSumSquare", y, [0])
         floor = build.node(
             block,
             "Mul",
@@ -161,11 +161,12 @@ def measure_layer_errors(
             if made.prepare:
                 build.place_after(linear.input, made.prepare)
             block.append(made.matmul)
-            delta = build.reduce(block, "ReduceSumSquare", build.node(block, "Sub", [made.output, y]), axes)
+            y_int8 = build.matrix(block, made.output, n)
+            delta = build.reduce(block, "ReduceSumSquare", build.node(block, "Sub", [y_int8, y]), [0])
             error = build.node(block, "ReduceMean", [build.node(block, "Div", [delta, energy])], {"keepdims": 0})
             model.graph.outputs.append(error)
             wanted[linear.name][label] = error.name
-        build.place_after(y, block)
+        build.place_after(linear.output, block)
     if not wanted:
         return {}
     session = runner.open_session(model, label=model_path)
