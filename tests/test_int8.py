@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -163,3 +164,31 @@ def test_real_ppocr_rec_linears_of_unknown_rank_are_measured(tmp_path):
     assert len(rows) == 9 and all(r["layer error"] != "-" for r in rows)  # measured, not "no shape"
     assert sum(r["int8"] == "yes" for r in rows) >= 7
     assert result.comparison.passed
+
+
+def test_real_mobilenet_convs_int8_with_convs(tmp_path):
+    """PP-OCR's MobileNetV3 classifier (opset 10-12, BatchNormalization after every Conv, weights and BN in
+    Constant nodes): with --convs the BNs fold into their Convs and the deep enough Convs run as QLinearConv."""
+    source = real_model("ppocr_cls_mobile")
+    feeds = [{"x": np.random.default_rng(s).uniform(-1, 1, (2, 3, 48, 192)).astype(np.float32)} for s in range(2)]
+    plain = produce_variant(source, tmp_path / "plain.onnx", [("int8", Int8.Options())], feeds=feeds)
+    assert "Convs fp32 (--convs" in plain.reports[0].notes[0]
+    out = tmp_path / "convs.onnx"
+    result = produce_variant(source, out, [("int8", Int8.Options(convs=True))], feeds=feeds)
+    report = result.reports[0]
+    rows = {r["conv"]: r for r in report.tables["Convs"]}
+    int8 = [r for r in rows.values() if r["int8"] == "yes"]
+    assert int8 and all(r["why"] for r in rows.values())
+    assert all(
+        r["why"].startswith(("grouped (depthwise) conv", "too shallow")) for r in rows.values() if r["int8"] == "no"
+    )
+    assert report.stats["before_after"]["Convs in int8"] == (0, len(int8))
+    assert result.comparison.passed
+    assert out.stat().st_size < 0.9 * source.stat().st_size
+    variant = load_model(out)
+    assert op_count(variant, "BatchNormalization") == 0  # folded, the int8 weights are the folded ones
+    assert op_count(variant, "QuantizeLinear") >= len(int8)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    assert op_count(load_model(tmp_path / "optimized.onnx"), "QLinearConv") == len(int8)

@@ -1,8 +1,8 @@
 """What int8 does to a model, measured in onnxruntime with the kernels that will run it.
 
-Three measurements, each one session on an instrumented copy of the model (the copy is
-never written; its Linears and tables are found by passes/quantize_linears.py and
-passes/quantize_tables.py, their int8 nodes made by the same builders the passes use):
+Four measurements, each one session on an instrumented copy of the model (the copy is
+never written; its Linears, tables and Convs are found by passes/quantize_linears.py,
+quantize_tables.py and quantize_convs.py, their int8 nodes made by the builders the passes use):
 
 1. :func:`measure_inputs`: per input channel, the max |x| of every Linear's input, and the
    input's element count (is it one vector per sample, or a token matrix?).
@@ -10,7 +10,9 @@ passes/quantize_tables.py, their int8 nodes made by the same builders the passes
    with each candidate alpha) on the *same* fp32 input; the error is the RMS over output
    channels of ``||Δy_j|| / ||y_j||``. Per channel, because a massive output channel (the
    face-age net's 1.5e5) would otherwise hide what happens to all the others.
-3. :class:`SensitivityProbe`: every candidate Linear and table computes both forms and a
+3. :func:`measure_ranges`: min and max of values (a Conv's input and output: the static
+   activation scales of its QLinearConv form).
+4. :class:`SensitivityProbe`: every candidate Linear, table and Conv computes both forms and a
    boolean input picks one (``Where``), so one session answers "how far do the model's
    outputs move when *these* are int8", for any set. A per-layer error does not see what
    follows a layer (softmax amplifies an attention projection's error); this does.
@@ -28,6 +30,7 @@ from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
+from onnxsmith.passes.quantize_convs import ConvBuilder, ConvPlan, find_convs
 from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, find_linears
 from onnxsmith.passes.quantize_tables import TableBuilder, find_tables
 from onnxsmith.runtime import runner
@@ -128,6 +131,47 @@ def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.
     return found
 
 
+@dataclass
+class ValueRange:
+    low: float
+    high: float
+    elements: int  # largest element count seen
+
+
+def measure_ranges(
+    model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]], names: set[str]
+) -> dict[str, ValueRange]:
+    """Per value (by name): its min and max over every input set (the static activation scales' source)."""
+    model = _load(model_path)
+    build = _Builder(model)
+    values = {v.name: v for node in model.graph for v in node.outputs} | {v.name: v for v in model.graph.inputs}
+    outputs: dict[str, tuple[str, str, str]] = {}
+    for name in sorted(names & set(values)):
+        x = values[name]
+        block: list = []
+        low = build.node(block, "ReduceMin", [x], {"keepdims": 0})
+        high = build.node(block, "ReduceMax", [x], {"keepdims": 0})
+        size = build.node(block, "Size", [x])
+        build.place_after(x, block)
+        model.graph.outputs.extend([low, high, size])
+        outputs[name] = (low.name, high.name, size.name)
+    if not outputs:
+        return {}
+    session = runner.open_session(model, options=runner.session_options(optimize=False), label=model_path)
+    found: dict[str, ValueRange] = {}
+    for feeds in feeds_list:
+        results = runner.run(
+            session, adapt_feeds(feeds, model), [n for t in outputs.values() for n in t], label=model_path
+        )
+        for name, (low, high, size) in outputs.items():
+            seen = ValueRange(float(results[low]), float(results[high]), int(results[size]))
+            old = found.get(name, seen)
+            found[name] = ValueRange(min(old.low, seen.low), max(old.high, seen.high), max(old.elements, seen.elements))
+    del session
+    release_weights(model)
+    return found
+
+
 def measure_layer_errors(
     model_path: str | os.PathLike,
     feeds_list: list[dict[str, np.ndarray]],
@@ -206,7 +250,8 @@ def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: lis
 class SensitivityProbe:
     """One session where each candidate's int8 form is switched on or off by a boolean input.
 
-    Candidates: Linears (name -> smoothing factors or None) and tables (initializer names).
+    Candidates: Linears (name -> smoothing factors or None), tables (initializer names) and
+    Convs (name -> :class:`ConvPlan`).
     ``error(names)`` runs the calibration inputs with those int8 and the rest fp32.
     """
 
@@ -214,6 +259,7 @@ class SensitivityProbe:
     feeds_list: list[dict[str, np.ndarray]]
     linears: dict[str, np.ndarray | None]
     tables: set[str] = field(default_factory=set)
+    convs: dict[str, ConvPlan] = field(default_factory=dict)
     runs: int = 0  # measurements made (the reference run not counted)
 
     def __post_init__(self) -> None:
@@ -228,6 +274,13 @@ class SensitivityProbe:
                 if made.prepare:
                     build.place_after(linear.input, made.prepare)
                 self._switch(build, linear.name, linear.output, [made.matmul])
+        int8_convs = ConvBuilder(graph, build.names, build.opset)
+        for conv in find_convs(model):
+            if conv.name in self.convs:
+                prepare, nodes = int8_convs.conv(conv, self.convs[conv.name])
+                if prepare:
+                    build.place_after(conv.input, prepare)
+                self._switch(build, conv.name, conv.output, nodes)
         lookups = TableBuilder(graph, build.names)
         for table in find_tables(model, min_elements=0):
             if table.name in self.tables:

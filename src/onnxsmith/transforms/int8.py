@@ -1,10 +1,13 @@
-"""``int8``: Linear layers and embedding tables in int8 for onnxruntime's CPU provider, where measurement allows.
+"""``int8``: Linear layers, embedding tables and Convs in int8 for onnxruntime's CPU provider, where measurement allows.
 
 Every MatMul/Gemm by a constant weight is a candidate Linear; it becomes
 DynamicQuantizeLinear + com.microsoft MatMulIntegerToFloat (int8 weight per output column,
 activation quantized per tensor at run time; passes/quantize_linears.py) or stays fp32.
 Every big table read only by Gathers (token and position embeddings) is a candidate for int8
-storage per row (passes/quantize_tables.py). The choice is made from measurements on the
+storage per row (passes/quantize_tables.py). Every Conv by a constant weight (not grouped:
+depthwise int8 measured no faster) is a candidate for QDQ that onnxruntime runs as QLinearConv,
+activation scales from the ranges measured on the calibration inputs (passes/quantize_convs.py).
+The choice is made from measurements on the
 calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never from op types:
 
 1. **Cost**: a Linear that multiplies one vector per sample (a CLS readout, a classifier
@@ -36,9 +39,17 @@ from onnxsmith.analysis.int8_policy import Selection, roles, search
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.passes.quantize_linears import LinearPlan, QuantizeLinearsPass, by_input, find_linears, smoothing_factors
 from onnxsmith.passes.quantize_tables import QuantizeTablesPass, find_tables
-from onnxsmith.runtime.int8_measure import InputStats, SensitivityProbe, measure_inputs, measure_layer_errors
+from onnxsmith.rules.batchnorm import batchnorm_rules
+from onnxsmith.runtime.int8_measure import (
+    InputStats,
+    SensitivityProbe,
+    measure_inputs,
+    measure_layer_errors,
+    measure_ranges,
+)
 
 #: Smoothing strengths tried per input.
 ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
@@ -48,6 +59,10 @@ KERNEL_SPEEDUP = 4.0
 GATE_SHARE = 0.3
 #: Linears smaller than this on either side stay fp32 (nothing to gain).
 MIN_SIDE = 16
+#: Convs with fewer multiply-adds per output (input channels per group x kernel) stay fp32: QLinearConv
+#: measured about as fast as the fp32 Conv at 16-64, 1.5x at 96-144, 2-3.5x from 256 (docs/int8.md),
+#: and each int8 Conv between fp32 ops adds a QuantizeLinear and layout changes.
+MIN_CONV_DEPTH = 128
 
 
 @dataclass
@@ -69,6 +84,13 @@ class Options:
     )
     tables: bool = field(
         default=True, metadata={"help": "store embedding tables (read by Gather) in int8, one scale per row"}
+    )
+    convs: bool = field(
+        default=False,
+        metadata={
+            "help": "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
+            "ranges: give real inputs (--inputs), random ones give scales real data overflows"
+        },
     )
     sensitivity: bool = field(
         default=True,
@@ -137,10 +159,54 @@ class Decision:
         }
 
 
+@dataclass
+class ConvDecision:
+    """What happened to one Conv, and the measurements that decided it."""
+
+    name: str
+    shape: tuple[int, ...]  # the weight's: out channels, in channels per group, kernel
+    group: int
+    relu: bool  # its output quantized after the Relu that follows it
+    input_range: tuple[float, float] | None = None
+    output_range: tuple[float, float] | None = None
+    elements: int = 0  # of its output on the calibration input
+    plan: ConvPlan | None = None
+    role: str = ""
+    piece: str = ""
+    piece_error: float | None = None
+    int8: bool = False
+    reason: str = ""
+    kind: str = ""
+
+    @property
+    def depth(self) -> int:
+        """Multiply-adds per output value: input channels per group x kernel size."""
+        _, per_group, *kernel = self.shape
+        return per_group * int(np.prod(kernel))
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.elements * self.depth
+
+    def row(self) -> dict:
+        def span(r):
+            return "-" if r is None else f"{r[0]:.3g}..{r[1]:.3g}"
+
+        return {
+            "conv": self.name,
+            "weight": "x".join(map(str, self.shape)) + (f" group {self.group}" if self.group > 1 else ""),
+            "input range": span(self.input_range),
+            "output range": span(self.output_range) + (" (after Relu)" if self.relu else ""),
+            "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
+            "int8": "yes" if self.int8 else "no",
+            "why": self.reason,
+        }
+
+
 @register
 class Int8(Transform):
     name = "int8"
-    summary = "Linear layers and embedding tables int8 where measured error allows, for onnxruntime on CPU"
+    summary = "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU"
     Options = Options
 
     gate_task = "generic"  # every output's cosine to the source, no new NaN/inf (tasks/generic.py)
@@ -150,14 +216,26 @@ class Int8(Transform):
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         report = StepReport(self.name, to_json(options))
-        lifted = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=MIN_SIDE * MIN_SIDE)(model)
-        if lifted.modified:  # measure what is converted: Constant-node weights now are initializers
+        # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
+        # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
+        smallest = 1 if options.convs else MIN_SIDE * MIN_SIDE
+        lifted = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=smallest)(model)
+        if lifted.modified:
             context.model_is_source = False
+        if options.convs and batchnorm_rules.apply_to_model(model):
+            context.model_is_source = False  # measure the folded Convs that are quantized
         linears = find_linears(model)
         tables = {t.name: t for t in find_tables(model)} if options.tables else {}
-        if not linears and not tables:
+        found_convs = find_convs(model)
+        convs = found_convs if options.convs else []
+        if not linears and not tables and not convs:
+            hint = (
+                f"; its {len(found_convs)} Convs go int8 with --convs (and real inputs: --inputs)"
+                if found_convs
+                else ""
+            )
             raise InputError(
-                "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8",
+                "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8" + hint,
                 context.source_path,
             )
         batch = _batch(context.feeds[0])
@@ -166,7 +244,10 @@ class Int8(Transform):
         with context.model_file(model) as path:
             context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
             stats = measure_inputs(path, context.feeds) if linears else {}
-            role = roles([(linear.name, linear.input, linear.output, linear.kn()) for linear in linears])
+            role = roles(
+                [(linear.name, linear.input, linear.output, linear.kn()) for linear in linears]
+                + [(conv.name, conv.input, conv.output, conv.shape) for conv in convs]
+            )
             for linear in linears:
                 k, n = linear.kn()
                 s = stats.get(linear.name)
@@ -181,13 +262,29 @@ class Int8(Transform):
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
             candidates = [linear for linear in linears if not decisions[linear.name].reason]
             smoothing = _offer_smoothing(path, context, candidates, stats, decisions, options.smooth_gain)
+            conv_decisions = _measure_convs(path, context, convs, model.opset_imports.get("", 1))
+            for d in conv_decisions.values():
+                d.role = role[d.name]
+            conv_plans = {name: d.plan for name, d in conv_decisions.items() if not d.reason}
             if not options.sensitivity:
                 chosen = self._without_search(decisions, candidates, options)
-                chosen_tables = set(tables)
+                chosen_tables, chosen_convs = set(tables), set(conv_plans)
+                for name in chosen_convs:
+                    conv_decisions[name].reason = "no end-to-end search"
                 alphas = {}
             else:
-                chosen, chosen_tables, alphas = self._search(
-                    path, context, candidates, tables, smoothing, decisions, budget, options, report
+                chosen, chosen_tables, chosen_convs, alphas = self._search(
+                    path,
+                    context,
+                    candidates,
+                    tables,
+                    conv_plans,
+                    smoothing,
+                    decisions,
+                    conv_decisions,
+                    budget,
+                    options,
+                    report,
                 )
         plan = {}
         for name in chosen:
@@ -195,11 +292,21 @@ class Int8(Transform):
             d.int8 = True
             d.alpha = alphas.get(name)
             plan[name] = LinearPlan(smoothing[name][d.alpha] if d.alpha is not None else None)
-        context.progress(f"int8: rewriting {len(plan)} Linears and {len(chosen_tables)} tables")
+        for name in chosen_convs:
+            conv_decisions[name].int8 = True
+        context.progress(
+            f"int8: rewriting {len(plan)} Linears, {len(chosen_tables)} tables and {len(chosen_convs)} Convs"
+        )
         QuantizeLinearsPass(plan)(model)
         QuantizeTablesPass(chosen_tables)(model)
+        QuantizeConvsPass({name: conv_plans[name] for name in chosen_convs})(model)
         RemoveUnusedNodesPass()(model)
-        _report(report, list(decisions.values()), tables, chosen_tables, budget)
+        _report(report, list(decisions.values()), tables, chosen_tables, list(conv_decisions.values()), budget)
+        if found_convs and not options.convs:
+            report.notes[0] += (
+                f"; {len(found_convs)} Convs fp32 (--convs: QLinearConv with activation scales from the calibration "
+                "inputs, give real ones with --inputs)"
+            )
         return report
 
     def _without_search(self, decisions, candidates, options: Options) -> set[str]:
@@ -217,25 +324,44 @@ class Int8(Transform):
             chosen.add(linear.name)
         return chosen
 
-    def _search(self, path, context, candidates, tables, smoothing, decisions, budget, options, report):
-        """(Linears int8, tables int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
+    def _search(
+        self,
+        path,
+        context,
+        candidates,
+        tables,
+        conv_plans,
+        smoothing,
+        decisions,
+        conv_decisions,
+        budget,
+        options,
+        report,
+    ):
+        """(Linears int8, tables int8, Convs int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
         offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}
         names = [linear.name for linear in candidates]
-        context.progress(f"int8: a probe with {len(names)} switchable Linears and {len(tables)} tables")
-        probe = SensitivityProbe(path, context.feeds, {n: None for n in names}, set(tables))
+        every = set(names) | set(tables) | set(conv_plans)
+
+        def open_probe(forms: dict) -> SensitivityProbe:
+            return SensitivityProbe(path, context.feeds, forms, set(tables), conv_plans)
+
+        context.progress(
+            f"int8: a probe with {len(names)} switchable Linears, {len(tables)} tables and {len(conv_plans)} Convs"
+        )
+        probe = open_probe({n: None for n in names})
         runs = 0  # of the probes closed before the search's
         try:
             alphas: dict[str, float] = {}
             everything = None
             if offered:
-                plain = everything = probe.error(set(names) | set(tables))
+                plain = everything = probe.error(every)
                 if plain > budget:
                     # Smoothing where it was offered: measured in a second probe, kept if it helps.
                     probe.close()
                     runs += probe.runs
-                    forms = {n: (smoothing[n][offered[n]] if n in offered else None) for n in names}
-                    probe = SensitivityProbe(path, context.feeds, forms, set(tables))
-                    smoothed = probe.error(set(names) | set(tables))
+                    probe = open_probe({n: (smoothing[n][offered[n]] if n in offered else None) for n in names})
+                    smoothed = probe.error(every)
                     report.notes.append(
                         f"smoothing offered for {len(offered)} Linears: everything int8 {plain:.2e} unsmoothed, "
                         f"{smoothed:.2e} smoothed"
@@ -245,13 +371,16 @@ class Int8(Transform):
                     else:
                         probe.close()
                         runs += probe.runs
-                        probe = SensitivityProbe(path, context.feeds, {n: None for n in names}, set(tables))
+                        probe = open_probe({n: None for n in names})
             groups: dict[str, list[str]] = {}
             if tables:
                 groups["embedding tables"] = list(tables)
             for n in names:
                 groups.setdefault(decisions[n].role, []).append(n)
+            for n in conv_plans:
+                groups.setdefault(conv_decisions[n].role, []).append(n)
             value = {n: float(decisions[n].flops) for n in names}
+            value.update({n: float(conv_decisions[n].flops) for n in conv_plans})
             value.update({t: 0.75 * tables[t].value.const_value.nbytes for t in tables})
 
             def error(chosen: set[str]) -> float:
@@ -270,7 +399,7 @@ class Int8(Transform):
         finally:
             probe.close()
             runs += probe.runs
-        _explain(selection, decisions, budget)
+        _explain(selection, {**decisions, **{n: conv_decisions[n] for n in conv_plans}}, budget)
         report.notes.append(
             f"end to end on the calibration inputs: relative output error {selection.measured:.2e} "
             f"(budget {budget:g}; {runs} run(s): {'; '.join(selection.steps)})"
@@ -278,7 +407,37 @@ class Int8(Transform):
         report.stats["measured_output_error"] = selection.measured
         report.stats["end_to_end_runs"] = runs
         chosen = selection.chosen
-        return chosen - set(tables), chosen & set(tables), {n: a for n, a in alphas.items() if n in chosen}
+        return (
+            chosen & set(names),
+            chosen & set(tables),
+            chosen & set(conv_plans),
+            {n: a for n, a in alphas.items() if n in chosen},
+        )
+
+
+def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, ConvDecision]:
+    """Per Conv: its decision, with the measured ranges and a :class:`ConvPlan` where it is a candidate."""
+    decisions = {c.name: ConvDecision(c.name, c.shape, c.group, c.relu is not None) for c in convs}
+    if not convs:
+        return decisions
+    context.progress(f"int8: measuring the activation ranges of {len(convs)} Convs")
+    ranges = measure_ranges(path, context.feeds, {v.name for conv in convs for v in (conv.input, conv.output)})
+    for conv in convs:
+        d = decisions[conv.name]
+        x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)
+        if x is not None and y is not None:
+            d.input_range, d.output_range, d.elements = (x.low, x.high), (y.low, y.high), y.elements
+        if opset < MIN_OPSET:
+            d.reason, d.kind = f"opset {opset} < {MIN_OPSET} (no QuantizeLinear)", "opset"
+        elif conv.group > 1:
+            d.reason, d.kind = "grouped (depthwise) conv: its int8 kernel measured no faster", "grouped conv"
+        elif d.depth < MIN_CONV_DEPTH:
+            d.reason, d.kind = f"too shallow ({d.depth} multiply-adds per output < {MIN_CONV_DEPTH})", "too shallow"
+        elif x is None or y is None or not all(np.isfinite([x.low, x.high, y.low, y.high])):
+            d.reason, d.kind = "activation range not measured or not finite", "not measured"
+        else:
+            d.plan = ConvPlan(*uint8_params(x.low, x.high), *uint8_params(y.low, y.high))
+    return decisions
 
 
 def _offer_smoothing(path, context, candidates, stats, decisions, gain: float) -> dict:
@@ -339,16 +498,29 @@ def _outlier_ratio(stats: InputStats | None) -> float:
     return peak / median if median > 0 else (float("inf") if peak > 0 else 1.0)
 
 
-def _report(report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], budget) -> None:
+def _kept_counts(decisions) -> dict[str, int]:
+    """The fp32 ones counted by the kind of reason."""
+    kept: dict[str, int] = {}
+    for d in decisions:
+        if not d.int8:
+            kept[d.kind or d.reason] = kept.get(d.kind or d.reason, 0) + 1
+    return dict(sorted(kept.items()))
+
+
+def _kept(decisions) -> str:
+    """The fp32 ones counted by the kind of reason: '2 (one vector per sample), 1 (too small)'."""
+    return ", ".join(f"{n} ({k})" for k, n in _kept_counts(decisions).items())
+
+
+def _report(
+    report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], convs, budget
+) -> None:
     int8 = [d for d in decisions if d.int8]
     flops = sum(d.flops for d in decisions) or 1
     share = sum(d.flops for d in int8) / flops
     smoothed = [d for d in int8 if d.alpha is not None]
     expected = 1.0 / ((1.0 - share) + share / KERNEL_SPEEDUP)
-    kept: dict[str, int] = {}
-    for d in decisions:
-        if not d.int8:
-            kept[d.kind or d.reason] = kept.get(d.kind or d.reason, 0) + 1
+    kept = _kept(decisions)
     table_note = ""
     if tables:
         stored = sum(tables[t].value.const_value.nbytes for t in chosen_tables)
@@ -360,14 +532,16 @@ def _report(report: StepReport, decisions: list[Decision], tables: dict, chosen_
         f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
         f"run time), {share:.0%} of the Linears' multiply-adds"
         + (f"; {len(smoothed)} with smoothed inputs" if smoothed else "")
-        + (f"; fp32: {', '.join(f'{n} ({k})' for k, n in sorted(kept.items()))}" if kept else "")
-        + table_note,
+        + (f"; fp32: {kept}" if kept else "")
+        + table_note
+        + _convs_note(convs),
     )
     report.notes.append(
         f"expected speed-up if the Linears dominate the run time: {expected:.2f}x "
         f"({share:.0%} of their work at the ~{KERNEL_SPEEDUP:g}x of the int8 kernel)"
     )
-    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in sorted(kept.items())]
+    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in _kept_counts(decisions).items()]
+    report.why_not_more += [f"{n} Conv(s) stay fp32: {kind}" for kind, n in _kept_counts(convs).items()]
     report.tables["Linears"] = [d.row() for d in decisions]
     if tables:
         report.tables["Embedding tables"] = [
@@ -379,11 +553,26 @@ def _report(report: StepReport, decisions: list[Decision], tables: dict, chosen_
             }
             for name, t in tables.items()
         ]
+    if convs:
+        report.tables["Convs"] = [d.row() for d in convs]
     report.stats["before_after"] = {
         "Linears in int8": (0, len(int8)),
         "Linears in fp32": (len(decisions), len(decisions) - len(int8)),
         "tables in int8": (0, len(chosen_tables)),
+        "Convs in int8": (0, sum(d.int8 for d in convs)),
     }
     report.stats["int8_flops_share"] = share
     report.stats["expected_speedup"] = expected
     report.stats["error_budget"] = budget
+
+
+def _convs_note(convs: list[ConvDecision]) -> str:
+    if not convs:
+        return ""
+    int8 = [d for d in convs if d.int8]
+    flops = sum(d.flops for d in convs) or 1
+    kept = _kept(convs)
+    return (
+        f"; {len(int8)} of {len(convs)} Convs int8 (QLinearConv, activation scales from the calibration inputs), "
+        f"{sum(d.flops for d in int8) / flops:.0%} of their multiply-adds" + (f"; fp32: {kept}" if kept else "")
+    )
