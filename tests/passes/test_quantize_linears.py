@@ -122,3 +122,58 @@ def test_nothing_planned_changes_nothing(tmp_path):
     before = [n.op_type for n in model.graph]
     result = QuantizeLinearsPass({})(model)
     assert not result.modified and [n.op_type for n in model.graph] == before
+
+
+def _layernorm_model(path, *, residual):
+    """x -> LayerNormalization -> h ; q = h @ Wq, k = h @ Wk (and Shape(h)) ; y = q + k (+ h when ``residual``)."""
+    rng = np.random.default_rng(5)
+    inits = {
+        "gamma": rng.uniform(0.5, 2.0, K).astype(np.float32),
+        "beta": rng.standard_normal(K).astype(np.float32) * 0.1,
+        "Wq": rng.standard_normal((K, K)).astype(np.float32) * 0.1,
+        "Wk": rng.standard_normal((K, K)).astype(np.float32) * 0.1,
+    }
+    inits["gamma"][3] = 40.0  # an outlier channel: what smoothing is for
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["h", "Wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["h", "Wk"], ["k"], name="k"),
+        helper.make_node("Shape", ["h"], ["h_shape"], name="shape"),
+        helper.make_node("Add", ["q", "k"], ["y"], name="sum"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", K]),
+        helper.make_tensor_value_info("h_shape", TensorProto.INT64, [2]),
+    ]
+    if residual:
+        nodes.append(helper.make_node("Add", ["y", "h"], ["r"], name="residual"))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, ["rows", K]))
+    graph = helper.make_graph(
+        nodes,
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
+        outputs,
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_smoothing_folds_into_a_layernorm_nothing_else_reads(tmp_path, residual):
+    source = _layernorm_model(tmp_path / "m.onnx", residual=residual)
+    model = load_model(source)
+    linears = find_linears(model)
+    channel_max = np.abs(load_model(source).graph.initializers["gamma"].const_value.numpy()) * 3
+    s = smoothing_factors(channel_max, [linear.weight_array() for linear in linears], 0.5)
+    QuantizeLinearsPass({linear.name: LinearPlan(s) for linear in linears})(model)
+    ops = [n.op_type for n in model.graph]
+    assert ops.count("DynamicQuantizeLinear") == 1 and ops.count("Mul") == (1 if residual else 0)
+    ln = next(n for n in model.graph if n.op_type == "LayerNormalization")
+    assert (ln.inputs[1].name == "gamma") == residual  # folded: a new, smoothed scale
+    after = save_ir(model, tmp_path / "after.onnx")
+    x = np.random.default_rng(6).standard_normal((12, K)).astype(np.float32)
+    ref, out = _run(source, x), _run(after, x)
+    assert np.array_equal(out["h_shape"], ref["h_shape"])
+    for name in ("y", "r") if residual else ("y",):
+        assert 0 < np.linalg.norm(out[name] - ref[name]) / np.linalg.norm(ref[name]) < 0.03

@@ -13,7 +13,9 @@ DynamicQuantizeMatMul per Linear for three projections of one input.
 Optionally an input is *smoothed* (SmoothQuant): ``x' = x / s`` per input channel and
 ``W' = diag(s) W`` for every Linear reading it, the same products, with an outlier channel's
 range moved into the weights, where per-column scales absorb it. The division is one Mul,
-shared by the Linears that read the same input with the same ``s``.
+shared by the Linears that read the same input with the same ``s``; where the input is a
+LayerNormalization's (or SkipLayerNormalization's) output that nothing else reads, the
+division is folded into its scale and bias instead, and no Mul remains (pre-LN blocks).
 
 The pass only rewrites what its plan names (node -> :class:`LinearPlan`); which Linears go
 int8, and with what smoothing, is decided from measurements elsewhere. It never runs a model.
@@ -161,6 +163,7 @@ class Int8Builder:
     names: FreshNames
     _weights: dict = field(default_factory=dict)
     _inputs: dict = field(default_factory=dict)
+    smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
 
     def linear(self, linear: Linear, smoothing: np.ndarray | None) -> Int8Nodes:
         prepare: list[ir.Node] = []
@@ -174,6 +177,7 @@ class Int8Builder:
                 mul = ir.node("Mul", [x, inverse], name=self.names(f"{label}_smooth_Mul"))
                 _typed(mul.outputs[0], self.names(f"{label}_smoothed"), ir.DataType.FLOAT, x.shape)
                 prepare.append(mul)
+                self.smoothing_muls.append(mul)
                 x = mul.outputs[0]
             dql = ir.node("DynamicQuantizeLinear", [x], num_outputs=3, name=self.names(f"{label}_DynamicQuantize"))
             for out, suffix, dtype, shape in zip(
@@ -253,10 +257,47 @@ class QuantizeLinearsPass(ir.passes.InPlacePass):
                     graph.remove(old, safe=True)
             made.output.name = name
             quantized.append(linear.name)
+        for mul in build.smoothing_muls:
+            fold_into_layernorm(graph, mul, build.names)
         if quantized:
             model.opset_imports.setdefault(MS_DOMAIN, 1)
             drop_unused_initializers(graph)
         return QuantizeLinearsResult(model, quantized)
+
+
+#: Normalisations whose output 0 is ``normalized * scale + bias`` per last-axis channel: op -> (scale, bias) inputs.
+_AFFINE_NORMS = {("", "LayerNormalization"): (1, 2), (MS_DOMAIN, "SkipLayerNormalization"): (2, 3)}
+
+
+def fold_into_layernorm(graph: ir.Graph, mul: ir.Node, names: FreshNames) -> bool:
+    """``Mul(norm(x), 1/s)`` -> the norm with scale/s and bias/s, when nothing else reads its output 0
+    (but Shape). Returns whether it folded."""
+    x, inverse = mul.inputs
+    norm = x.producer()
+    if norm is None or norm.graph is not graph or x is not norm.outputs[0] or x.is_graph_output():
+        return False
+    slots = _AFFINE_NORMS.get(("" if norm.domain == "ai.onnx" else norm.domain, norm.op_type))
+    if slots is None or norm.attributes.get_int("axis", -1) != -1:
+        return False
+    if any(user is not mul and user.op_type != "Shape" for user, _ in x.uses()):
+        return False
+    factor = const_array(inverse).reshape(-1)
+    arrays = []
+    for slot in slots:
+        value = norm.inputs[slot] if len(norm.inputs) > slot else None
+        if value is None:
+            arrays.append(None)  # no bias: 0 / s is 0
+            continue
+        if value.const_value is None or tuple(value.const_value.shape) != factor.shape:
+            return False
+        arrays.append(const_array(value).astype(np.float32) * factor)
+    for slot, array in zip(slots, arrays):
+        if array is not None:
+            label = norm.inputs[slot].name or norm.name
+            norm.replace_input_with(slot, add_initializer(graph, names(f"{label}_smoothed"), array))
+    mul.outputs[0].replace_all_uses_with(x, replace_graph_outputs=True)
+    graph.remove(mul, safe=True)
+    return True
 
 
 def drop_unused_initializers(graph: ir.Graph) -> None:
