@@ -78,6 +78,18 @@ def test_tables_are_taken_first():
     assert "table" in result.chosen and len(result.chosen) == 2
 
 
+def test_trimming_keeps_the_tables_while_linears_can_go():
+    errors = {"table": 0.02, "fc": 0.02, "q": 0.02}
+    groups = [("tables", ["table"]), ("fc", ["fc"]), ("q", ["q"])]
+    value = {"table": 1.0, "fc": 1e9, "q": 1e9}  # per error, the table is worth least
+
+    def correlated(names):  # the sum of energies under-estimates: the confirmation trims
+        return sum(errors[n] for n in names)
+
+    result = search(groups, value, correlated, 0.045, 24, first={"table"})
+    assert "table" in result.chosen and result.measured <= 0.045 and len(result.chosen) == 2
+
+
 @pytest.mark.parametrize("exporter", sorted(FACEAGE))
 def test_roles_group_the_blocks_layers(exporter):
     model = load_model(FACEAGE[exporter])

@@ -14,7 +14,7 @@ softmax after it). So the search measures where the decisions are made:
    measured: sensitive layers are found where it matters, in a logarithmic number of runs.
 3. Pieces go int8 from the most multiply-adds per error energy up while the errors'
    energies (squares, independent errors add so) sum within the budget; the chosen set is
-   measured together and trimmed until it is within the budget, then pieces left out are
+   measured together and trimmed (the tables last) until it is within the budget, then pieces left out are
    tried one at a time while runs are left (the sum over-estimates when errors cancel).
 
 The roles only group what is measured; every decision is a measured error.
@@ -169,7 +169,8 @@ def search(
     measured = measure(names) if names else 0.0
     while chosen and measured > budget:
         # the sum under-estimated: drop the piece with the most error per value, measure again
-        drop = max(chosen, key=lambda p: (p.energy / max(p.value, 1e-30), p.error))
+        # (the ``first`` ones last: their value is size, not multiply-adds, and not comparable)
+        drop = max(chosen, key=lambda p: (not p.first, p.energy / max(p.value, 1e-30), p.error))
         chosen.remove(drop)
         steps.append(f"together {measured:.2e} > budget: left out {drop.label}")
         names = {n for p in chosen for n in p.names}
