@@ -298,4 +298,4 @@ def test_recurrent_weights_stay_stored_low_only_if_rounding_them_moves_the_outpu
     assert set(plan.store_low) == {"W", "R", "B"} and "stored fp16" in plan.store_low_checked[0]
     plan = decide(_lstm(), [], Settings(small_fp32=False))
     check_store_low(plan, reference, far)
-    assert plan.store_low == {} and "kept fp32: rounding them output 'y' moved by" in plan.store_low_checked[0]
+    assert plan.store_low == {} and "kept fp32: rounding them to fp16 moved output 'y' by" in plan.store_low_checked[0]

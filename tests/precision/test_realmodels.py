@@ -1,5 +1,6 @@
 """The precision engine on other people's models: what issue 11 found on them (classes 4 and 5)."""
 
+import numpy as np
 import onnx_ir as ir
 import pytest
 
@@ -114,3 +115,22 @@ def test_a_transformer_with_shared_weights_is_half_size_in_fp16(tmp_path):
     result, _ = _fp16(source, tmp_path)
     assert len(result.headline) == 2, result.headline  # the size and the verdict: nothing to explain
     assert (tmp_path / "out.onnx").stat().st_size <= 0.51 * source.stat().st_size
+
+
+def test_lstm_weights_that_rounding_moves_too_much_stay_fp32_and_the_headline_says_so(tmp_path):
+    """silero VAD (spox): its LSTMs sit in If branches nested two deep, their weights Constant nodes of
+    the outer branch. Rounded to fp16 they move the carried state by ~0.06 (the rest of fp16: ~0.01)."""
+    source = real_model("silero_vad")
+    rng = np.random.default_rng(0)
+    feeds = [
+        {
+            "input": (0.1 * rng.standard_normal((1, 512))).astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
+        for _ in range(2)
+    ]
+    result = produce_variant(source, tmp_path / "out.onnx", [("fp16", Options())], feeds=feeds)
+    why = result.headline[2]
+    assert "stay fp32: LSTM policy" in why and "rounding them to fp16 moved output" in why, result.headline
+    assert any(n.startswith("8 recurrent weights kept fp32: rounding them") for n in result.reports[0].notes)

@@ -326,6 +326,15 @@ def _weight_bytes(value: ir.Value) -> int:
     return tensor.nbytes if tensor is not None and tensor.dtype in _FLOATS else 0
 
 
+def constant_names(model: ir.Model) -> set[str]:
+    """Names of every weight in ``model``, in any graph: initializers and Constant nodes' outputs."""
+    names = set()
+    for graph in model.graphs():
+        names.update(v.name for v in graph.initializers.values() if not v.is_graph_input())
+        names.update(out.name for node in graph if _is_constant(node) for out in node.outputs)
+    return names
+
+
 def computed_from_constants(graph: ir.Graph, outer: Collection[str] = ()) -> set[str]:
     """Names of the values ``graph`` computes from its weights alone (an Identity, a Transpose of one).
 

@@ -33,6 +33,7 @@ from onnxsmith.analysis.precision_policy import (
     SmallNodes,
     Unsafe,
     computed_from_constants,
+    constant_names,
     policy_reason,
     unsafe_activations,
     weights_read,
@@ -115,6 +116,8 @@ class Plan:
     store_low: dict[str, str] = field(default_factory=dict)
     #: what measuring those weights rounded showed, one line each (why some are kept fp32 after all)
     store_low_checked: list[str] = field(default_factory=list)
+    #: why the recurrent weights stay fp32 after all, when measuring them rounded refused them ("" if not)
+    store_low_refused: str = ""
 
     @property
     def scaled(self) -> dict[str, float]:
@@ -215,7 +218,7 @@ def _recurrent_weights(model: ir.Model) -> dict[str, str]:
     onnxruntime's CPU LSTM is fp32 only), not its weights: rounded once, as every converted
     weight is, they halve the file. :func:`check_store_low` decides from the measured effect.
     """
-    outer = {v.name for g in model.graphs() for v in g.initializers.values() if not v.is_graph_input()}
+    outer = constant_names(model)  # what a subgraph may read from the graphs around it
     computed: set[str] = set()
     for graph in model.graphs():  # a graph before its subgraphs
         computed |= computed_from_constants(graph, outer | computed)
@@ -250,11 +253,12 @@ def check_store_low(plan: Plan, reference: dict[str, np.ndarray], rounded: dict[
         scale = float(np.abs(ref64[finite]).max()) if finite.any() else 0.0
         moved = float(np.abs(got64 - ref64)[finite].max()) if finite.any() else 0.0
         if not np.isfinite(got64[finite]).all() or moved > budget * scale:
-            worst = f"output '{name}' moved by {moved:.3g} (> {budget:.2g} x {scale:.3g})"
+            worst = f"moved output '{name}' by {moved:.3g} (> {budget:.2g} x its largest |value| {scale:.3g})"
             break
     count = len(plan.store_low)
     if worst:
-        plan.store_low_checked.append(f"{count} recurrent weights kept fp32: rounding them {worst}")
+        plan.store_low_refused = f"rounding them to {low_name(plan.settings.dtype)} {worst}"
+        plan.store_low_checked.append(f"{count} recurrent weights kept fp32: {plan.store_low_refused}")
         plan.store_low = {}
     else:
         plan.store_low_checked.append(

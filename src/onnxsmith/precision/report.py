@@ -10,6 +10,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
+from onnxsmith.analysis.precision_policy import RECURRENT_OPS
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.unionfind import UnionFind
 from onnxsmith.irutil.walk import constant_tensors
@@ -114,7 +115,10 @@ def why_not_more(record: PrecisionRecord, before: dict[str, int], after: dict[st
     readers = {node_label(n): n for n in record.precision.kept_nodes}
     groups: dict[str, list] = {}
     for nbytes, reader, why in record.precision.weights_fp32.values():
-        kind = island_kind(record, readers[reader]) if reader in readers else why
+        node = readers.get(reader)
+        kind = island_kind(record, node) if node is not None else why
+        if node is not None and node.op_type in RECURRENT_OPS and record.plan.store_low_refused:
+            why = record.plan.store_low_refused  # measured: why its weights are not stored low either
         group = groups.setdefault(kind, [0, 0, reader, why])
         group[0] += nbytes
         group[1] += 1
