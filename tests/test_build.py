@@ -28,7 +28,8 @@ class ShiftOptions:
 
 @register
 class TestOnlyAgeShift(Transform):
-    """Adds ``amount`` to the age head's bias: within its own loose gate, outside a tight age gate."""
+    """Adds ``amount`` to the age head's bias: within the loose bounds it asks of the one gate, outside a
+    tight age gate."""
 
     name = "test-only-age-shift"
     Options = ShiftOptions
@@ -43,8 +44,8 @@ class TestOnlyAgeShift(Transform):
             runtime={"session.test_entry": "1"} if options.amount == 0 else {},
         )
 
-    def tolerance(self, options):
-        return 1.0, 1.0
+    def gate_settings(self, options):
+        return {"min_cosine": 0.0, "atol": 1.0, "rtol": 1.0}
 
 
 VARIANTS = """

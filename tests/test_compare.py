@@ -9,7 +9,8 @@ import onnx
 
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.verify.compare import compare_models, diff_output
+from onnxsmith.verify.compare import compare_models
+from onnxsmith.verify.gate import Bounds, GateOptions, judge_output
 from tests.support.models import mlp
 
 
@@ -28,8 +29,8 @@ def test_identical_models_pass_and_perturbed_fail(cli, save_proto):
     assert report["modes"] == {"reference": "native", "candidate": "native"}
     bad = cli("compare", a, c)
     assert bad.returncode == 1
-    assert "outside tolerance" in bad.stdout
-    assert cli("compare", a, c, "--atol", "0.02").returncode == 0
+    assert "fails the gate" in bad.stdout and "would accept it" in bad.stdout
+    assert cli("compare", a, c, "--atol", "0.02", "--min-cosine", "0.99").returncode == 0
 
 
 def test_npz_inputs(cli, save_proto, tmp_path):
@@ -42,14 +43,14 @@ def test_npz_inputs(cli, save_proto, tmp_path):
 def test_metrics():
     ref = np.array([[[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]])
     test = ref + np.array([[[0.0, 0.5, 0.0], [0.0, 0.0, 3.0]]])
-    d = diff_output("y", ref, test, atol=1e-4, rtol=1e-3)
+    d = judge_output("y", ref, test, Bounds.for_format())
     assert d.max_abs == 3.0 and d.shape == (2, 3)
     assert d.argmax_agreement == 0.5  # the second row's argmax moved
     assert not d.passed
     nan = test.copy()
     nan[0, 0, 0] = np.nan
-    d = diff_output("y", ref, nan, atol=10, rtol=0)
-    assert d.nonfinite_test == 1 and not d.passed  # a new NaN fails whatever the tolerance
+    d = judge_output("y", ref, nan, Bounds.for_format(options=GateOptions(min_cosine=-1, atol=10)))
+    assert d.nonfinite_test == 1 and not d.passed  # a new NaN fails whatever the bounds
 
 
 def test_random_inputs_are_seeded_and_fit_token_tables(save_proto):

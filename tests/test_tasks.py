@@ -154,6 +154,6 @@ def test_generic_task_compares_raw_outputs(tmp_path):
     task = get_task("generic")
     run = TaskRun(task, opts.build(task.Options, {"samples": 2}), source)
     result = run.validate(source, check_gates(task, {"max_abs": 0.0}))
-    assert result.passed and result.metric("within_tolerance").display == "2/2"
+    assert result.passed and result.metric("within_gate").display == "2/2"
     with pytest.raises(UsageError, match="has no metric 'max_abs_age_error'"):
         check_gates(task, {"max_abs_age_error": 1})

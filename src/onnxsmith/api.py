@@ -67,7 +67,7 @@ from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, compare_models
+from onnxsmith.verify.compare import Comparison, compare_models
 
 #: What a call takes where a model is meant.
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
@@ -350,8 +350,9 @@ def transform(
     samples: int = 4,
     seed: int = DEFAULT_SEED,
     shape: Shape | None = None,
-    atol: float | None = None,
+    min_cosine: float | None = None,
     rtol: float | None = None,
+    atol: float | None = None,
     external_data: bool | None = None,
     out: str | os.PathLike | None = None,
     progress: Progress = _quiet,
@@ -359,15 +360,20 @@ def transform(
 ) -> Variant:
     """Apply the transform ``name`` to ``model`` and verify it like ``onnxsmith NAME`` does.
 
-    ``atol``/``rtol``: the gate's tolerances (default: the transform's own). ``external_data``:
+    ``min_cosine``/``rtol``/``atol``: the gate's bounds (default: from the number format the variant
+    differs in, docs/gate.md; a transform with its own ``min_cosine`` option, int8, takes it as that
+    option). ``external_data``:
     True forces a data file beside the .onnx, None decides by size. ``out``: where :meth:`Variant.save`
     writes by default; checked before any work, and the variant is staged beside it.
     """
     transform_cls = type(get_transform(name))
+    if min_cosine is not None and "min_cosine" in {f.name for f in dataclasses.fields(transform_cls.Options)}:
+        options, min_cosine = {**options, "min_cosine": min_cosine}, None
     settings = _options(transform_cls.Options, options, name, _TRANSFORM_PARAMETERS)
+    bounds = {"min_cosine": min_cosine, "rtol": rtol, "atol": atol}
     with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
         staged = make_variant(
-            path, [(name, settings)], atol=atol, rtol=rtol, external_data=external_data, progress=progress, **made_from
+            path, [(name, settings)], **bounds, external_data=external_data, progress=progress, **made_from
         )
     return Variant(staged)
 
@@ -381,8 +387,9 @@ def extract(
     samples: int = 2,
     seed: int = DEFAULT_SEED,
     shape: Shape | None = None,
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
+    min_cosine: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
     external_data: bool | None = None,
     out: str | os.PathLike | None = None,
     progress: Progress = _quiet,
@@ -390,15 +397,23 @@ def extract(
     """The subgraph between the tensors ``inputs`` and ``outputs`` as a model of its own (``onnxsmith extract``).
 
     ``inputs`` None: the source's inputs that the outputs read. Verified on the source's own
-    values of the cut tensors (``feeds`` are the source's inputs). ``external_data`` None: as
-    the source keeps its weights.
+    values of the cut tensors (``feeds`` are the source's inputs), by the gate's bounds
+    (``min_cosine``/``rtol``/``atol``: default from the piece's number formats). ``external_data``
+    None: as the source keeps its weights.
     """
     if isinstance(outputs, str) or (inputs is not None and isinstance(inputs, str)):
         raise UsageError("extract(): inputs and outputs are lists of tensor names")
     cut = (None if inputs is None else list(inputs), list(outputs))
     with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
         staged = make_piece(
-            path, *cut, atol=atol, rtol=rtol, external_data=external_data, progress=progress, **made_from
+            path,
+            *cut,
+            min_cosine=min_cosine,
+            rtol=rtol,
+            atol=atol,
+            external_data=external_data,
+            progress=progress,
+            **made_from,
         )
     return Piece(staged)
 
@@ -445,18 +460,23 @@ def compare(
     samples: int = 1,
     seed: int = DEFAULT_SEED,
     shape: Shape | None = None,
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
+    min_cosine: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
     fp16_mode: str = "auto",
 ) -> Comparison:
-    """Run both on the same inputs and compare every output (``onnxsmith compare``).
+    """Run both on the same inputs and judge every output with the gate every command uses (``onnxsmith compare``).
 
+    ``min_cosine``/``rtol``/``atol``: its bounds (default: from the number format the two differ
+    in, docs/gate.md); ``comparison.verdict()`` says why it failed, in one line.
     ``fp16_mode``: "auto" runs a model with fp16 tensors storage-faithfully (as a GPU holds
     them); "native" as onnxruntime's CPU provider runs it. ``comparison.passed`` is the verdict.
     """
     with _Source(reference) as ref, _Source(candidate) as cand:
         input_sets = _input_sets(load_model(ref.path), feeds, samples=samples, seed=seed, shape=shape)
-        comparison = compare_models(ref.path, cand.path, input_sets, atol=atol, rtol=rtol, fp16_mode=fp16_mode)
+        comparison = compare_models(
+            ref.path, cand.path, input_sets, min_cosine=min_cosine, rtol=rtol, atol=atol, fp16_mode=fp16_mode
+        )
     return dataclasses.replace(comparison, reference=ref.name, candidate=cand.name)
 
 
@@ -661,7 +681,18 @@ def card(release: str | os.PathLike, *, recipe: str | os.PathLike | None = None)
 # Arguments
 
 #: Each call's own keywords (shown beside the options when one is unknown).
-_TRANSFORM_PARAMETERS = ("feeds", "samples", "seed", "shape", "atol", "rtol", "external_data", "out", "progress")
+_TRANSFORM_PARAMETERS = (
+    "feeds",
+    "samples",
+    "seed",
+    "shape",
+    "min_cosine",
+    "rtol",
+    "atol",
+    "external_data",
+    "out",
+    "progress",
+)
 _QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "progress")
 _VALIDATE_PARAMETERS = ("task", "gates", "fp16_mode", "progress")
 _PREDICT_PARAMETERS = ("task", "box", "fp16_mode")

@@ -86,3 +86,51 @@ def with_if_subgraph() -> onnx.ModelProto:
         [numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def tiny_detector(seed: int = 0, size: int = 16) -> onnx.ModelProto:
+    """A YOLO-like head on a small conv stem: y[1, 7, size²] holds 4 box coordinates in pixels (0..320)
+    beside 3 class scores (0..1) in one output, as detectors write them.
+
+    x[1, 3, size, size] -> Conv(3->8, 3x3, w_stem) / Relu -> Conv(8->8, 3x3, w_mid, b_mid) / Relu ->
+    box: Conv(8->4, 1x1) / Sigmoid * 320; score: Conv(8->3, 1x1, w_score, b_score) / Sigmoid -> Concat -> Reshape.
+    """
+    rng = np.random.default_rng(seed)
+
+    def weight(name, *shape, scale=0.5):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    inits = [
+        weight("w_stem", 8, 3, 3, 3),
+        weight("b_stem", 8, scale=0.1),
+        weight("w_mid", 8, 8, 3, 3, scale=0.25),
+        weight("b_mid", 8, scale=0.1),
+        weight("w_box", 4, 8, 1, 1),
+        weight("b_box", 4, scale=0.1),
+        weight("w_score", 3, 8, 1, 1),
+        numpy_helper.from_array(np.array([-3.0, -2.5, -4.0], np.float32), "b_score"),
+        numpy_helper.from_array(np.array(320.0, np.float32), "pixels"),
+        numpy_helper.from_array(np.array([1, 7, size * size], np.int64), "flat"),
+    ]
+    pads = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["x", "w_stem", "b_stem"], ["s0"], pads=pads, name="stem"),
+        helper.make_node("Relu", ["s0"], ["s1"], name="stem_relu"),
+        helper.make_node("Conv", ["s1", "w_mid", "b_mid"], ["m0"], pads=pads, name="mid"),
+        helper.make_node("Relu", ["m0"], ["m1"], name="mid_relu"),
+        helper.make_node("Conv", ["m1", "w_box", "b_box"], ["bx0"], name="box"),
+        helper.make_node("Sigmoid", ["bx0"], ["bx1"], name="box_sigmoid"),
+        helper.make_node("Mul", ["bx1", "pixels"], ["bx2"], name="box_pixels"),
+        helper.make_node("Conv", ["m1", "w_score", "b_score"], ["sc0"], name="score"),
+        helper.make_node("Sigmoid", ["sc0"], ["sc1"], name="score_sigmoid"),
+        helper.make_node("Concat", ["bx2", "sc1"], ["cat"], axis=1, name="concat"),
+        helper.make_node("Reshape", ["cat", "flat"], ["y"], name="flatten"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_detector",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7, size * size])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

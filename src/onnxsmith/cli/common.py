@@ -39,6 +39,34 @@ def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> N
     )
 
 
+GATE_OPTIONS = ("min_cosine", "rtol", "atol")
+
+
+def add_gate_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] = frozenset()) -> None:
+    """The one gate's bounds (verify/gate.py); unset, they follow the number format the models differ in.
+
+    ``taken``: option names the command already has (a transform's own ``--min-cosine``, which it hands
+    the gate through ``Transform.gate_settings``): not added twice.
+    """
+    group = parser.add_argument_group(
+        "verification gate (default: scaled by the format the models differ in, e.g. fp16: cosine >= 0.99951, "
+        "RMS within ±3.1 %, |Δ| <= 0.25·(|value| + its channel's RMS))"
+    )
+    helps = {
+        "min_cosine": "every float output's cosine to the source's at least this",
+        "rtol": "relative bound on each value: |Δ| <= RTOL·(|value| + its channel's RMS)",
+        "atol": "absolute bound on each value instead: |Δ| <= ATOL + RTOL·|value|",
+    }
+    for name in GATE_OPTIONS:
+        if name not in taken:
+            group.add_argument("--" + name.replace("_", "-"), dest=name, type=float, help=helps[name])
+
+
+def gate_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset()) -> dict:
+    """The API's ``min_cosine``, ``rtol``, ``atol`` from :func:`add_gate_options`' flags (not those in ``taken``)."""
+    return {name: getattr(args, name, None) for name in GATE_OPTIONS if name not in taken}
+
+
 def input_keywords(args: argparse.Namespace) -> dict:
     """The API's ``feeds``, ``samples``, ``seed``, ``shape`` from :func:`add_input_options`' flags."""
     feeds = args.inputs

@@ -9,13 +9,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import err, out
+from onnxsmith.cli.common import add_gate_options, err, gate_keywords, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.io.files import human_bytes
 from onnxsmith.runtime.inputs import DEFAULT_SEED
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
 
 def _names(text: str) -> list[str]:
@@ -48,8 +47,7 @@ def register(subparsers) -> None:
     data.add_argument("--input-data", metavar="NPZ", help="run on these arrays (named like the source's inputs)")
     data.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
     data.add_argument("--samples", type=int, default=2, help="how many random input sets (default %(default)s)")
-    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute tolerance (default %(default)g)")
-    parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative tolerance (default %(default)g)")
+    add_gate_options(parser)
     parser.add_argument(
         "--external-data",
         action=argparse.BooleanOptionalAction,
@@ -72,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
             samples=args.samples,
             seed=args.seed,
             shape=args.shape,
-            atol=args.atol,
-            rtol=args.rtol,
+            **gate_keywords(args),
             external_data=args.external_data,
             out=args.output,
             progress=status.update,

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from onnxsmith.io.files import human_bytes
 from onnxsmith.verify.compare import Comparison
+from onnxsmith.verify.gate import format_cosine
 
 
 def _num(x: float | None, fmt: str = ".3g") -> str:
@@ -17,8 +18,11 @@ def comparison_table(comparison: Comparison) -> Table:
     table = Table(
         title=f"{comparison.candidate} vs {comparison.reference} ({comparison.samples} input set(s); {modes})",
         title_justify="left",
+        caption=None if comparison.bounds is None else f"gate: {comparison.bounds.describe()}",
+        caption_justify="left",
     )
-    for column in ("output", "shape", "max |Δ|", "mean |Δ|", "max rel", "cosine", "NaN/inf", "argmax", "ok"):
+    columns = ("output", "shape", "max |Δ|", "mean |Δ|", "cosine", "RMS ratio", "|Δ| / allowed", "NaN/inf", "argmax")
+    for column in (*columns, "ok"):
         table.add_column(column, justify="left" if column in ("output", "shape") else "right")
     for o in comparison.outputs:
         table.add_row(
@@ -26,8 +30,9 @@ def comparison_table(comparison: Comparison) -> Table:
             "x".join(str(d) for d in o.shape),
             _num(o.max_abs),
             _num(o.mean_abs),
-            _num(o.max_rel),
-            _num(o.cosine, ".6f"),
+            "-" if o.cosine is None else format_cosine(o.cosine),
+            _num(o.magnitude, ".6g"),
+            _num(o.worst, ".3g") if comparison.bounds is not None else "-",
             f"{o.nonfinite_test}" + (f" (ref {o.nonfinite_ref})" if o.nonfinite_ref else ""),
             "-" if o.argmax_agreement is None else f"{o.argmax_agreement:.1%}",
             "[green]yes[/]" if o.passed else "[red]NO[/]",

@@ -9,12 +9,13 @@ transform did and a before/after table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import add_input_options, err, input_keywords, out
+from onnxsmith.cli.common import add_gate_options, add_input_options, err, gate_keywords, input_keywords, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed
@@ -28,9 +29,7 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     parser.add_argument("output", help="where to write the variant")
     opts.add_arguments(parser, transform_cls.Options)
     add_input_options(parser, samples=samples)
-    gate = parser.add_argument_group("verification gate")
-    gate.add_argument("--atol", type=float, help="absolute tolerance (default: the transform's own)")
-    gate.add_argument("--rtol", type=float, help="relative tolerance (default: the transform's own)")
+    add_gate_options(parser, taken=_own_options(transform_cls))
     parser.add_argument(
         "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
     )
@@ -53,8 +52,7 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
             transform_cls.name,
             **opts.to_json(options),
             **input_keywords(args),
-            atol=args.atol,
-            rtol=args.rtol,
+            **gate_keywords(args, taken=_own_options(transform_cls)),
             external_data=True if args.external_data else None,
             out=args.output,
             progress=status.update,
@@ -67,6 +65,12 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
     if args.report:
         variant.write_report(args.report)
     return 0
+
+
+def _own_options(transform_cls: type[Transform]) -> frozenset[str]:
+    """The transform's option names: a gate bound among them (int8's ``min_cosine``) reaches the gate as
+    the transform's setting (``Transform.gate_settings``), not as a second flag."""
+    return frozenset(f.name for f in dataclasses.fields(transform_cls.Options))
 
 
 def print_headline(lines: list[str]) -> None:

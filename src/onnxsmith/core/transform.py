@@ -105,18 +105,19 @@ class Transform:
     summary: ClassVar[str] = ""
     Options: ClassVar[type]
     #: The task whose gate judges this transform's variants (e.g. ``"lm"``: next-token KL and
-    #: top-1 agreement) instead of comparing every output within :meth:`tolerance`.
+    #: top-1 agreement) instead of the one gate on every output (:mod:`onnxsmith.verify.gate`).
     gate_task: ClassVar[str | None] = None
 
     def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
         raise NotImplementedError
 
-    def tolerance(self, options: Any) -> tuple[float, float]:
-        """The (atol, rtol) its gate compares outputs with, unless the user sets them."""
-        return 1e-4, 1e-3
-
     def gate_settings(self, options: Any) -> dict[str, Any]:
-        """Keyword arguments for the :attr:`gate_task`'s gate (its bounds, how to run the variant)."""
+        """Keyword arguments for the :attr:`gate_task`'s gate (its bounds, how to run the variant).
+
+        Without a ``gate_task``: bounds for the one gate (``min_cosine``, ``rtol``, ``atol``; None
+        derives it from the number format), for a transform whose variants legitimately move more
+        than their format's rounding. The bounds a user sets win.
+        """
         return {}
 
 

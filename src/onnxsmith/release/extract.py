@@ -5,8 +5,8 @@ it cannot be compared output for output. It is verified the way it will be
 used: the source runs on the sample inputs with the cut tensors exposed as
 outputs (weights left in place, see :mod:`onnxsmith.runtime.exposed`), those
 values are fed to the staged piece, and the piece's outputs must match the
-source's values of the same tensors — integers exactly, floats within
-tolerance. Only then is the piece moved into place; otherwise nothing is written.
+source's values of the same tensors — integers exactly, floats within the one
+gate's bounds (verify/gate.py). Only then is the piece moved into place; otherwise nothing is written.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.cut import plan_cut
+from onnxsmith.analysis.number_formats import compared_format, formats_of
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Progress, StepReport
 from onnxsmith.io.files import FileRecord, sha256_file
@@ -38,7 +39,8 @@ from onnxsmith.release.variant import (
 )
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.exposed import run_exposed
-from onnxsmith.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, diff_output
+from onnxsmith.verify.compare import Comparison
+from onnxsmith.verify.gate import Bounds, GateOptions, judge_output
 
 STEP = "extract"
 
@@ -79,7 +81,7 @@ def extract_piece(
 ) -> ExtractResult:
     """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
 
-    ``keywords`` are :func:`make_piece`'s (``feeds``, ``atol``, ``rtol``, ``external_data``, ...).
+    ``keywords`` are :func:`make_piece`'s (``feeds``, ``min_cosine``, ``rtol``, ``atol``, ``external_data``, ...).
     Raises :class:`GateFailed` (nothing written) when the piece's outputs differ from the source's.
     """
     piece = make_piece(source, inputs, outputs, output=output, **keywords)
@@ -109,8 +111,9 @@ def make_piece(
     outputs: list[str],
     *,
     feeds: list[dict[str, np.ndarray]],
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
     external_data: bool | None = None,
     output: str | os.PathLike | None = None,
     stage_in: str | os.PathLike | None = None,
@@ -171,11 +174,12 @@ def make_piece(
     staging = Staging(output, stage_in, external_data, protect)
     with staging.stage(piece, name, info.provenance([report])) as (folder, staged):
         progress("verifying the piece against the source")
-        comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, atol, rtol, output or Path(name))
+        gate = GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol)
+        comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, gate, output or Path(name))
         comparison = dataclasses.replace(comparison, reference=f"{info.name} (cut tensors exposed)", candidate=name)
         failure = None
         if not comparison.passed:
-            failure = f"verification failed, piece not written: {'; '.join(comparison.failures())}"
+            failure = f"verification failed, piece not written: {comparison.verdict()}"
         nodes = (count_nodes(model), count_nodes(piece))
         return staged_variant(info, [report], nodes, comparison, failure, staged, folder, what=STEP)
 
@@ -219,8 +223,13 @@ def _source_values(
 
 
 def _verify(
-    path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list[np.ndarray]], atol, rtol, output: Path
+    path: Path, piece: ir.Model, inputs, outputs, values: dict[str, list[np.ndarray]], gate: GateOptions, output: Path
 ) -> Comparison:
+    """The piece run on the source's values of its inputs, judged against the source's values of its outputs.
+
+    The piece computes what the source computes there, in the same number formats: the gate's
+    bounds are those of the piece's formats (a reordering, not a conversion).
+    """
     session = runner.open_session(path)
     input_names = {v.name for v in inputs}
     results: dict[str, list[np.ndarray]] = {}
@@ -234,7 +243,9 @@ def _verify(
         for name, array in runner.run(session, feeds, [v.name for v in outputs], label=path).items():
             results.setdefault(name, []).append(array)
     del session
-    comparison = Comparison("", "", {"reference": "native", "candidate": "native"}, atol, rtol, samples)
+    formats = formats_of(piece)
+    bounds = Bounds.for_format(compared_format(formats, formats), gate)
+    comparison = Comparison("", "", {"reference": "native", "candidate": "native"}, samples, bounds)
     for value in outputs:
         reference, test = values[value.name], results[value.name]
         if any(r.shape != t.shape for r, t in zip(reference, test)):
@@ -243,7 +254,7 @@ def _verify(
                 f"{test[0].shape}, the source's {reference[0].shape}",
                 output,
             )
-        comparison.outputs.append(diff_output(value.name, _stack(reference), _stack(test), atol, rtol))
+        comparison.outputs.append(judge_output(value.name, _stack(reference), _stack(test), bounds))
     return comparison
 
 

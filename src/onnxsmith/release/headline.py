@@ -31,7 +31,7 @@ def headline(
     if comparison.passed:
         verdict = f"verified: {comparison.summary()}"
     else:
-        verdict = "REFUSED by its gate: " + "; ".join(comparison.failures())
+        verdict = "REFUSED by its gate: " + comparison.verdict()
     lines = [f"{what}: {size}, {shape}", verdict]
     chained = len(reports) > 1
     for report in reports:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
 from onnxsmith.core.transform import Progress
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.runner import prepare_session
@@ -50,13 +51,15 @@ class Validation:
     metrics: list[MetricResult]
     errors: dict[str, list[float]] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why a gate fails, beyond its metric (Evaluation.reasons)
 
     @property
     def passed(self) -> bool:
         return all(m.passed is not False for m in self.metrics)
 
     def failures(self) -> list[str]:
-        return [m.failure() for m in self.metrics if m.passed is False]
+        failed = [m.failure() for m in self.metrics if m.passed is False]
+        return failed + self.reasons if failed else []
 
     def metric(self, name: str) -> MetricResult:
         return next(m for m in self.metrics if m.name == name)
@@ -73,6 +76,7 @@ class Validation:
             "metrics": [_finite(asdict(m)) for m in self.metrics],
             "rows": [_finite(r) for r in self.rows],
             "errors": self.errors,
+            "reasons": self.reasons,
         }
 
 
@@ -124,10 +128,12 @@ class TaskRun:
         self.samples: list[Sample] = task.samples(load_model(self.source), options, self.source)
         self.data = task.describe_data(options, self.samples)
         self._reference: tuple[list[dict[str, np.ndarray]], str] | None = None
+        self._formats: dict[Path, frozenset[NumberFormat]] = {}  # of each model run, for the generic gate
 
     def outputs(self, path: str | os.PathLike) -> tuple[list[dict[str, np.ndarray]], str]:
         """Raw outputs of ``path`` on every sample, and how it was run."""
         session, model, mode = prepare_session(path, self.fp16_mode)
+        self._formats[Path(path)] = formats_of(model)
         self.progress(f"{self.task.name}: running {Path(path).name} on {len(self.samples)} samples ({mode})")
         batch = getattr(self.options, "batch_size", 1)
         outputs = self.task.run(session, model, self.samples, self.options, label=path, batch_size=batch)
@@ -147,7 +153,8 @@ class TaskRun:
         else:
             ref_outputs, ref_mode = self.reference
             cand_outputs, cand_mode = self.outputs(candidate)
-            evaluation = self.task.evaluate(ref_outputs, cand_outputs, self.samples, self.options)
+            fmt = compared_format(self._formats[self.source], self._formats[Path(candidate)])
+            evaluation = self.task.evaluate(ref_outputs, cand_outputs, self.samples, self.options, number_format=fmt)
         return Validation(
             task=self.task.name,
             data=self.data,
@@ -158,6 +165,7 @@ class TaskRun:
             metrics=gated_metrics(self.task, evaluation, gates),
             errors=evaluation.errors,
             rows=evaluation.rows,
+            reasons=evaluation.reasons,
         )
 
     def calibration_feeds(self, count: int) -> list[dict[str, np.ndarray]]:

@@ -3,9 +3,10 @@
 The one path every transform command, the API and ``build`` take: load, apply the
 transforms (:mod:`onnxsmith.transforms`) in order, stage the result in a private
 folder (beside its destination when that is known), judge it against the source —
-every output compared (storage-faithfully for fp16), or by the gate of the task a
-transform names (:attr:`~onnxsmith.core.transform.Transform.gate_task`) — and only
-then move it into place. :func:`produce_variant` does all of it and writes nothing
+every output by the one gate (:mod:`onnxsmith.verify.gate`: bounds scaled by the number
+format the variant differs from its source in; storage-faithfully for fp16), or by the
+gate of the task a transform names (:attr:`~onnxsmith.core.transform.Transform.gate_task`)
+— and only then move it into place. :func:`produce_variant` does all of it and writes nothing
 when the gate refuses.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Progress, StepReport, Transform, TransformContext
 from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
@@ -32,10 +34,12 @@ from onnxsmith.io.paths import check_output
 from onnxsmith.io.save import Provenance, StagedModel, save_model, stage_model
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.release.headline import headline
+from onnxsmith.runtime.runner import NATIVE
 from onnxsmith.tasks import get_task
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.diagnose import first_nonfinite
+from onnxsmith.verify.gate import GateOptions
 
 
 def _quiet(_: str) -> None:
@@ -130,8 +134,8 @@ def produce_variant(
 ) -> VariantResult:
     """Apply ``steps`` ((transform name, options) pairs) to ``source`` and write a verified ``output``.
 
-    ``keywords`` are :func:`make_variant`'s (``feeds``, ``gate_feeds``, ``atol``, ...). Raises
-    :class:`GateFailed` (nothing written) when an output is non-finite or outside tolerance.
+    ``keywords`` are :func:`make_variant`'s (``feeds``, ``gate_feeds``, ``min_cosine``, ...). Raises
+    :class:`GateFailed` (nothing written) when an output is non-finite or outside the gate's bounds.
     """
     variant = make_variant(source, steps, output=output, **keywords)
     return variant.result(commit_verified(variant, output))
@@ -213,6 +217,7 @@ def make_variant(
     gate_feeds: list[dict[str, np.ndarray]] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    min_cosine: float | None = None,
     external_data: bool | None = None,
     output: str | os.PathLike | None = None,
     stage_in: str | os.PathLike | None = None,
@@ -221,6 +226,10 @@ def make_variant(
     progress: Progress = _quiet,
 ) -> StagedVariant:
     """Apply ``steps`` to ``source``, stage the result and judge it; commit nothing.
+
+    ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the
+    variant is judged on; ``atol``, ``rtol``, ``min_cosine`` set the gate's bounds
+    (default: from the number format the variant differs in, :mod:`onnxsmith.verify.gate`).
 
     ``output``: the destination, when known: checked before any work, and the variant is
     staged beside it (a commit is a rename). Else it is staged in ``stage_in`` (default:
@@ -231,6 +240,7 @@ def make_variant(
     output = None if output is None else Path(output)
     progress(f"loading {source.name}")
     model = load_model(source)
+    source_formats = formats_of(model)  # before the transforms change it
     protect = source_files(model, source)
     if output is not None:
         check_output(output, protect=protect)  # before any work
@@ -241,23 +251,20 @@ def make_variant(
         nodes_before = count_nodes(model)
         context = TransformContext(source_path=source, feeds=feeds, save=save_model, progress=progress)
         reports: list[StepReport] = []
-        tolerances = []
+        settings: list[dict[str, Any]] = []  # what steps judged by the one gate ask of it
         judge: tuple[Transform, Any] | None = None  # the last step whose variants a task's gate judges
         for index, (name, options) in enumerate(steps):
             context.model_is_source = index == 0
             transform = get_transform(name)
             if transform.gate_task is not None:
                 judge = (transform, options)
+            else:
+                settings.append(transform.gate_settings(options))
             progress(f"{name}: {transform.summary or 'running'}")
             reports.append(transform.apply(model, options, context))
-            tolerances.append(transform.tolerance(options))
         nodes_after = count_nodes(model)
         info = SourceInfo.of(source, protect, source_sha256.result(), source_name, origin)
-    # A chain is as loose as its loosest step.
-    step_atol = max((t[0] for t in tolerances), default=1e-4)
-    step_rtol = max((t[1] for t in tolerances), default=1e-3)
-    atol = step_atol if atol is None else atol
-    rtol = step_rtol if rtol is None else rtol
+    bounds = _gate_options(settings, GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol))
 
     name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
     progress(f"writing {name}")
@@ -265,7 +272,7 @@ def make_variant(
     with staging.stage(model, name, info.provenance(reports)) as (folder, staged):
         del model  # judged from its file: the weights are not held while the gate runs
         progress("verifying against the source")
-        comparison = _judge(judge, context, source, staged.path, gate_feeds, atol=atol, rtol=rtol)
+        comparison = _judge(judge, context, source, staged.path, gate_feeds, bounds, source_formats)
         comparison = dataclasses.replace(comparison, candidate=name)
         failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
         what = " + ".join(name for name, _ in steps) or "re-saved"
@@ -274,17 +281,28 @@ def make_variant(
         )
 
 
+def _gate_options(settings: list[dict[str, Any]], given: GateOptions) -> GateOptions:
+    """The bounds the user set, else the loosest any step asks for (a step that legitimately moves
+    its outputs more than its format's rounding, such as int8, says so), else None: from the format."""
+    merged: dict[str, float] = {}
+    for step in settings:
+        for key, value in step.items():
+            if value is not None:
+                pick = min if key == "min_cosine" else max
+                merged[key] = pick(merged.get(key, value), value)
+    return GateOptions(**{**merged, **{k: v for k, v in vars(given).items() if v is not None}})
+
+
 def _judge(
     judge: tuple[Transform, Any] | None,
     context: TransformContext,
     source: Path,
     candidate: Path,
     gate_feeds: list[dict[str, np.ndarray]] | None,
-    *,
-    atol: float,
-    rtol: float,
+    bounds: GateOptions,
+    source_formats: frozenset[NumberFormat],
 ) -> Comparison:
-    """The gate: the named task's (``Transform.gate_task``), else every output within atol/rtol.
+    """The gate: the named task's (``Transform.gate_task``), else the one gate on every output.
 
     The source is not run again when a step computed its outputs on the calibration
     feeds and the gate runs on those same feeds (``gate_feeds`` None).
@@ -294,21 +312,21 @@ def _judge(
         task = get_task(transform.gate_task)
         return task.gate(source, candidate, gate_feeds or context.feeds, **transform.gate_settings(options))
     reference = context.reference if gate_feeds is None else None
-    if reference is not None:
-        return compare_models(
-            source,
-            candidate,
-            context.feeds,
-            atol=atol,
-            rtol=rtol,
-            reference_outputs=reference.outputs,
-            reference_mode=reference.mode,
-        )
-    return compare_models(source, candidate, gate_feeds or context.feeds, atol=atol, rtol=rtol)
+    return compare_models(
+        source,
+        candidate,
+        gate_feeds or context.feeds,
+        min_cosine=bounds.min_cosine,
+        rtol=bounds.rtol,
+        atol=bounds.atol,
+        reference_outputs=None if reference is None else reference.outputs,
+        reference_mode=NATIVE if reference is None else reference.mode,
+        reference_formats=source_formats,
+    )
 
 
 def _gate_message(comparison: Comparison, staged_path: Path, feeds) -> str:
-    reasons = "; ".join(comparison.failures())
+    reasons = comparison.verdict()
     culprit = ""
     if any(o.nonfinite_test > o.nonfinite_ref for o in comparison.outputs):
         found = first_nonfinite(staged_path, feeds[0])

@@ -14,11 +14,12 @@ metrics that gates can bound::
         default_gates = {"max_abs_age_error": 0.5}
 
         def samples(self, model, options, source) -> list[Sample]: ...
-        def evaluate(self, reference, candidate, samples, options) -> Evaluation: ...
+        def evaluate(self, reference, candidate, samples, options, *, number_format) -> Evaluation: ...
 
 ``reference`` and ``candidate`` are the raw outputs of the source and the variant,
 one dict per sample, from :meth:`Task.run` (override it for models that need a
-loop). A task that runs the two models its own way implements :meth:`Task.judge`
+loop); ``number_format``: the one the two models differ in (analysis/number_formats.py), for
+a task that judges raw outputs with the one gate (generic). A task that runs the two models its own way implements :meth:`Task.judge`
 instead of ``evaluate`` (the language-model task scores both with its own runner). Option fields whose metadata has ``{"path": True}`` name
 files: a recipe resolves them against its own folder and checks they exist.
 """
@@ -33,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import UsageError
 from onnxsmith.core.registry import Registry
 from onnxsmith.runtime import runner
@@ -80,6 +82,8 @@ class Evaluation:
     errors: dict[str, list[float]] = field(default_factory=dict)
     #: One row per sample: its id and what each model predicted.
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: Why a gated metric fails, when the metric alone does not say (the generic task: the one gate's verdict).
+    reasons: list[str] = field(default_factory=list)
 
 
 class Task:
@@ -107,7 +111,10 @@ class Task:
         candidate: list[dict[str, np.ndarray]],
         samples: list[Sample],
         options: Any,
+        *,
+        number_format: NumberFormat = FP32,
     ) -> Evaluation:
+        """``number_format``: the one the two models differ in (a task that judges raw outputs scales with it)."""
         raise NotImplementedError
 
     #: Implemented by tasks that run both models themselves: (reference path, candidate path,

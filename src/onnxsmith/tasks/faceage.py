@@ -232,7 +232,7 @@ class FaceAge(Task):
             )
         return rows
 
-    def evaluate(self, reference, candidate, samples, options: FaceAgeOptions) -> Evaluation:
+    def evaluate(self, reference, candidate, samples, options: FaceAgeOptions, *, number_format=None) -> Evaluation:
         ref = [row for out in reference for row in self.decode(out, options)]
         cand = [row for out in candidate for row in self.decode(out, options)]
         nonfinite = sum(

@@ -1,7 +1,10 @@
-"""Any model: its raw outputs compared value by value (the foundation harness's comparison).
+"""Any model: its raw outputs judged by the one gate, as ``compare`` and the transforms judge them.
 
 Inputs are seeded random values fitting the input spec, or arrays from .npz
-files (one input set per file, named like the model's inputs).
+files (one input set per file, named like the model's inputs). The verdict is
+:mod:`onnxsmith.verify.gate`'s at the number format the two models differ in
+(``within_gate``: every output within its bounds; no new NaN/inf); the metrics
+show what it measured.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
-from onnxsmith.verify.compare import Comparison, compare_models, diff_output
+from onnxsmith.verify.compare import judge_outputs
+from onnxsmith.verify.gate import Bounds, GateOptions, verdict
 
 #: Histograms need no more than this many |Δ| values per variant.
 _HISTOGRAM_VALUES = 20000
@@ -33,8 +38,15 @@ class GenericOptions:
     shape: list[str] = field(
         default_factory=list, metadata={"help": "NAME:D0,D1 or DIM=N for inputs with symbolic dims"}
     )
-    atol: float = field(default=1e-4, metadata={"help": "absolute tolerance counted by 'within_tolerance'"})
-    rtol: float = field(default=1e-3, metadata={"help": "relative tolerance counted by 'within_tolerance'"})
+    min_cosine: float | None = field(
+        default=None, metadata={"help": "the gate: every float output's cosine to the source's at least this"}
+    )
+    rtol: float | None = field(
+        default=None, metadata={"help": "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value"}
+    )
+    atol: float | None = field(
+        default=None, metadata={"help": "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|"}
+    )
 
     def validate(self) -> None:
         if self.samples < 1:
@@ -43,22 +55,23 @@ class GenericOptions:
             parse_shape_options(self.shape, option="shape")
         except UsageError as err:
             raise ValueError(err.problem) from None
+        GateOptions(self.min_cosine, self.rtol, self.atol)  # raises ValueError on a bound out of range
 
 
 @register_task
 class Generic(Task):
     name = "generic"
-    summary = "any model: raw outputs compared value by value (max/mean |Δ|, cosine, argmax, NaN/inf)"
+    summary = "any model: raw outputs judged by the gate the transforms use (cosine, magnitude, each value, NaN/inf)"
     Options = GenericOptions
     metrics = (
         MetricSpec("max_abs", "max |Δ|", LOWER),
         MetricSpec("mean_abs", "mean |Δ|", LOWER),
         MetricSpec("min_cosine", "min cosine", HIGHER),
         MetricSpec("argmax_agreement", "argmax agreement", HIGHER),
-        MetricSpec("within_tolerance", "outputs within atol/rtol", HIGHER),
+        MetricSpec("within_gate", "outputs within the gate", HIGHER),
         MetricSpec("nonfinite", "NaN/inf values", LOWER),
     )
-    default_gates: ClassVar[dict[str, float]] = {"nonfinite": 0, "min_cosine": 0.999}
+    default_gates: ClassVar[dict[str, float]] = {"nonfinite": 0, "within_gate": 1.0}
 
     def samples(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
         if options.data:
@@ -81,27 +94,20 @@ class Generic(Task):
             return f"{len(samples)} input set(s) from {Path(options.data).name}"
         return f"{len(samples)} seeded random input set(s) (seed {options.seed})"
 
-    def gate(self, reference, candidate, feeds, *, min_cosine: float = 0.995, **_) -> Comparison:
-        """The gate of a transform whose outputs legitimately move (``int8``): every float output's
-        cosine to the source at least ``min_cosine`` and no new NaN/inf."""
-        comparison = compare_models(reference, candidate, feeds)
-        for output in comparison.outputs:
-            new_nonfinite = output.nonfinite_test > output.nonfinite_ref
-            output.passed = not new_nonfinite and (output.cosine is None or output.cosine >= min_cosine)
-        comparison.atol = comparison.rtol = float("nan")
-        return comparison
-
-    def evaluate(self, reference, candidate, samples, options: GenericOptions) -> Evaluation:
-        diffs = []
+    def evaluate(
+        self, reference, candidate, samples, options: GenericOptions, *, number_format: NumberFormat = FP32
+    ) -> Evaluation:
+        bounds = Bounds.for_format(number_format, GateOptions(options.min_cosine, options.rtol, options.atol))
+        missing = [name for name in reference[0] if name not in candidate[0]]
+        if missing:
+            raise InputError(f"the variant has no output '{missing[0]}'")
+        stacked = {name: np.stack([r[name] for r in reference]) for name in reference[0]}
+        tested = {name: np.stack([c[name] for c in candidate]) for name in reference[0]}
+        diffs = judge_outputs(stacked, tested, bounds)
         errors: list[np.ndarray] = []
-        for name in reference[0]:
-            if name not in candidate[0]:
-                raise InputError(f"the variant has no output '{name}'")
-            ref = np.stack([r[name] for r in reference])
-            cand = np.stack([c[name] for c in candidate])
-            diffs.append(diff_output(name, ref, cand, options.atol, options.rtol))
+        for name, ref in stacked.items():
             if ref.dtype.kind in "fc":
-                delta = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
+                delta = np.abs(ref.astype(np.float64) - tested[name].astype(np.float64))
                 errors.append(delta[np.isfinite(delta)].reshape(-1))
         cosines = [d.cosine for d in diffs if d.cosine is not None]
         argmaxes = [d.argmax_agreement for d in diffs if d.argmax_agreement is not None]
@@ -111,11 +117,11 @@ class Generic(Task):
             "mean_abs": float(np.mean([d.mean_abs for d in diffs])),
             "min_cosine": min(cosines) if cosines else float("nan"),
             "argmax_agreement": min(argmaxes) if argmaxes else float("nan"),
-            "within_tolerance": sum(d.passed for d in diffs) / len(diffs),
+            "within_gate": sum(d.passed for d in diffs) / len(diffs),
             "nonfinite": float(nonfinite),
         }
         display = {
-            "within_tolerance": f"{sum(d.passed for d in diffs)}/{len(diffs)}",
+            "within_gate": f"{sum(d.passed for d in diffs)}/{len(diffs)}",
             "nonfinite": "none" if nonfinite == 0 else str(nonfinite),
         }
         flat = np.concatenate(errors) if errors else np.zeros(0)
@@ -128,8 +134,11 @@ class Generic(Task):
                 "mean |Δ|": d.mean_abs,
                 "cosine": d.cosine,
                 "NaN/inf": d.nonfinite_test,
-                "within tolerance": d.passed,
+                "within the gate": d.passed,
             }
             for d in diffs
         ]
-        return Evaluation(values, display, {"|Δ| (all output values)": [float(v) for v in flat]}, rows)
+        reasons = (
+            [f"the gate ({bounds.describe()}): {verdict(diffs, bounds)}"] if not all(d.passed for d in diffs) else []
+        )
+        return Evaluation(values, display, {"|Δ| (all output values)": [float(v) for v in flat]}, rows, reasons)

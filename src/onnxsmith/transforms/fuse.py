@@ -116,10 +116,6 @@ class Fuse(Transform):
             metadata={"help": "compute only the token rows the outputs read (the CLS row of the last block)"},
         )
 
-    def tolerance(self, options: Options) -> tuple[float, float]:
-        # Fusion reorders fp32 arithmetic (SkipLayerNormalization sums in one pass); fp16 rounds activations.
-        return (5e-3, 1e-3) if options.precision == "fp32" else (5e-2, 1e-2)
-
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))
         before = _op_counts(model)

@@ -22,8 +22,8 @@ calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never fro
 
 The budget defaults to 0.3 of what the gate allows (relative error sqrt(2 (1 - min_cosine)):
 0.03 for cosine 0.995): room for inputs the calibration did not see (calibrated on random
-inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on real crops). The variant is verified against the source: every output's
-cosine >= ``--min-cosine`` and no new NaN/inf (a recipe's task gates apply on top in build).
+inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on real crops). The variant is verified against the source by the one gate
+(verify/gate.py) at int8's bounds: every output's cosine >= ``--min-cosine``, no new NaN/inf (a recipe's task gates apply on top in build).
 """
 
 from __future__ import annotations
@@ -209,9 +209,8 @@ class Int8(Transform):
     summary = "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU"
     Options = Options
 
-    gate_task = "generic"  # every output's cosine to the source, no new NaN/inf (tasks/generic.py)
-
     def gate_settings(self, options: Options) -> dict:
+        # The one gate (verify/gate.py) at int8's bounds, with the direction bound this transform promises.
         return {"min_cosine": options.min_cosine}
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:

@@ -12,7 +12,7 @@ Four passes, in this order:
 4. identical constants are stored once (passes/dedup_constants.py).
 
 The gate (produce_variant) demands integer outputs bit-identical and float outputs
-within tolerance. ``--explain`` shows every change and why, and before/after
+within the one gate's fp32 bounds (verify/gate.py). ``--explain`` shows every change and why, and before/after
 breakdowns from the same analysis ``inspect`` uses.
 """
 

@@ -32,7 +32,8 @@ import numpy as np
 from onnxsmith.analysis.lm_signature import IDS
 from onnxsmith.core.errors import InputError
 from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
-from onnxsmith.verify.compare import Comparison, diff_output
+from onnxsmith.verify.compare import Comparison
+from onnxsmith.verify.gate import Bounds, judge_output
 
 #: Defaults of the gate: see the module doc and docs/quantize.md.
 DEFAULT_MAX_KL = 0.1
@@ -139,8 +140,6 @@ def compare_lm(
         reference=Path(reference).name,
         candidate=Path(candidate).name,
         modes={"reference": "native", "candidate": _mode(candidate_config)},
-        atol=0.0,
-        rtol=0.0,
         samples=len(feeds_list),
         gate={"max_kl": max_kl, "min_top1": min_top1, "min_cosine": min_cosine},
     )
@@ -158,7 +157,7 @@ def compare_lm(
             if name not in cand_out:
                 raise InputError(f"has no output named '{name}' (the source has it)", candidate)
             test = cand_logits if name == ref.sig.logits else cand_out[name]
-            diff = diff_output(name, value[None], test[None], 0.0, 0.0)
+            diff = judge_output(name, value[None], test[None], Bounds.for_format())  # its measurements; judged here
             ok = diff.nonfinite_test <= diff.nonfinite_ref
             if name != ref.sig.logits and value.size:
                 ok = ok and (diff.cosine is not None and diff.cosine >= min_cosine)
@@ -167,7 +166,7 @@ def compare_lm(
                         f"output '{name}' has cosine {diff.cosine if diff.cosine is not None else float('nan'):.4f} "
                         f"with the source's (gate ≥ {min_cosine:g}) or new NaN/inf"
                     )
-            comparison.outputs.append(replace(diff, passed=ok))
+            comparison.outputs.append(replace(diff, passed=ok, failed=[], needed={}))
     agreement = Agreement.concat(parts)
     comparison.positions = int(agreement.kl.size)
     comparison.mean_kl = float(agreement.kl.mean())
