@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.io.load import LEFT_TO_ONNXRUNTIME
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.walk import all_nodes, constant_tensors
 
@@ -111,6 +112,11 @@ def summarize(model: ir.Model, *, top: int = 10, file_bytes: int | None = None) 
 
 def _warnings(model: ir.Model, tensors: list[TensorInfo], total_bytes: int, file_bytes: int | None) -> list[str]:
     warnings = []
+    for domain, op_type, opset in model.meta.get(LEFT_TO_ONNXRUNTIME, []):
+        warnings.append(
+            f"onnx.checker has no {op_type} at opset {opset} of {domain or 'ai.onnx'}; onnxruntime registers "
+            "one and runs it, so the model is accepted (tools that go by onnx.checker alone refuse it)"
+        )
     for t in tensors:
         if t.dtype == "INT64" and t.bytes > INT64_WARN_BYTES:
             readers = ", ".join(t.readers) or "nothing"

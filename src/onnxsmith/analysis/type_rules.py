@@ -5,7 +5,7 @@ allow it: ``Add(A: T, B: T) -> C: T`` takes fp16 if T may be fp16, ``Range``'s T
 may not be fp16 at all, ``Resize``'s ``scales`` is always fp32, and
 ``SkipLayerNormalization``'s ``mean`` output is always fp32 whatever its input.
 The rules come from onnx's schemas for the standard domains and from
-onnxruntime's registry for its contrib ops (com.microsoft: MultiHeadAttention,
+onnxruntime's registry (io/op_schemas.py) for its contrib ops (com.microsoft: MultiHeadAttention,
 SkipLayerNormalization, RotaryEmbedding, BiasGelu, ...). An op found in neither
 has unknown type rules.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-_ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+from onnxsmith.io.op_schemas import ONNX_DOMAINS, onnxruntime_schemas
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ def signature(node: ir.Node, opset: int | None) -> Signature | None:
 
 @functools.cache
 def _signature(domain: str, op_type: str, opset: int) -> Signature | None:
-    if domain in _ONNX_DOMAINS:
+    if domain in ONNX_DOMAINS:
         try:
             schema = onnx.defs.get_schema(op_type, opset, "" if domain == "ai.onnx" else domain)
         except onnx.defs.SchemaError:
             schema = None
         if schema is not None:
             return _from_schema(schema.inputs, schema.outputs, schema.type_constraints, onnx_style=True)
-    schema = _onnxruntime_schemas().get((domain if domain != "ai.onnx" else "", op_type))
+    schema = onnxruntime_schemas().get((domain if domain != "ai.onnx" else "", op_type))
     if schema is None:
         return None
     versions = [s for s in schema if s.since_version <= opset] or schema[:1]
@@ -90,23 +90,6 @@ def _from_schema(inputs, outputs, constraints, *, onnx_style: bool) -> Signature
         variadic_output=variadic(outputs),
         allowed=allowed,
     )
-
-
-@functools.cache
-def _onnxruntime_schemas() -> dict[tuple[str, str], list]:
-    """onnxruntime's operator registry (contrib ops included), by (domain, op)."""
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-        schemas = ort_state.get_all_operator_schema()
-    except (ImportError, AttributeError):  # a minimal onnxruntime build without the registry
-        return {}
-    table: dict[tuple[str, str], list] = {}
-    for schema in schemas:
-        table.setdefault((schema.domain, schema.name), []).append(schema)
-    for versions in table.values():
-        versions.sort(key=lambda s: s.since_version)
-    return table
 
 
 def opset_of(model: ir.Model, node: ir.Node) -> int | None:

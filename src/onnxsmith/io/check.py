@@ -7,6 +7,12 @@ disagrees with their declared shape (a 200-byte file declaring 4 TiB), external 
 outside the model's folder, missing, or shorter than its tensor. Then onnx.checker's
 full check: schemas, single assignment, unique names, type and shape inference.
 
+Where onnx.checker and onnxruntime disagree, onnxruntime decides: a standard-domain node
+that onnx has no schema for at the model's opset but onnxruntime registers
+(``LayerNormalization`` at opset 12, as onnxruntime's own optimizer writes it) is accepted,
+everything around it still checked, and the loader says so (:func:`ops_left_to_onnxruntime`;
+``inspect`` shows it). A node neither knows is refused, with the checker's message.
+
 Everything here reads the protobuf as parsed; a large model's weights are external
 references by then (see :mod:`onnxsmith.io.load`), so the checks never copy them.
 """
@@ -21,8 +27,11 @@ import onnx
 import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
-from onnxsmith.io import paths
+from onnxsmith.io import op_schemas, paths
 from onnxsmith.io.files import human_bytes
+
+#: The domain a node onnx.checker cannot judge is moved to in the copy it checks (see the module doc).
+_LEFT_DOMAIN = "onnxsmith.left-to-onnxruntime"
 
 #: The newest opset of each standard domain the onnx package here knows.
 MAX_OPSET = {"": onnx.defs.onnx_opset_version(), "ai.onnx": onnx.defs.onnx_opset_version()}
@@ -31,6 +40,8 @@ MAX_OPSET["ai.onnx.ml"] = max(row[3] for row in onnx.helper.VERSION_TABLE)
 
 def check_model_proto(proto: onnx.ModelProto, path: Path, *, with_onnx: bool = True) -> None:
     """Raise :class:`InputError` naming ``path`` and the first problem found.
+
+    Ops that onnx.checker lacks and onnxruntime runs are accepted (:func:`ops_left_to_onnxruntime`).
 
     Mutates ``proto`` only to sort a graph whose nodes are out of topological order.
     ``with_onnx``: False skips onnx.checker (the file passed it before).
@@ -55,11 +66,71 @@ def check_with_onnx(proto: onnx.ModelProto, path: Path) -> None:
     on every graph input and output, where ONNX (and onnxruntime) allow an unknown rank.
     """
     model = _without_file_data(proto, path)
+    left = ops_left_to_onnxruntime(proto)
+    if left:
+        model = _set_aside(model if model is not proto else _copy(proto), left)
     try:
         onnx.checker.check_model(_io_shapes_declared(model))
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as err:
         raise InputError(f"not a valid ONNX model (onnx.checker: {_checker_message(err)})", path) from None
+
+
+def ops_left_to_onnxruntime(proto: onnx.ModelProto) -> list[tuple[str, str, int]]:
+    """Standard-domain ops of ``proto`` that onnx has no schema for at its opset but onnxruntime registers:
+    (domain, op type, opset), sorted. onnx.checker would refuse them; onnxruntime runs them."""
+    found: set[tuple[str, str, int]] = set()
+    for nodes, opsets in _scopes(proto):
+        for node in nodes:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            version = opsets.get(domain)
+            if domain not in op_schemas.ONNX_DOMAINS or version is None:
+                continue
+            if not op_schemas.onnx_has(domain, node.op_type, version) and op_schemas.onnxruntime_has(
+                domain, node.op_type, version
+            ):
+                found.add((domain, node.op_type, version))
+    return sorted(found)
+
+
+def _scopes(proto: onnx.ModelProto) -> Iterator[tuple[list[onnx.NodeProto], dict[str, int]]]:
+    """Every node list (graph, subgraphs, functions) with the opsets its nodes are read at."""
+
+    def opsets(imports) -> dict[str, int]:
+        return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in imports}
+
+    def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+        yield graph
+        for node in graph.node:
+            for sub in _subgraphs(node):
+                yield from graphs(sub)
+
+    model_opsets = opsets(proto.opset_import)
+    for graph in graphs(proto.graph):
+        yield list(graph.node), model_opsets
+    local = {(f.domain, f.name) for f in proto.functions}
+    for function in proto.functions:
+        yield [n for n in function.node if (n.domain, n.op_type) not in local], opsets(function.opset_import)
+
+
+def _set_aside(proto: onnx.ModelProto, left: list[tuple[str, str, int]]) -> onnx.ModelProto:
+    """``proto`` (a copy, changed in place) with the nodes of ``left`` in a domain onnx.checker does not judge."""
+    wanted = set(left)
+    for nodes, opsets in _scopes(proto):
+        for node in nodes:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            if (domain, node.op_type, opsets.get(domain)) in wanted:
+                node.domain = _LEFT_DOMAIN
+    proto.opset_import.append(onnx.helper.make_opsetid(_LEFT_DOMAIN, 1))
+    for function in proto.functions:
+        function.opset_import.append(onnx.helper.make_opsetid(_LEFT_DOMAIN, 1))
+    return proto
+
+
+def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    return copy
 
 
 def _io_shapes_declared(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.io import wire
-from onnxsmith.io.check import check_model_proto
+from onnxsmith.io.check import check_model_proto, ops_left_to_onnxruntime
 
 #: Files at least this big are read through a memory map (weights stay on disk).
 LAZY_FILE_BYTES = 32 * 1024 * 1024
@@ -29,6 +29,9 @@ LAZY_TENSOR_BYTES = 64 * 1024
 MIN_IR_VERSION = 3
 #: ``model.meta`` key of the file a model was loaded from.
 SOURCE_PATH = "onnxsmith.source_path"
+#: ``model.meta`` key: the ops onnx.checker has no schema for that onnxruntime runs, accepted
+#: ((domain, op type, opset) list; io/check.py). Absent when there are none.
+LEFT_TO_ONNXRUNTIME = "onnxsmith.left_to_onnxruntime"
 
 #: Big files that passed onnx.checker, by identity: a command loads its source more than once
 #: (the gate loads it again), and on ViT-L the checker takes a tenth of a second each time.
@@ -73,6 +76,9 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
         raise InputError(f"not a valid ONNX model ({err})", path) from None
     ir.external_data.set_base_dir(model.graph, path.parent)
     model.meta[SOURCE_PATH] = path  # for messages about the model made far from here
+    left = ops_left_to_onnxruntime(proto)
+    if left:
+        model.meta[LEFT_TO_ONNXRUNTIME] = left
     return model
 
 
