@@ -22,6 +22,7 @@ from onnxsmith.transforms.fp16 import Options as Fp16Options
 from onnxsmith.verify.gate import Bounds, GateOptions, judge_output, verdict
 from tests.support.defects import DEFECTS, break_ir, broken_proto
 from tests.support.models import mlp, tiny_detector
+from tests.support.realmodels import real_model
 
 # ---------------------------------------------------------------- bounds and formats
 
@@ -247,3 +248,36 @@ def test_ir_defect_matches_the_proto_defect():
     b = broken_proto(proto, "flipped sign", "w_mid")
     pick = lambda m: next(t for t in m.graph.initializer if t.name == "w_mid")  # noqa: E731
     assert onnx.numpy_helper.to_array(pick(a)).tolist() == onnx.numpy_helper.to_array(pick(b)).tolist()
+
+
+# ---------------------------------------------------------------- real models (issue 11 item 6)
+
+
+@pytest.mark.realmodel
+def test_a_detector_gets_one_verdict_from_fp16_fuse_and_compare(cli, tmp_path):
+    """nudenet's YOLOv8n: box coordinates in pixels (up to ~320) beside class scores in one output.
+    `fuse --precision fp16` refused it (|Δ| 0.369 > atol 0.05) where `fp16` accepted it."""
+    source = real_model("nudenet_320n")
+    shape = ["--shape", "images:1,3,320,320"]
+    for name, command in (("fp16", ["fp16"]), ("fuse16", ["fuse", "--precision", "fp16"])):
+        made = cli(*command, source, tmp_path / f"{name}.onnx", *shape, "--report", tmp_path / f"{name}.json")
+        assert made.returncode == 0, made.stderr
+        gate = json.loads((tmp_path / f"{name}.json").read_text())["verification"]["gate"]
+        assert gate["format"] == "fp16" and gate["explicit"] == []
+        compared = cli("compare", source, tmp_path / f"{name}.onnx", *shape, "--json")
+        assert compared.returncode == 0 and json.loads(compared.stdout)["gate"] == gate
+
+
+@pytest.mark.realmodel
+def test_compare_judges_an_fp16_variant_at_fp16(cli, tmp_path):
+    """ddddocr's recogniser (logits up to ~30): its fp16 variant passes `compare` with no option, and
+    the same variant with one weight's sign flipped is refused with its cosine and the option."""
+    source = real_model("ddddocr_common")
+    assert cli("fp16", source, tmp_path / "half.onnx").returncode == 0
+    assert cli("compare", source, tmp_path / "half.onnx").returncode == 0
+    proto = onnx.load(tmp_path / "half.onnx")
+    weight = max(proto.graph.initializer, key=lambda t: len(t.raw_data)).name
+    onnx.save(broken_proto(proto, "flipped sign", weight), tmp_path / "broken.onnx")
+    refused = cli("compare", source, tmp_path / "broken.onnx")
+    assert refused.returncode == 1
+    assert "cosine" in refused.stdout and "argmax" in refused.stdout and "would accept it" in refused.stdout
