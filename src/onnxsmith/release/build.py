@@ -381,7 +381,14 @@ def _make_variant(
     steps = [(s.name, s.options) for s in variant.steps]
     try:
         result = produce_variant(
-            recipe.source, target, steps, feeds=feeds, atol=variant.atol, rtol=variant.rtol, progress=progress
+            recipe.source,
+            target,
+            steps,
+            feeds=feeds,
+            atol=variant.atol,
+            rtol=variant.rtol,
+            min_cosine=variant.min_cosine,
+            progress=progress,
         )
     except GateFailed as err:
         outcome.reason = err.problem

@@ -90,6 +90,7 @@ class Variant:
     description: str = ""
     atol: float | None = None
     rtol: float | None = None
+    min_cosine: float | None = None
     line: int | None = None
 
 
@@ -236,6 +237,7 @@ class _Reader:
             values["description"],
             values["atol"],
             values["rtol"],
+            values["min_cosine"],
             self.line(key),
         )
 

@@ -450,8 +450,15 @@ RECIPE = Table(
                         ),
                     ),
                 ),
-                Key("atol", float, "the variant's own gate: absolute tolerance (default: the transforms')", minimum=0),
-                Key("rtol", float, "... and relative tolerance", minimum=0),
+                Key(
+                    "min_cosine",
+                    float,
+                    "the variant's own gate (verify/gate.py): every float output's cosine to the source's at least "
+                    "this (default: from the number format the variant differs in; fp16: 0.99951)",
+                    minimum=-1,
+                ),
+                Key("rtol", float, "... each value within RTOL·(|value| + its channel's RMS) (fp16: 0.25)", minimum=0),
+                Key("atol", float, "... or within ATOL + RTOL·|value| (an absolute bound instead)", minimum=0),
             ),
         ),
         Table(
