@@ -98,7 +98,8 @@ def test_nan_inf_never_pass_and_all_zero_outputs_need_zeros():
     same_nan = np.where(ref > 0, np.nan, 0.0)
     assert judge_output("y", same_nan, same_nan.copy(), Bounds.for_format()).passed  # where the source has them
     zeros = np.zeros((1, 8))
-    assert judge_output("y", zeros, zeros.copy(), Bounds.for_format()).passed
+    same = judge_output("y", zeros, zeros.copy(), Bounds.for_format())
+    assert same.passed and same.cosine == 1.0  # identical
     off = judge_output("y", zeros, zeros + 1e-3, Bounds.for_format(FP16))
     assert off.cosine is None and off.failed == ["values"] and off.needed == {"atol": pytest.approx(1e-3)}
 

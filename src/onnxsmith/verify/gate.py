@@ -224,7 +224,9 @@ def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -
     ref_finite = np.where(both, a, 0.0)
     ref_rms = math.sqrt(float(np.mean(ref_finite[both] ** 2)))
     test_rms = math.sqrt(float(np.mean(b[both] ** 2)))
-    if ref_rms > 0:  # an all-zero output has no direction and no magnitude to keep: its values decide
+    if ref_rms == 0:  # an all-zero output has no direction and no magnitude to keep: its values decide
+        diff.cosine = 1.0 if test_rms == 0 else None  # (all zeros on both sides: identical)
+    else:
         va, vb = a[both], b[both]
         diff.cosine = float(np.dot(va, vb) / (np.linalg.norm(va) * np.linalg.norm(vb))) if test_rms > 0 else 0.0
         diff.magnitude = test_rms / ref_rms
