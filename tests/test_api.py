@@ -381,3 +381,30 @@ def test_shape_sizes_random_inputs_by_input_or_by_dim():
     assert not np.array_equal(by_input[0]["x"], by_input[1]["x"])  # set i is seeded seed + i
     with pytest.raises(UsageError, match="shape: 'x' must be a size"):
         _input_sets(model, None, samples=1, seed=0, shape={"x": "5,8"})
+
+
+def test_fp16_says_first_why_the_file_is_not_half(tmp_path, save_proto):
+    """Most weights int8 (dequantized at run time): fp16 cannot halve them, and the headline says so."""
+    rng = np.random.default_rng(0)
+    weights = [
+        onnx.numpy_helper.from_array(rng.integers(-127, 127, (8, 256), dtype=np.int8), "w_q"),
+        onnx.numpy_helper.from_array(np.array(0.01, np.float32), "scale"),
+        onnx.numpy_helper.from_array(rng.standard_normal((256, 4)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        onnx.helper.make_node("DequantizeLinear", ["w_q", "scale"], ["w1"]),
+        onnx.helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        onnx.helper.make_node("MatMul", ["h", "w2"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "int8_weights",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])],
+        weights,
+    )
+    source = save_proto(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]))
+    with onnxsmith.fp16(source) as variant:
+        assert variant.ok and variant.report.size_ratio > 0.6
+        assert variant.report.headline[2].endswith("are int8: fp16 converts fp32 weights only")
+        assert variant.report.steps[0].why_not_more == variant.report.headline[2:]
