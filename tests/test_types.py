@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxsmith.irutil.types import ensure_types
+from onnxsmith.irutil.types import ensure_types, forget_inferred_types, infer_types, typed_values
 from tests.support.models import mlp
 
 
@@ -35,3 +35,27 @@ def test_a_typed_model_is_left_as_it_is():
     assert not _untyped(model)
     ensure_types(model)
     assert first.shape is None
+
+
+def test_inferred_types_are_forgotten_stated_ones_kept():
+    model = _model()  # mlp() states no inner type: h0 .. y0 are all inferred
+    h0 = next(iter(model.graph)).outputs[0]
+    h0.dtype = ir.DataType.FLOAT
+    stated = typed_values(model)
+    assert stated == {h0}
+    infer_types(model)
+    inner = [out for node in model.graph for out in node.outputs if not out.is_graph_output()]
+    assert all(out.shape is not None for out in inner)
+    assert forget_inferred_types(model, stated) == len(inner) - 1
+    assert [out for out in inner if out.type is not None] == [h0]
+    assert model.graph.outputs[0].shape is not None  # the graph's outputs keep what they state
+
+
+def test_types_past_an_operator_inference_does_not_know_are_kept():
+    model = _model()
+    mm2 = next(node for node in model.graph if node.name == "mm2")
+    mm2.domain, mm2.op_type = "com.microsoft", "FusedMatMul"
+    model.opset_imports["com.microsoft"] = 1
+    infer_types(model)
+    forget_inferred_types(model, set())
+    assert mm2.outputs[0].dtype == ir.DataType.FLOAT  # onnx's inference could not find it again

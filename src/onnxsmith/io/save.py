@@ -428,6 +428,7 @@ def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.Mod
     finally:
         for value, tensor in originals:
             value.const_value = tensor
+    _drop_restated_initializer_types(proto.graph)
     if check is not None:
         check(proto)
 
@@ -471,6 +472,38 @@ def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.Mod
         f.write(after)
     f.write(graph_after)
     f.write(model_after)
+
+
+def _drop_restated_initializer_types(graph: onnx.GraphProto) -> None:
+    """Leave out value_info that only repeats an initializer's own dtype and dims (onnx-ir writes one each).
+
+    On a small model they are a visible share of the file; nothing reads them that
+    could not read the tensor.
+    """
+    declared = {init.name: (init.data_type, list(init.dims)) for init in graph.initializer}
+    kept = []
+    for info in graph.value_info:
+        tensor_type = info.type.tensor_type
+        restated = (
+            info.name in declared
+            and info.type.WhichOneof("value") == "tensor_type"
+            and not info.doc_string
+            and not info.metadata_props
+            and all(d.HasField("dim_value") for d in tensor_type.shape.dim)
+            and declared[info.name] == (tensor_type.elem_type, [d.dim_value for d in tensor_type.shape.dim])
+        )
+        if not restated:
+            kept.append(info)
+    if len(kept) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _drop_restated_initializer_types(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _drop_restated_initializer_types(sub)
 
 
 def _stream_tensor(tensor: ir.TensorProtocol, f: BinaryIO) -> None:
