@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from tests.support.check import assert_pass_preserves_outputs
+from tests.support.models import int8_dequantised_mlp, shared_weight_read_through_copies
 from tests.support.surgery_models import hitnet_bloat
 
 # atol=0 asks for bit-identical outputs; compare's relative error then divides 0 by 0 where both are 0.
@@ -26,7 +27,7 @@ def _stored_bytes(model: ir.Model) -> int:
 
 
 def test_big_grid_stays_computed_small_chain_folds(save_proto, tmp_path):
-    # Expand makes 128*256*8 int64 = 2 MB, over the 1 MB default; Range and Reshape before it are tiny.
+    # Expand makes 128*256*8 int64 = 2 MB, over the 4 KB default; Range and Reshape before it are tiny.
     source = save_proto(hitnet_bloat(height=128, width=256, tile1=3, tile2=2), "grid.onnx")
     model = load_model(source)
     fold = FoldConstantsGuardedPass()(model)
@@ -88,3 +89,37 @@ def test_unknown_size_and_big_inputs_are_not_evaluated(save_proto, tmp_path):
     FoldConstantsGuardedPass()(model)
     assert "Transpose" not in _ops(model)
     assert_pass_preserves_outputs(source, model, tmp_path)
+
+
+def test_an_int8_weight_stays_int8(save_proto, tmp_path):
+    """Cast(int8) -> Mul(scale) would store the weight in fp32: four times its bytes (MiniLM int8 shrink 1.5x)."""
+    source = save_proto(int8_dequantised_mlp(hidden=256), "int8.onnx")
+    model = load_model(source)
+    fold = FoldConstantsGuardedPass()(model)
+    assert _ops(model)[:2] == ["Cast", "Mul"]  # the dequantisation stays computed at run time
+    assert model.graph.initializers["w_q"].const_value.dtype == ir.DataType.INT8
+    [refused] = [r for r in fold.refused if r.node == "w_cast"]
+    assert "computed from 65536 bytes of constants" in refused.reason and refused.growth == 3 * 65536
+    assert _stored_bytes(model) < 70_000
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=0, rtol=0)
+    # Asked to (an explicit limit), it folds to fp32.
+    model = load_model(source)
+    FoldConstantsGuardedPass(max_growth=1 << 20)(model)
+    assert "Cast" not in _ops(model) and _stored_bytes(model) > 256 * 256 * 4
+    assert_pass_preserves_outputs(source, model, tmp_path)
+
+
+def test_a_shared_weight_is_not_copied(save_proto, tmp_path):
+    """An Identity or Transpose of a weight other layers also read would store it twice (rxnmap's shared blocks)."""
+    source = save_proto(shared_weight_read_through_copies(hidden=256), "shared.onnx")
+    model = load_model(source)
+    fold = FoldConstantsGuardedPass()(model)
+    # onnxscript's folding reads the weight itself for the Identity; the Transpose stays computed.
+    assert _ops(model) == ["MatMul", "MatMul", "Transpose", "MatMul"]
+    assert [r.op_type for r in fold.refused if "second copy" in r.reason] == ["Transpose"]
+    assert _stored_bytes(model) == 256 * 256 * 4
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=0, rtol=0)
+    # Asked for room (an explicit limit), the copies are stored.
+    model = load_model(source)
+    FoldConstantsGuardedPass(max_growth=1 << 20)(model)
+    assert _ops(model) == ["MatMul"] * 3 and _stored_bytes(model) == 2 * 256 * 256 * 4

@@ -134,3 +134,60 @@ def tiny_detector(seed: int = 0, size: int = 16) -> onnx.ModelProto:
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def int8_dequantised_mlp(hidden: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """x @ (Cast(W_int8) * scale) + b, the way dynamo exports a weight-only int8 Linear (MiniLM int8).
+
+    The weight's Reshape target comes from Shape arithmetic, so fold passes have shape work to do too.
+    """
+    rng = np.random.default_rng(seed)
+    weight = rng.integers(-127, 128, (hidden, hidden), dtype=np.int8)
+    inits = [
+        numpy_helper.from_array(weight, "w_q"),
+        numpy_helper.from_array((rng.random((1, hidden)) * 0.01).astype(np.float32), "w_scale"),
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([hidden], np.int64), "width"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["w_q"], ["w_f"], to=TensorProto.FLOAT, name="w_cast"),
+        helper.make_node("Mul", ["w_f", "w_scale"], ["w"], name="w_mul"),
+        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
+        helper.make_node("Slice", ["x_shape", "zero", "one"], ["batch"], name="batch"),
+        helper.make_node("Concat", ["batch", "width"], ["target"], axis=0, name="target"),
+        helper.make_node("Reshape", ["x", "target"], ["x2"], name="flatten"),
+        helper.make_node("MatMul", ["x2", "w"], ["xw"], name="matmul"),
+        helper.make_node("Add", ["xw", "b"], ["y"], name="bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def shared_weight_read_through_copies(hidden: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """One weight read by three layers: directly, through an Identity and through a Transpose (rxnmap's
+    shared blocks: TorchScript writes an Identity per reuse)."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((0.05 * rng.standard_normal((hidden, hidden))).astype(np.float32), "w")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h1"], name="layer1"),
+        helper.make_node("Identity", ["w"], ["w_again"], name="identity"),
+        helper.make_node("MatMul", ["h1", "w_again"], ["h2"], name="layer2"),
+        helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0], name="transpose"),
+        helper.make_node("MatMul", ["h2", "w_t"], ["y"], name="layer3"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -4,9 +4,12 @@ Four passes, in this order:
 
 1. fp64 constants read only through a Cast to float are stored as fp32
    (passes/narrow_fp64.py; first, so the folding below does not hide it);
-2. constant folding with a growth guard (passes/fold_constants_guarded.py): small
-   constant subexpressions are folded; an Expand/Tile/ConstantOfShape whose result
-   would add more than ``max_fold_growth`` bytes stays computed at run time;
+2. constant folding that never grows the file (passes/fold_constants_guarded.py, the
+   rule of analysis/fold_cost.py): a constant subexpression is folded when what it
+   stores, less the constants that die with it, is at most ``max_fold_growth`` bytes
+   (default 4 KB: shape arithmetic). Quantised weights stay quantised (an int8 -> float
+   dequantisation would store 4x), shared weights stay shared (a Transpose of a weight
+   other nodes read would store a copy), an Expand/Tile/ConstantOfShape stays computed;
 3. int64 index regions whose values provably fit int32 are born int32
    (passes/narrow_int64.py);
 4. identical constants are stored once (passes/dedup_constants.py).
@@ -28,7 +31,7 @@ from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.io.files import human_bytes
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
 from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass, GuardedFoldResult
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
@@ -66,10 +69,11 @@ class Shrink(Transform):
     @dataclass
     class Options:
         max_fold_growth: str = field(
-            default="1MB",
+            default="4KB",
             metadata={
-                "help": "a folded constant may grow the model by at most this much per node "
-                "(e.g. 0, 64KB, 1MB); bigger results stay computed at run time"
+                "help": "a folded constant may add at most this much to the file, less the constants that die "
+                "with it (e.g. 0, 64KB, 1MB); what would add more (a dequantised int8 weight, a copy of a "
+                "shared weight, a broadcast table) stays computed at run time"
             },
         )
         fold: bool = field(default=True, metadata={"help": "fold constant subexpressions (with the growth guard)"})
@@ -81,6 +85,7 @@ class Shrink(Transform):
             parse_bytes(self.max_fold_growth)
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+        stated = typed_values(model)
         infer_types(model)  # shapes size the fold guard and the int64 regions
         before = summarize(model)
         report = StepReport(self.name, opts.to_json(options))
@@ -153,6 +158,7 @@ class Shrink(Transform):
         report.why_not_more = _why_not_more(
             after, fold if options.fold else None, narrow if options.narrow_int64 else None
         )
+        forget_inferred_types(model, stated)  # inferred shapes are not written: they would grow the file
         report.stats["before_after"] = _before_after(before, after)
         report.details = {
             "changes": changes,
