@@ -14,7 +14,12 @@ dim changed (doubled), and this pass, given those runs (:class:`ShapeRuns`),
 rewrites the graph:
 
 * a static value that is the same in every run is a constant: it becomes an
-  initializer and the nodes that computed it go away;
+  initializer and the nodes that computed it go away -- when the shared rule of
+  :mod:`onnxsmith.analysis.fold_cost` allows it: a dequantised int8 weight or a copy
+  of a weight other nodes read would grow the file, so it stays computed (an Identity
+  of a constant is read as that constant instead); a table made from shapes alone
+  (RoPE angles, masks), which the fused operators read as inputs, may take up to
+  ``MAX_GENERATED_BYTES``;
 * a Reshape target becomes a constant: its result's shape with -1 where it
   follows the one free dim (the batch of a fixed-size image); with several free
   dims (batch and sequence) those that copy the input's dim become 0;
@@ -36,6 +41,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxsmith.analysis.fold_cost import SMALL_FOLD, fold_cost, fold_refusal
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import ConstantPool
 from onnxsmith.irutil.types import infer_types
@@ -45,6 +51,8 @@ from onnxsmith.irutil.walk import captured, subgraphs_of
 DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
 #: Static values larger than this stay computed rather than stored.
 MAX_FOLDED_ELEMENTS = 1 << 20
+#: A table computed from shapes and scalars alone may add this much to the file; anything else SMALL_FOLD.
+MAX_GENERATED_BYTES = 1 << 20
 _NONDETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"})
 
 
@@ -104,7 +112,15 @@ class FoldShapesPass(ir.passes.InPlacePass):
             if arrays[0].size > MAX_FOLDED_ELEMENTS:
                 continue
             if all(_same(arrays[0], a) for a in arrays[1:]):
-                _replace_uses(value, constants.get(arrays[0], f"{value.name}/folded"))
+                source = _identity_of_constant(value)
+                if source is not None:
+                    _replace_uses(value, source)
+                elif fold_refusal(
+                    fold_cost([value], arrays[0].nbytes), SMALL_FOLD, generated_limit=MAX_GENERATED_BYTES
+                ):
+                    continue
+                else:
+                    _replace_uses(value, constants.get(arrays[0], f"{value.name}/folded"))
                 self._result.folded += 1
                 continue
             varying[value] = arrays
@@ -280,6 +296,15 @@ def _unrepeated(arrays: list[np.ndarray]) -> np.ndarray | None:
 
 def _is_op(node: ir.Node, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _identity_of_constant(value: ir.Value) -> ir.Value | None:
+    """The constant an Identity chain passes on unchanged (read it instead of storing a copy), else None."""
+    while (node := value.producer()) is not None and _is_op(node, "Identity"):
+        value = node.inputs[0]
+    if value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
+        return None
+    return value if value.producer() is None or value.producer().op_type == "Constant" else None
 
 
 def _replace_uses(value: ir.Value, new: ir.Value) -> None:

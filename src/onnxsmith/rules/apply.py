@@ -27,12 +27,28 @@ def apply_rules(model: ir.Model, name: str, *stages: RewriteRuleSet) -> RuleOutc
     """Apply each rule set in turn to ``model``, in place; a rule that does not match changes nothing.
 
     Stages exist for rules that must not compete for the same nodes (a general
-    variant after the more specific ones).
+    variant after the more specific ones), or that match what an earlier stage made.
+    After a stage that matched, the Identities it left are bypassed: a no-op rewrite (a
+    pair of transposes that cancel, a Reshape to the shape it has) leaves one, and it
+    would hide the values around it from the next pattern.
     """
-    matched = sum(rules.apply_to_model(model) for rules in stages)
+    matched = 0
+    for rules in stages:
+        count = rules.apply_to_model(model)
+        if count:
+            bypass_identities(model.graph)
+        matched += count
     if matched:
         return RuleOutcome(name, matched)
     return RuleOutcome(name, 0, explain(model, stages[0]))
+
+
+def bypass_identities(graph: ir.Graph) -> None:
+    """Readers of an Identity's result read its input instead (this graph; graph outputs stay)."""
+    for node in list(graph):
+        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and not node.outputs[0].is_graph_output():
+            node.outputs[0].replace_all_uses_with(node.inputs[0])
+            graph.remove(node, safe=True)
 
 
 def explain(model: ir.Model, rules: RewriteRuleSet) -> str:

@@ -1,10 +1,13 @@
-"""A Reshape to the shape its input already has is removed.
+"""A Reshape to the shape its input already has is removed, and so is a pair of Reshapes that undo each other.
 
 The dynamo exporter reshapes the attention output [batch, heads, tokens, d]
 to [-1, heads, tokens, d] before transposing it back; the no-op Reshape sits
-between SDPA and the transposes the MultiHeadAttention pattern absorbs. With
-the dims named (passes/name_dims.py) the two shapes compare equal, batch
-included.
+between SDPA and the transposes the MultiHeadAttention pattern absorbs. Where an
+attention becomes MultiHeadAttention between its head reshapes (onnxscript's
+fallback), a projection [batch, tokens, hidden] is split into heads and joined
+back right away: the pair goes, and the projection (with its bias) feeds the
+attention. With the dims named (passes/name_dims.py) the shapes compare equal,
+batch included.
 """
 
 from __future__ import annotations
@@ -31,4 +34,9 @@ class NoOpReshape(pattern.RewriteRuleClassBase):
         return op.Identity(x)
 
 
-noop_reshape_rules = pattern.RewriteRuleSet([NoOpReshape.rule("NoOpReshape")])
+class NoOpReshapePair(NoOpReshape):
+    def pattern(self, op, x, shape, back):
+        return op.Reshape(op.Reshape(x, shape), back, _outputs=["reshaped"])
+
+
+noop_reshape_rules = pattern.RewriteRuleSet([NoOpReshapePair.rule("NoOpReshapePair"), NoOpReshape.rule("NoOpReshape")])

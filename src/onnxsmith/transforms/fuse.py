@@ -39,8 +39,9 @@ from onnxscript.rewriter import RewritePass, RewriteRuleSet
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
 from onnxsmith.irutil.walk import all_nodes
+from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
 from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
@@ -48,7 +49,7 @@ from onnxsmith.passes.prune_rows import PruneRowsPass
 from onnxsmith.precision import engine
 from onnxsmith.precision import report as precision_report
 from onnxsmith.rules import attention, bias_gelu, layer_scale, noop_reshape, rotary, skip_layernorm, v_bias
-from onnxsmith.rules.apply import RuleOutcome, apply_rules
+from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities
 from onnxsmith.rules.cleanup import cleanup_rules
 from onnxsmith.runtime.evaluate import evaluate_shapes
 from onnxsmith.runtime.inputs import input_specs
@@ -60,6 +61,9 @@ FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
     ("RoPE -> RotaryEmbedding", (rotary.prefix_rotary_rules, rotary.all_tokens_rotary_rules)),
     ("softmax attention -> SDPA", (attention.sdpa_rules,)),
     ("SDPA -> MultiHeadAttention", (attention.mha_rules, attention.leftover_sdpa_rules)),
+    # A MultiHeadAttention placed between head transposes: the pairs that cancel go, so its inputs are the
+    # projections (whose biases the next entry takes in).
+    ("no-op Transpose/Reshape pairs", (cleanup_rules, cleanup_rules, noop_reshape.noop_reshape_rules)),
     ("query scale into MultiHeadAttention", (attention.mha_scale_rules,)),
     ("value bias into output bias", (v_bias.v_bias_rules,)),
     ("q/k/v bias into MultiHeadAttention", (attention.mha_bias_rules,)),
@@ -120,6 +124,7 @@ class Fuse(Transform):
         report = StepReport(self.name, opts.to_json(options))
         before = _op_counts(model)
         weights_before = precision_report.weight_bytes_by_type(model)
+        stated = typed_values(model)
         dims = input_dims(model, context.feeds[0], options.static_dims)
         if options.precision == "fp16":
             # Before anything renames a value: the stream is found by its Adds and measured by name.
@@ -137,6 +142,10 @@ class Fuse(Transform):
         RemoveUnusedNodesPass()(model)
         _check_no_fusion_ops(model)
         LowerToOpsetPass()(model)  # the rules write Shape(start, end), an opset-15 form
+        # What the rewrites left constant (MultiHeadAttention's packed bias is a Concat of the q/k/v
+        # biases) is folded, under the rule that nothing grows the file.
+        FoldConstantsGuardedPass()(model)
+        LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
 
         if options.prune_rows:
             infer_types(model)
@@ -159,6 +168,8 @@ class Fuse(Transform):
         DeduplicateInitializersPass()(model)
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)  # onnxscript's private fusion domain
+        forget_inferred_types(model, stated)  # inferred shapes are not written: they would grow the file
+        _forget_rule_names(model)
 
         report.tables["rules"] = [o.row() for o in outcomes]
         report.why_not_more = _why_not_more(options, fold)
@@ -215,16 +226,8 @@ def prepare_shapes(
     RemoveUnusedNodesPass()(model)
     NameDimsPass(dims)(model)
     noop = apply_rules(model, "no-op Reshape", noop_reshape.noop_reshape_rules)
-    _bypass_identities(model.graph)
+    bypass_identities(model.graph)
     return fold, noop
-
-
-def _bypass_identities(graph: ir.Graph) -> None:
-    """Readers of an Identity's result read its input instead (main graph; graph outputs stay)."""
-    for node in list(graph):
-        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and not node.outputs[0].is_graph_output():
-            node.outputs[0].replace_all_uses_with(node.inputs[0])
-            graph.remove(node, safe=True)
 
 
 # ------------------------------------------------------------------ 2. fusions (3. rows: passes/prune_rows.py)
@@ -234,6 +237,13 @@ def apply_fusion(model: ir.Model, name: str, stages: tuple[RewriteRuleSet, ...])
     """One entry of ``FUSIONS``, on shapes inferred afresh (the previous rewrites made new values)."""
     infer_types(model)
     return apply_rules(model, name, *stages)
+
+
+def _forget_rule_names(model: ir.Model) -> None:
+    """onnxscript tags each node it writes with the rule's name; the report says that, the file need not."""
+    for node in all_nodes(model):
+        for key in [k for k in node.metadata_props if k.startswith("pkg.onnxscript.")]:
+            del node.metadata_props[key]
 
 
 def _check_no_fusion_ops(model: ir.Model) -> None:
