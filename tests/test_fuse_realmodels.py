@@ -1,4 +1,4 @@
-"""``fuse`` on other people's models: a BERT encoder fuses; where no rule applies the graph stays equal."""
+"""``fuse`` on other people's models: a BERT encoder and an OCR recogniser fuse; where no rule applies the graph stays equal."""
 
 import numpy as np
 import onnx_ir as ir
@@ -38,18 +38,24 @@ def test_minilm_attention_skip_layernorm_and_bias_gelu_fuse(tmp_path):
     assert max(o.max_abs for o in comparison.outputs) < 1e-4
 
 
-def test_ppocr_recogniser_has_nothing_to_fuse_and_stays_equal(tmp_path):
+def test_ppocr_recogniser_layernorms_and_attention_fuse_and_run_at_other_sizes(tmp_path):
+    """Paddle2ONNX at opset 12 writes its LayerNorms out: they fuse (the model raised to opset 17), and so do
+    its two attentions; every other rule leaves the graph as it was."""
     source = real_model("ppocr_rec")
     model = load_model(source)
     feeds = [random_inputs(model, shapes={"x": (1, 3, 48, 320)}, seed=0)]
     result = produce_variant(
         source, tmp_path / "ppocr.onnx", [("fuse", Fuse.Options(static_dims=["x_dim2"]))], feeds=feeds
     )
-    assert all(row["matched"] == 0 for row in result.reports[0].tables["rules"] if not row["rule"].startswith("no-op"))
+    matched = {row["rule"]: row["matched"] for row in result.reports[0].tables["rules"] if row["matched"]}
+    assert matched.pop("written-out LayerNorm -> LayerNormalization") == 5
+    assert matched.pop("softmax attention -> SDPA") == matched.pop("SDPA -> MultiHeadAttention") == 2
+    assert set(matched) <= {"no-op Transpose/Reshape pairs", "Add + LayerNorm -> SkipLayerNormalization"}
     fused = load_model(tmp_path / "ppocr.onnx")
-    assert _contrib_ops(fused) == [] and op_count(fused, "Shape") == 0  # height fixed at 48: shapes fold
+    assert op_count(fused, "LayerNormalization") + op_count(fused, "SkipLayerNormalization") == 5
+    assert op_count(fused, "MultiHeadAttention") == 2 and op_count(fused, "Shape") == 0  # height 48: shapes fold
     other = [random_inputs(model, shapes={"x": (2, 3, 48, 160)}, seed=1)]  # batch and width stay free
-    comparison = compare_models(source, tmp_path / "ppocr.onnx", other, atol=1e-5, rtol=1e-4)
+    comparison = compare_models(source, tmp_path / "ppocr.onnx", other, atol=1e-4, rtol=1e-3)
     assert comparison.passed, comparison.failures()
 
 

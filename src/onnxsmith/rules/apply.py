@@ -43,6 +43,16 @@ def apply_rules(model: ir.Model, name: str, *stages: RewriteRuleSet) -> RuleOutc
     return RuleOutcome(name, 0, explain(model, stages[0]))
 
 
+def would_match(model: ir.Model, *stages: RewriteRuleSet) -> bool:
+    """Whether any rule of ``stages`` matches a node of the main graph as it is (nothing is rewritten)."""
+    return any(
+        rule.try_rewrite(model, model.graph, node) is not None
+        for rules in stages
+        for rule in rules.rules
+        for node in model.graph
+    )
+
+
 def bypass_identities(graph: ir.Graph) -> None:
     """Readers of an Identity's result read its input instead (this graph; graph outputs stay)."""
     for node in list(graph):

@@ -46,16 +46,27 @@ from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
 from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
+from onnxsmith.passes.raise_opset import RaiseOpsetPass, default_opset
 from onnxsmith.precision import engine
 from onnxsmith.precision import report as precision_report
-from onnxsmith.rules import attention, bias_gelu, layer_scale, noop_reshape, rotary, skip_layernorm, v_bias
-from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities
+from onnxsmith.rules import (
+    attention,
+    bias_gelu,
+    layer_norm,
+    layer_scale,
+    noop_reshape,
+    rotary,
+    skip_layernorm,
+    v_bias,
+)
+from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities, would_match
 from onnxsmith.rules.cleanup import cleanup_rules
 from onnxsmith.runtime.evaluate import evaluate_shapes
 from onnxsmith.runtime.inputs import input_specs
 
 #: The fusions in the order they run: (name in the report, rule sets applied in turn).
 FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
+    ("written-out LayerNorm -> LayerNormalization", (layer_norm.layer_norm_rules, layer_norm.layer_norm_no_beta_rules)),
     ("erf GELU -> Gelu", (bias_gelu.gelu_rules,)),
     ("layer scale into projections", (layer_scale.layer_scale_rules,)),
     ("RoPE -> RotaryEmbedding", (rotary.prefix_rotary_rules, rotary.all_tokens_rotary_rules)),
@@ -70,6 +81,8 @@ FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
     ("Add + LayerNorm -> SkipLayerNormalization", (skip_layernorm.skip_layernorm_rules,)),
     ("Add + Gelu -> BiasGelu", (bias_gelu.bias_gelu_rules,)),
 ]
+#: Fusions whose op exists from an opset on: a model below it is converted first, where they match.
+OPSET_NEEDED = {"written-out LayerNorm -> LayerNormalization": 17}
 #: Ops worth a row in the before/after table.
 _REPORTED_OPS = (
     "MultiHeadAttention",
@@ -234,8 +247,20 @@ def prepare_shapes(
 
 
 def apply_fusion(model: ir.Model, name: str, stages: tuple[RewriteRuleSet, ...]) -> RuleOutcome:
-    """One entry of ``FUSIONS``, on shapes inferred afresh (the previous rewrites made new values)."""
+    """One entry of ``FUSIONS``, on shapes inferred afresh (the previous rewrites made new values).
+
+    Where its op needs a newer opset than the model's and its rules match, the model is
+    converted to that opset first; a model they do not match keeps its own.
+    """
     infer_types(model)
+    needed, opset = OPSET_NEEDED.get(name), default_opset(model)
+    if needed and opset is not None and opset < needed and would_match(model, *stages):
+        raised = RaiseOpsetPass(needed)(model)
+        if not raised.modified:
+            return RuleOutcome(
+                name, 0, f"its op needs opset {needed}; converting the model from {opset}: {raised.reason}"
+            )
+        infer_types(model)
     return apply_rules(model, name, *stages)
 
 
