@@ -21,7 +21,8 @@ from onnxsmith.io.load import load_model
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.transforms.shrink import Shrink, parse_bytes
-from tests.support.realmodels import real_model
+from tests.support.corpus import plausible_feeds
+from tests.support.realmodels import MODELS, real_model
 from tests.support.surgery_models import hitnet_bloat, hitnet_bloat_elements
 
 
@@ -178,14 +179,7 @@ def test_int8_weights_stay_int8(tmp_path):
 def test_silero_vad_with_real_inputs_gets_smaller(tmp_path):
     """Folding its If branches copied the LSTM weights both branches read: 2.3 -> 3.2 MB."""
     source = real_model("silero_vad")
-    rng = np.random.default_rng(0)
-    feeds = [
-        {
-            "input": (0.1 * rng.standard_normal((1, 512))).astype(np.float32),
-            "state": np.zeros((2, 1, 128), np.float32),
-            "sr": np.array(16000, np.int64),
-        }
-    ]
+    feeds = [plausible_feeds(MODELS["silero_vad"].feeds)]  # sr=16000, 512 samples
     result = produce_variant(source, tmp_path / "vad.onnx", [("shrink", Shrink.Options())], feeds=feeds)
     assert result.comparison.passed
     assert _model_bytes(tmp_path / "vad.onnx") < _model_bytes(source)

@@ -112,6 +112,14 @@ def make_feeds(feeds: dict, folder: Path, sets: int = 3, seed: int = 0) -> Path:
     return folder
 
 
+def plausible_feeds(feeds: dict, seed: int = 0) -> dict:
+    """One set of a manifest entry's plausible inputs, as arrays."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return {name: _feed(feed, rng) for name, feed in feeds.items()}
+
+
 def _feed(feed, rng):
     import numpy as np
 
