@@ -103,9 +103,11 @@ def test_a_model_without_the_pattern_keeps_its_opset():
     assert outcome.matched == 0 and outcome.reason and model.opset_imports[""] == 11
 
 
-def _written_out(axes: list[int], gamma_shape: tuple[int, ...]) -> ir.Model:
+def _written_out(axes: list[int], gamma_shape: tuple[int, ...], eps_node: bool = False) -> ir.Model:
     rng = np.random.default_rng(0)
-    nodes = [
+    eps = np.array(1e-5, np.float32)
+    nodes = [helper.make_node("Constant", [], ["eps"], value=numpy_helper.from_array(eps))] if eps_node else []
+    nodes += [
         helper.make_node("ReduceMean", ["x"], ["mean"], axes=axes),
         helper.make_node("Sub", ["x", "mean"], ["d"]),
         helper.make_node("Pow", ["d", "two"], ["d2"]),
@@ -118,7 +120,6 @@ def _written_out(axes: list[int], gamma_shape: tuple[int, ...]) -> ir.Model:
     ]
     inits = [
         numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
         numpy_helper.from_array(rng.random(gamma_shape).astype(np.float32), "gamma"),
         numpy_helper.from_array(rng.random(gamma_shape).astype(np.float32), "beta"),
     ]
@@ -127,17 +128,18 @@ def _written_out(axes: list[int], gamma_shape: tuple[int, ...]) -> ir.Model:
         "ln",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])],
-        inits,
+        inits if eps_node else [*inits, numpy_helper.from_array(eps, "eps")],
     )
     model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     fuse.infer_types(model)
     return model
 
 
-def test_fuses_a_written_out_layernorm_over_the_last_axis():
-    model = _written_out([-1], (8,))
+@pytest.mark.parametrize("eps_node", [False, True], ids=["initializer", "constant-node"])
+def test_fuses_a_written_out_layernorm_over_the_last_axis(eps_node):
+    model = _written_out([-1], (8,), eps_node=eps_node)
     assert fuse.apply_fusion(model, STEP, (layer_norm_rules, layer_norm_no_beta_rules)).matched == 1
-    [node] = list(model.graph)
+    [node] = [node for node in model.graph if node.op_type != "Constant"]
     assert node.op_type == "LayerNormalization" and node.attributes.get_float("epsilon") == pytest.approx(1e-5)
 
 

@@ -50,7 +50,8 @@ class WrittenOutLayerNorm(pattern.RewriteRuleClassBase):
             why = self._reduces_last_axis(reduced.producer(), rank)
             if why:
                 return result.fail(why, reduced)
-        if ir.convenience.get_const_tensor(epsilon) is None or epsilon.const_value.size != 1:
+        eps = ir.convenience.get_const_tensor(epsilon)
+        if eps is None or eps.size != 1:
             return result.fail("epsilon is not a constant scalar", epsilon)
         width = x.shape[-1] if x.shape is not None and rank else None
         for name, value in (("gamma", gamma), ("beta", beta)):
