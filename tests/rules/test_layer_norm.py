@@ -87,6 +87,7 @@ def test_ppocr_v6_recogniser_layernorms_and_attention_fuse(tmp_path):
     result = produce_variant(source, tmp_path / "rec.onnx", [("fuse", Fuse.Options())], feeds=feeds)
     assert result.comparison.passed
     assert result.reports[0].stats["rules"][STEP] == 5
+    assert f"the model was converted from opset 11 to 17: {STEP} needs it" in result.reports[0].notes
     fused = load_model(tmp_path / "rec.onnx")
     assert fused.opset_imports[""] == 17
     # Two of the four after a residual Add become SkipLayerNormalization: the other two Adds' operands

@@ -149,9 +149,15 @@ class Fuse(Transform):
         fold, noop = prepare_shapes(model, dims, context.feeds[0], progress=context.progress)
         report.notes.append(_fold_note(fold))
         outcomes = [noop]
+        opset = default_opset(model)
         for name, stages in FUSIONS:
             context.progress(f"fuse: {name}")
             outcomes.append(apply_fusion(model, name, stages))
+        if default_opset(model) != opset:
+            report.notes.append(
+                f"the model was converted from opset {opset} to {default_opset(model)}: "
+                + ", ".join(f"{n} needs it" for n, v in OPSET_NEEDED.items() if v == default_opset(model))
+            )
         RemoveUnusedNodesPass()(model)
         _check_no_fusion_ops(model)
         LowerToOpsetPass()(model)  # the rules write Shape(start, end), an opset-15 form
