@@ -54,10 +54,10 @@ def fusion_trace(path: str) -> dict[str, Step]:
     """Every step of ``fuse`` (fp32) on ``path``: "shapes", each FUSIONS name, "prune rows"."""
     model = load_model(path)
     feeds = random_inputs(model)
-    dims = fuse.input_dims(model, feeds)
+    fuse.input_dims(model, feeds)
     steps: dict[str, Step] = {}
     start = snapshot(model)
-    _, noop = fuse.prepare_shapes(model, dims, feeds)
+    _, noop = fuse.prepare_shapes(model)
     steps["shapes"] = Step("shapes", noop, start, snapshot(model))
     for name, stages in fuse.FUSIONS:
         before = snapshot(model)
@@ -102,7 +102,7 @@ def prepared_mlp() -> ir.Model:
     from tests.support.models import mlp
 
     model = ir.serde.deserialize_model(mlp())
-    fuse.prepare_shapes(model, {"batch": 1})
+    fuse.prepare_shapes(model)
     infer_types(model)
     return model
 

@@ -1,42 +1,56 @@
-"""What a graph's shape arithmetic computes, as expressions in its input dims.
+"""The symbolic-shape engine: what every value of a graph is, in terms of the model's input dims.
 
 Exporters compute shapes at run time: a Reshape's target comes from ``Shape`` ->
-``Gather`` -> ``Unsqueeze`` -> ``Concat`` chains, re-evaluated on every call. To replace
-such a chain by a constant, or to drop a Reshape pair, a pass must know what the
-chain computes in terms of the dims of the tensors it reads. This module tells it,
-soundly: when it is not sure, it says "unknown".
+``Gather`` -> ``Unsqueeze`` -> ``Concat`` chains, a ViT's position table from the
+image's height and width through ``Range``, ``Tile`` and ``If``, a detector's upsampling
+sizes from a feature map's ``Shape``. To replace any of that by a constant, or to drop
+a Reshape pair, a pass must know what it computes for *every* size of the free input
+dims, not for the sizes it happened to be run at. This module tells it, soundly: when
+it is not sure, it says "unknown".
 
-Every axis of every value gets a *dim*: an int when static, else a sympy expression
-over the named input dims (``batch_size``, ``past_sequence_length + sequence_length``)
-and fresh symbols for dims it cannot relate to them. Two axes get equal dims only
-when the graph guarantees they are equal: the same named input dim, an elementwise
-op that cannot broadcast on that axis, a Transpose, a MatMul's rows, a Reshape that
-copies a dim, ... A fresh symbol stands for "some size", so an expression with one
-never equals anything it was not derived from.
+For every value it says (:meth:`SymbolicShapes.fact`):
 
-Small integer tensors computed from shapes (``Shape``, ``Gather``, ``Slice``, ``Concat``,
-``Unsqueeze``, ``Squeeze``, ``Cast``, ``Add``/``Sub``/``Mul``/``Div``) get *shape values*:
-their elements as dims. A Reshape whose target's shape value is known has known output
-dims, and the analysis continues through it.
+* **constant**: the value depends neither on the input data nor on any free input dim
+  (what it reads are constants and the *fixed* sizes of shapes): it is the same at every
+  size, and a pass may replace it by its value;
+* **expression**: a small integer tensor computed from shapes whose elements are known
+  as expressions in the input dims (``[batch, 196, 768]``, ``[batch, floor(height/32)]``);
+* **unknown**: anything else (it reads the data, or a size the analysis cannot express).
+
+Dims and shape values are :class:`onnx_ir.SymbolicDim` expressions (sympy underneath, as
+onnx-ir's own symbolic dims are) over the graph inputs' named dims; a dim the analysis
+cannot relate to them is a fresh symbol, so an expression holding one never equals
+anything it was not derived from. Two axes get equal dims only when the graph
+guarantees they are equal: the same named input dim, an elementwise op that cannot
+broadcast on that axis, a Transpose, a MatMul's rows, a Reshape that copies a dim, a
+convolution's output size formula, ... Declared shapes (the exporter's value_info, or
+onnx's inference) fill in dims the analysis has no rule for, never override one it derived.
 
 Only the main graph is analysed, in graph order (ONNX graphs are topologically sorted);
-anything a subgraph computes, and every op not listed here, gives fresh dims.
+what a subgraph computes gives fresh dims, but a node with subgraphs is still a
+*constant* when everything it and its subgraphs read is.
 """
 
 from __future__ import annotations
 
-import re
+import ast
+import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import count
 
 import numpy as np
 import onnx_ir as ir
 import sympy
 
+from onnxsmith.irutil.walk import captured, subgraphs_of
+
 Dim = int | sympy.Expr
 
 #: Integer tensors longer than this are not shape values.
 MAX_SHAPE_VALUE = 16
+#: The prefix of fresh symbols: a dim nobody can relate to the input dims.
+UNKNOWN_PREFIX = "_unknown"
 
 #: Ops whose first output has the shape of their first input.
 SAME_SHAPE = frozenset(
@@ -46,13 +60,16 @@ SAME_SHAPE = frozenset(
         "CastLike",
         "Relu",
         "LeakyRelu",
+        "PRelu",
         "Elu",
         "Selu",
+        "Celu",
         "Gelu",
         "Tanh",
         "Sigmoid",
         "HardSigmoid",
         "Softplus",
+        "Softsign",
         "Erf",
         "Neg",
         "Abs",
@@ -71,6 +88,7 @@ SAME_SHAPE = frozenset(
         "IsInf",
         "Softmax",
         "LogSoftmax",
+        "Hardmax",
         "Clip",
         "Dropout",
         "LayerNormalization",
@@ -78,6 +96,12 @@ SAME_SHAPE = frozenset(
         "SimplifiedLayerNormalization",
         "SkipLayerNormalization",
         "SkipSimplifiedLayerNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LpNormalization",
+        "MeanVarianceNormalization",
+        "LRN",
         "FastGelu",
         "QuickGelu",
         "BiasGelu",
@@ -86,6 +110,8 @@ SAME_SHAPE = frozenset(
         "Mish",
         "HardSwish",
         "Swish",
+        "ThresholdedRelu",
+        "Shrink",
         "DequantizeLinear",
         "QuantizeLinear",
     }
@@ -114,29 +140,93 @@ BROADCAST = frozenset(
         "GreaterOrEqual",
         "BitwiseAnd",
         "BitwiseOr",
-        "PRelu",
     }
 )
+#: Sliding windows over the spatial axes (2..): output size from kernel, stride, pads, dilation.
+WINDOWED = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool", "ConvInteger", "QLinearConv"})
+GLOBAL_POOL = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+#: Ops whose results differ from run to run: never constant.
+NONDETERMINISTIC = frozenset(
+    {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial", "Bernoulli"}
+)
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32})
-_SUM = re.compile(r"\s*[A-Za-z_0-9][A-Za-z0-9_.]*(\s*[+-]\s*[A-Za-z_0-9][A-Za-z0-9_.]*)*\s*")
+#: What a value depends on besides input dims: the input data, or something the analysis cannot name.
+DATA = "<data>"
+UNKNOWN = "<unknown>"
 
 
-def named_dim(name: str) -> sympy.Expr:
-    """A declared dim: a symbol, or a sum of symbols and ints (optimum writes 'past_sequence_length + 1')."""
-    if _SUM.fullmatch(name):
-        total, sign = sympy.Integer(0), 1
-        for token in re.findall(r"[+-]|[A-Za-z_0-9][A-Za-z0-9_.]*", name):
-            if token in "+-":
-                sign = 1 if token == "+" else -1
-            else:
-                term = (
-                    sympy.Integer(int(token))
-                    if token.isdigit()
-                    else sympy.Symbol(token, integer=True, nonnegative=True)
-                )
-                total += sign * term
-        return total
-    return sympy.Symbol(name, integer=True, nonnegative=True)  # anything else: the whole name is one dim
+class Kind(enum.Enum):
+    CONSTANT = "constant"
+    EXPRESSION = "expression"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """What the engine knows about one value (:meth:`SymbolicShapes.fact`)."""
+
+    kind: Kind
+    #: Its dims (None: rank unknown): ints and SymbolicDims; an unknown dim is ``SymbolicDim(None)``.
+    shape: ir.Shape | None
+    #: A shape value's elements (ints and SymbolicDims), when known.
+    elements: tuple[int | ir.SymbolicDim, ...] | None
+    #: The free input dims it depends on (names), plus DATA / UNKNOWN.
+    depends_on: frozenset[str]
+
+
+def named_dim(text: str) -> sympy.Expr:
+    """A declared dim: a name, or an expression of names as exporters (and this engine) write them
+    ('past_sequence_length + 1', 'floor(height/2 - 1/2) + 1'), parsed without eval; anything else is one
+    opaque dim."""
+    try:
+        expr = _parse(ast.parse(text, mode="eval").body) if len(text) <= _MAX_EXPRESSION else None
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError):
+        expr = None
+    return expr if isinstance(expr, sympy.Expr) and expr.free_symbols else _symbol(text)  # a number is no name
+
+
+#: Longer dim texts are names, not expressions.
+_MAX_EXPRESSION = 200
+_FUNCTIONS = {
+    "floor": sympy.floor,
+    "ceil": sympy.ceiling,
+    "ceiling": sympy.ceiling,
+    "max": sympy.Max,
+    "Max": sympy.Max,
+    "min": sympy.Min,
+    "Min": sympy.Min,
+    "Mod": sympy.Mod,
+}
+_BINARY = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: sympy.floor(a / b),
+    ast.Mod: sympy.Mod,
+}
+
+
+def _parse(node: ast.expr) -> sympy.Expr:
+    """Integer dim arithmetic from a Python expression tree: names, ints, + - * / // %, floor/ceil/max/min."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return sympy.Integer(node.value)
+    if isinstance(node, ast.Name):
+        return _symbol(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _parse(node.operand)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_parse(node.left), _parse(node.right))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+        if node.keywords or not node.args:
+            raise ValueError("not a dim expression")
+        return _FUNCTIONS[node.func.id](*(_parse(a) for a in node.args))
+    raise ValueError("not a dim expression")
+
+
+def _symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 def is_int(dim: Dim | None) -> bool:
@@ -156,6 +246,18 @@ def same(a: Dim | None, b: Dim | None) -> bool:
     return sympy.expand(_expr(a) - _expr(b)) == 0
 
 
+def is_unknown(dim: Dim) -> bool:
+    """Whether a dim holds a fresh symbol (a size the analysis cannot relate to the input dims)."""
+    return isinstance(dim, sympy.Expr) and any(s.name.startswith(UNKNOWN_PREFIX) for s in dim.free_symbols)
+
+
+def to_symbolic_dim(dim: Dim) -> int | ir.SymbolicDim:
+    """A dim as onnx-ir writes one: an int, or a SymbolicDim of the expression (None when unknown)."""
+    if is_int(dim):
+        return as_int(dim)
+    return ir.SymbolicDim(None) if is_unknown(dim) else ir.SymbolicDim(dim)
+
+
 def _at_least(a: Dim, b: Dim) -> bool:
     """Whether ``a >= b`` is known (equal, or e.g. ``seq`` against ``Min(seq, 128)``)."""
     if same(a, b) or (isinstance(b, sympy.Min) and any(same(a, arg) for arg in b.args)):
@@ -168,27 +270,38 @@ def _expr(dim: Dim) -> sympy.Expr:
 
 
 class SymbolicShapes:
-    """Dims of every value of ``graph`` and shape values of its small integer tensors (see the module doc).
+    """Dims, shape values and facts of every value of ``graph`` (see the module doc).
 
-    Built once, in graph order; rebuild it after changing the graph.
+    Built once, in graph order; rebuild it after changing the graph (or :meth:`update` what changed).
     """
 
     def __init__(self, graph: ir.Graph) -> None:
         self._fresh = count()
         self._dims: dict[ir.Value, tuple[Dim, ...]] = {}
         self._values: dict[ir.Value, tuple[Dim, ...] | Dim] = {}
+        self._deps: dict[ir.Value, frozenset[str]] = {}
+        self._inputs = {
+            str(s)
+            for v in graph.inputs
+            if v.shape is not None and not v.is_initializer()
+            for d in v.shape
+            if not isinstance(d, int) and d.value
+            for s in named_dim(d.value).free_symbols
+        }
         for value in graph.inputs:
-            self._dims[value] = self._declared(value)
+            self._dims[value] = self._declared(value, trusted=True)
+            self._deps[value] = frozenset() if value.is_initializer() else frozenset({DATA})
         for value in graph.initializers.values():
             self._constant(value)
         for node in graph:
             try:
                 self._visit(node)
-            except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError):
+            except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError, AttributeError):
                 pass  # malformed or unusual attributes: its outputs keep fresh dims
             for out in node.outputs:
                 if out not in self._dims:
                     self._dims[out] = self._declared(out)
+            self._depend(node)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -202,6 +315,11 @@ class SymbolicShapes:
             return None
         return dims[axis]
 
+    def shape(self, value: ir.Value | None) -> ir.Shape | None:
+        """The dims of ``value`` as onnx-ir writes a shape (ints, SymbolicDims; None: rank unknown)."""
+        dims = self.dims(value)
+        return None if dims is None else ir.Shape([to_symbolic_dim(d) for d in dims])
+
     def shape_value(self, value: ir.Value | None) -> tuple[Dim, ...] | None:
         """The elements of a 1-D integer tensor computed from shapes (None: not known)."""
         found = self._values.get(value) if value is not None else None
@@ -210,6 +328,39 @@ class SymbolicShapes:
     def scalar_value(self, value: ir.Value | None) -> Dim | None:
         found = self._values.get(value) if value is not None else None
         return None if found is None or isinstance(found, tuple) else found
+
+    def literal(self, value: ir.Value | None) -> np.ndarray | None:
+        """The value of a shape value whose elements are all ints (an int64 array; 0-d for a scalar)."""
+        found = self._values.get(value) if value is not None else None
+        if found is None:
+            return None
+        elements = found if isinstance(found, tuple) else (found,)
+        if not all(is_int(e) for e in elements):
+            return None
+        array = np.array([as_int(e) for e in elements], np.int64)
+        return array if isinstance(found, tuple) else array.reshape(())
+
+    def depends_on(self, value: ir.Value | None) -> frozenset[str]:
+        """The free input dims ``value`` depends on (names), and DATA / UNKNOWN when it does on those."""
+        if value is None:
+            return frozenset()
+        return self._deps.get(value, frozenset({UNKNOWN}))
+
+    def is_constant(self, value: ir.Value | None) -> bool:
+        """Whether ``value`` is the same at every size of the free input dims and for any input data."""
+        return value is not None and not value.is_graph_input() and not self.depends_on(value)
+
+    def fact(self, value: ir.Value) -> Fact:
+        elements = self._values.get(value)
+        if elements is not None:
+            elements = tuple(to_symbolic_dim(e) for e in (elements if isinstance(elements, tuple) else (elements,)))
+        if self.is_constant(value):
+            kind = Kind.CONSTANT
+        elif elements is not None and all(isinstance(e, int) or e.value is not None for e in elements):
+            kind = Kind.EXPRESSION
+        else:
+            kind = Kind.UNKNOWN
+        return Fact(kind, self.shape(value), elements, self.depends_on(value))
 
     def update(self, value: ir.Value, dims: Sequence[Dim] | None) -> None:
         """Record ``value``'s dims after a rewrite changed them (a pass keeps one analysis while it rewrites)."""
@@ -221,23 +372,32 @@ class SymbolicShapes:
     # --- building ------------------------------------------------------------------------
 
     def fresh(self) -> sympy.Expr:
-        return sympy.Symbol(f"_unknown{next(self._fresh)}", integer=True, nonnegative=True)
+        return _symbol(f"{UNKNOWN_PREFIX}{next(self._fresh)}")
 
-    def _declared(self, value: ir.Value) -> tuple[Dim, ...] | None:
-        """Dims from the value's own shape: ints, named dims; fresh symbols for the rest."""
+    def _declared(self, value: ir.Value, *, trusted: bool = False) -> tuple[Dim, ...] | None:
+        """Dims from the value's own shape: ints, named dims; fresh symbols for the rest.
+
+        A graph input's names are the input dims (``trusted``); elsewhere a declared name is
+        taken only when it is an expression in those (an exporter's symbolic inference writes
+        'floor(height/2 - 1/2) + 1'), never an ``unk__3`` of onnx's own. A negative size (-1,
+        as some exporters write a free dim) is no size.
+        """
         if value.shape is None:
             return None
         dims: list[Dim] = []
         for d in value.shape:
             if isinstance(d, int):
-                dims.append(d)
-            elif value.is_graph_input() and d.value:
-                dims.append(named_dim(d.value))
+                dims.append(d if d >= 0 else self.fresh())
+                continue
+            expr = named_dim(d.value) if d.value else None
+            if expr is not None and (trusted or {str(s) for s in expr.free_symbols} <= self._inputs):
+                dims.append(_simplify(expr))
             else:
                 dims.append(self.fresh())
         return tuple(dims)
 
     def _constant(self, value: ir.Value) -> None:
+        self._deps[value] = frozenset()
         tensor = ir.convenience.get_const_tensor(value)
         if tensor is None:
             return
@@ -249,11 +409,38 @@ class SymbolicShapes:
     def _set(self, value: ir.Value, dims: Sequence[Dim] | None) -> None:
         if dims is None:
             return
-        declared = value.shape
+        declared = self._declared(value)
         if declared is not None and len(declared) == len(dims):
-            # a static size shape inference found is as good as ours
-            dims = [d if isinstance(d, int) or not isinstance(s, int) else s for d, s in zip(dims, declared)]
+            # what the declaration knows fills in what the analysis does not (never the other way round)
+            dims = [s if is_unknown(d) and not is_unknown(s) else d for d, s in zip(dims, declared)]
         self._dims[value] = tuple(_simplify(d) for d in dims)
+
+    def _depend(self, node: ir.Node) -> None:
+        """What each output depends on: what the node reads, and for a shape value also what its elements hold.
+
+        Both are sound (they name every input dim the value could change with), so the value
+        depends on no more than what both name: ``Gather(Shape(x), 2)`` reads ``x``'s batch but
+        holds its fixed height; ``Shape`` of a constant is constant whatever its dims are called.
+        """
+        if node.op_type in NONDETERMINISTIC:
+            reads = frozenset({UNKNOWN})
+        elif node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
+            # the dims of what it reads: known only for a constant (else from its elements, below)
+            reads = frozenset() if self.is_constant(node.inputs[0]) else frozenset({UNKNOWN})
+        else:
+            reads = frozenset().union(
+                *(self.depends_on(v) for v in node.inputs if v is not None),
+                *(self.depends_on(v) for sub in subgraphs_of(node) for v in captured(sub)),
+            )
+        for out in node.outputs:
+            if out in self._deps:  # a Constant
+                continue
+            found = self._values.get(out)
+            if found is not None:
+                elements = found if isinstance(found, tuple) else (found,)
+                self._deps[out] = _meet(reads, frozenset().union(*(_dim_dependencies(e) for e in elements)))
+            else:
+                self._deps[out] = reads
 
     def _visit(self, node: ir.Node) -> None:
         op = node.op_type
@@ -271,7 +458,7 @@ class SymbolicShapes:
         elif op == "Transpose" and ins[0] is not None:
             perm = node.attributes.get_ints("perm", list(range(len(ins[0]) - 1, -1, -1)))
             self._set(out, [ins[0][p] for p in perm])
-        elif op in ("MatMul", "FusedMatMul") and ins[0] is not None and ins[1] is not None:
+        elif op in ("MatMul", "FusedMatMul", "MatMulInteger") and ins[0] is not None and ins[1] is not None:
             self._matmul(node, out, ins[0], ins[1])
         elif op == "Gemm" and ins[0] is not None and ins[1] is not None and len(ins[0]) == len(ins[1]) == 2:
             a, b = ins[0], ins[1]
@@ -282,15 +469,20 @@ class SymbolicShapes:
                     b[0] if node.attributes.get_int("transB", 0) else b[1],
                 ],
             )
+        elif op in WINDOWED and ins[0] is not None:
+            self._windowed(node, out, ins[0], ins[1] if len(ins) > 1 else None)
+        elif op in GLOBAL_POOL and ins[0] is not None:
+            self._set(out, [*ins[0][:2], *[1] * (len(ins[0]) - 2)])
+        elif op == "ConvTranspose" and ins[0] is not None:
+            self._conv_transpose(node, out, ins[0], ins[1] if len(ins) > 1 else None)
+        elif op in ("Resize", "Upsample") and ins[0] is not None:
+            self._resize(node, out, ins[0])
+        elif op == "Pad" and ins[0] is not None:
+            self._pad(node, out, ins[0])
         elif op == "Reshape":
             self._reshape(node, out, ins[0])
         elif op == "Split" and ins[0] is not None:
-            axis = node.attributes.get_int("axis", 0) % len(ins[0])
-            sizes = self._ints(node.inputs[1]) if len(node.inputs) > 1 else None
-            for i, piece in enumerate(node.outputs):
-                dims = list(ins[0])
-                dims[axis] = sizes[i] if sizes is not None and i < len(sizes) else self.fresh()
-                self._set(piece, dims)
+            self._split(node, ins[0])
         elif op == "Concat":
             self._concat(node, out, ins)
         elif op == "Gather" and ins[0] is not None and ins[1] is not None:
@@ -319,9 +511,15 @@ class SymbolicShapes:
                 [_simplify(sympy.Mul(*map(_expr, ins[0][:axis]))), _simplify(sympy.Mul(*map(_expr, ins[0][axis:])))],
             )
         elif (
-            op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2") and ins[0] is not None
+            op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1")
+            and ins[0] is not None
         ):
             self._reduce(node, out, ins[0])
+        elif op in ("ArgMax", "ArgMin") and ins[0] is not None:
+            axis = node.attributes.get_int("axis", 0) % len(ins[0])
+            keep = node.attributes.get_int("keepdims", 1)
+            dims = list(ins[0])
+            self._set(out, dims[:axis] + ([1] if keep else []) + dims[axis + 1 :])
         elif op == "Shape" and ins[0] is not None:
             rank = len(ins[0])
             start = node.attributes.get_int("start", 0)
@@ -361,6 +559,93 @@ class SymbolicShapes:
         cols = b[-2] if trans_b else b[-1]
         self._set(out, [*self._broadcast([a[:-2], b[:-2]]), rows, cols])
 
+    def _windowed(self, node: ir.Node, out: ir.Value, data: Sequence[Dim], weight: Sequence[Dim] | None) -> None:
+        """Conv / pooling: each spatial size from the window, the strides, the pads and the dilations."""
+        spatial = len(data) - 2
+        if spatial < 1:
+            return
+        is_conv = node.op_type in ("Conv", "ConvInteger", "QLinearConv")
+        if node.op_type == "QLinearConv":
+            weight = self.dims(node.inputs[3]) if len(node.inputs) > 3 else None
+        kernel = node.attributes.get_ints("kernel_shape", None)
+        if kernel is None and is_conv and weight is not None and all(is_int(d) for d in weight[2:]):
+            kernel = [as_int(d) for d in weight[2:]]
+        if kernel is None or len(kernel) != spatial:
+            return
+        strides = node.attributes.get_ints("strides", [1] * spatial)
+        dilations = node.attributes.get_ints("dilations", [1] * spatial)
+        pads = node.attributes.get_ints("pads", [0] * (2 * spatial))
+        auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+        ceil_mode = node.attributes.get_int("ceil_mode", 0)
+        sizes = []
+        for i, size in enumerate(data[2:]):
+            window = dilations[i] * (kernel[i] - 1) + 1
+            if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                sizes.append(_ceil_div(_expr(size), strides[i]))
+            elif auto_pad == "VALID":
+                sizes.append(_ceil_div(_expr(size) - window + 1, strides[i]))
+            else:
+                span = _expr(size) + pads[i] + pads[i + spatial] - window
+                rounded = _ceil_div(span, strides[i]) if ceil_mode else _floor_div(span, strides[i])
+                sizes.append(rounded + 1)
+        channels = (weight[0] if weight is not None else self.fresh()) if is_conv else data[1]
+        self._set(out, [data[0], channels, *sizes])
+
+    def _conv_transpose(self, node: ir.Node, out: ir.Value, data: Sequence[Dim], weight: Sequence[Dim] | None) -> None:
+        spatial = len(data) - 2
+        if spatial < 1 or weight is None or len(weight) != len(data):
+            return
+        if node.attributes.get_ints("output_shape", None) is not None:
+            return  # rare; onnx's inference says
+        kernel = node.attributes.get_ints("kernel_shape", None)
+        if kernel is None and all(is_int(d) for d in weight[2:]):
+            kernel = [as_int(d) for d in weight[2:]]
+        if kernel is None or node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+            return
+        strides = node.attributes.get_ints("strides", [1] * spatial)
+        dilations = node.attributes.get_ints("dilations", [1] * spatial)
+        pads = node.attributes.get_ints("pads", [0] * (2 * spatial))
+        extra = node.attributes.get_ints("output_padding", [0] * spatial)
+        group = node.attributes.get_int("group", 1)
+        sizes = [
+            strides[i] * (_expr(size) - 1) + extra[i] + dilations[i] * (kernel[i] - 1) + 1 - pads[i] - pads[i + spatial]
+            for i, size in enumerate(data[2:])
+        ]
+        channels = _expr(weight[1]) * group
+        self._set(out, [data[0], channels, *sizes])
+
+    def _resize(self, node: ir.Node, out: ir.Value, data: Sequence[Dim]) -> None:
+        """Resize / Upsample: sizes given, or each dim times its scale, floored."""
+        if node.op_type == "Upsample" or len(node.inputs) == 2:  # Upsample, Resize-10: (X, scales)
+            scales = node.attributes.get_floats("scales", None)
+            if scales is None and len(node.inputs) > 1:
+                scales = _floats(node.inputs[1])
+            sizes = None
+        else:
+            scales = _floats(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+            sizes = self.shape_value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+        if node.attributes.get_ints("axes", None) is not None:
+            return  # opset 18's partial axes: onnx's inference says
+        if sizes is not None and len(sizes) == len(data):
+            self._set(out, list(sizes))
+        elif scales is not None and len(scales) == len(data):
+            self._set(out, [sympy.floor(_expr(d) * sympy.Rational(s)) for d, s in zip(data, scales)])
+
+    def _pad(self, node: ir.Node, out: ir.Value, data: Sequence[Dim]) -> None:
+        pads = node.attributes.get_ints("pads", None)
+        if pads is None and len(node.inputs) > 1:
+            pads = self._ints(node.inputs[1])
+        if pads is None or len(pads) % 2:
+            return
+        axes = self._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+        axes = list(range(len(data))) if axes is None else [a % len(data) for a in axes]
+        if len(pads) != 2 * len(axes):
+            return
+        dims = list(data)
+        for i, axis in enumerate(axes):
+            dims[axis] = _expr(dims[axis]) + pads[i] + pads[i + len(axes)]
+        self._set(out, dims)
+
     def _reshape(self, node: ir.Node, out: ir.Value, data: Sequence[Dim] | None) -> None:
         target = self.shape_value(node.inputs[1])
         if target is None:
@@ -395,6 +680,18 @@ class SymbolicShapes:
         quotient = sympy.cancel(total / known)
         return quotient if quotient.is_polynomial() and sympy.fraction(quotient)[1] == 1 else self.fresh()
 
+    def _split(self, node: ir.Node, data: Sequence[Dim]) -> None:
+        axis = node.attributes.get_int("axis", 0) % len(data)
+        sizes = self._ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        sizes = node.attributes.get_ints("split", sizes)
+        pieces = len(node.outputs)
+        if sizes is None and is_int(data[axis]) and as_int(data[axis]) % pieces == 0:
+            sizes = [as_int(data[axis]) // pieces] * pieces
+        for i, piece in enumerate(node.outputs):
+            dims = list(data)
+            dims[axis] = sizes[i] if sizes is not None and i < len(sizes) else self.fresh()
+            self._set(piece, dims)
+
     def _concat(self, node: ir.Node, out: ir.Value, ins: list) -> None:
         if not ins or any(d is None for d in ins):
             return
@@ -407,7 +704,8 @@ class SymbolicShapes:
                 dims.append(_simplify(sympy.Add(*[_expr(d) for d in column])))
             else:
                 statics = [d for d in column if is_int(d)]
-                dims.append(statics[0] if statics else column[0])  # all equal by Concat's contract
+                known = [d for d in column if not is_unknown(d)]
+                dims.append(statics[0] if statics else known[0] if known else column[0])  # all equal by contract
         self._set(out, dims)
 
     def _squeeze(self, node: ir.Node, out: ir.Value, data: Sequence[Dim]) -> None:
@@ -430,9 +728,13 @@ class SymbolicShapes:
             self._set(out, [d for i, d in enumerate(data) if i not in axes])
 
     def _slice(self, node: ir.Node, out: ir.Value, data: Sequence[Dim]) -> None:
-        starts, ends = self._ints(node.inputs[1]), self.shape_value(node.inputs[2])
-        axes = self._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-        steps = self._ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+        if len(node.inputs) < 3:  # opset < 10: starts/ends/axes are attributes
+            starts, ends = node.attributes.get_ints("starts", None), node.attributes.get_ints("ends", None)
+            axes, steps = node.attributes.get_ints("axes", None), None
+        else:
+            starts, ends = self._ints(node.inputs[1]), self.shape_value(node.inputs[2])
+            axes = self._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+            steps = self._ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
         if starts is None or ends is None:
             sliced = set(range(len(data))) if axes is None else {a % len(data) for a in axes}
             self._set(out, [self.fresh() if i in sliced else d for i, d in enumerate(data)])
@@ -449,6 +751,8 @@ class SymbolicShapes:
                 dims[axis] = len(range(*slice(start, as_int(end), step).indices(as_int(size))))
             elif start == 0 and step == 1 and not is_int(end) and _expr(end).is_nonnegative:
                 dims[axis] = _simplify(sympy.Min(_expr(end), _expr(size)))  # [:end], clamped to the axis
+            elif step == 1 and start >= 0 and is_int(end) and as_int(end) >= 2**31 - 1:
+                dims[axis] = _simplify(sympy.Max(_expr(size) - start, 0))  # [start:]
             else:
                 dims[axis] = self.fresh()
         self._set(out, dims)
@@ -474,6 +778,9 @@ class SymbolicShapes:
     def _reduce(self, node: ir.Node, out: ir.Value, data: Sequence[Dim]) -> None:
         axes = self._ints(node.inputs[1]) if len(node.inputs) > 1 else node.attributes.get_ints("axes", None)
         if axes is None:
+            if node.attributes.get_int("noop_with_empty_axes", 0):
+                self._set(out, data)
+                return
             axes = list(range(len(data)))
         axes = {a % len(data) for a in axes}
         keep = node.attributes.get_int("keepdims", 1)
@@ -524,13 +831,13 @@ class SymbolicShapes:
             pieces = [self._values.get(v) for v in node.inputs]
             if all(isinstance(p, tuple) for p in pieces):
                 self._values[out] = tuple(d for p in pieces for d in p)
-        elif op == "Slice" and isinstance(first, tuple):
+        elif op == "Slice" and isinstance(first, tuple) and len(node.inputs) >= 3:
             starts, ends = self._ints(node.inputs[1]), self._ints(node.inputs[2])
             axes = self._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
             steps = self._ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
             if starts and ends and len(starts) == 1 and axes in ([0], [-1]) and steps and steps[0] != 0:
                 self._values[out] = first[slice(starts[0], ends[0], steps[0])]
-        elif op in ("Add", "Sub", "Mul", "Div", "Equal") and len(node.inputs) == 2:
+        elif op in ("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Equal") and len(node.inputs) == 2:
             self._elementwise(op, out, first, self._values.get(node.inputs[1]))
         elif op == "Where" and len(node.inputs) == 3:
             self._where(out, first, self._values.get(node.inputs[1]), self._values.get(node.inputs[2]))
@@ -549,22 +856,9 @@ class SymbolicShapes:
         xs, ys = xs * (n if len(xs) == 1 else 1), ys * (n if len(ys) == 1 else 1)
         result = []
         for x, y in zip(xs, ys):
-            x, y = _expr(x), _expr(y)
-            if op == "Add":
-                r = x + y
-            elif op == "Sub":
-                r = x - y
-            elif op == "Mul":
-                r = x * y
-            elif op == "Equal":
-                known = (x - y).is_zero
-                if known is None:
-                    return
-                r = sympy.Integer(int(known))
-            elif x.is_Integer and y.is_Integer and y != 0:
-                r = sympy.Integer(int(np.trunc(int(x) / int(y))) if (int(x) < 0) != (int(y) < 0) else int(x) // int(y))
-            else:
-                return  # symbolic division: not needed so far, and floor/trunc differ
+            r = _arithmetic(op, _expr(x), _expr(y))
+            if r is None:
+                return
             result.append(_simplify(r))
         self._values[out] = result[0] if scalar else tuple(result)
 
@@ -577,8 +871,87 @@ class SymbolicShapes:
         if any(len(p) not in (1, n) for p in parts):
             return
         c, x, y = (p * n if len(p) == 1 else p for p in parts)
+        if not all(is_int(ci) for ci in c):
+            return
         picked = tuple(xi if as_int(ci) else yi for ci, xi, yi in zip(c, x, y))
         self._values[out] = picked if any(isinstance(p, tuple) for p in (condition, a, b)) else picked[0]
+
+
+def _arithmetic(op: str, x: sympy.Expr, y: sympy.Expr) -> sympy.Expr | None:
+    """One element of integer shape arithmetic, or None when it is not certain."""
+    if op == "Add":
+        return x + y
+    if op == "Sub":
+        return x - y
+    if op == "Mul":
+        return x * y
+    if op == "Max":
+        return sympy.Max(x, y)
+    if op == "Min":
+        return sympy.Min(x, y)
+    if op == "Equal":
+        known = sympy.Eq(x, y)
+        if known is sympy.true:
+            return sympy.Integer(1)
+        if known is sympy.false or (x - y).is_nonzero:
+            return sympy.Integer(0)
+        return None
+    if not (y.is_Integer and y != 0):
+        return None  # division by a size: not needed so far
+    if x.is_Integer:  # ONNX's integer Div truncates toward zero, its Mod (fmod=0) takes the divisor's sign
+        if op == "Div":
+            return sympy.Integer(int(np.trunc(int(x) / int(y))) if (int(x) < 0) != (int(y) < 0) else int(x) // int(y))
+        return sympy.Integer(int(x) % int(y))
+    if x.is_nonnegative and y > 0:  # a size over a positive constant: truncation is floor
+        return _floor_div(x, int(y)) if op == "Div" else sympy.Mod(x, int(y))
+    return None
+
+
+def _floor_div(x: sympy.Expr, d: int) -> sympy.Expr:
+    """floor(x / d) for an integer x and d > 0; floors of floors as one (floor(floor(n/a)/b) = floor(n/(a*b)))."""
+    if d == 1:
+        return x
+    numerator, denominator = _as_floor(sympy.expand(x))
+    return sympy.floor(numerator / (denominator * d))
+
+
+def _ceil_div(x: sympy.Expr, d: int) -> sympy.Expr:
+    return _floor_div(x + d - 1, d)  # ceil(x/d) = floor((x + d - 1)/d) for integers
+
+
+def _as_floor(x: sympy.Expr) -> tuple[sympy.Expr, int]:
+    """(n, q) with x == floor(n/q): x itself (q = 1), or x = floor(p/q) + c with an integer c -> floor((p + c*q)/q)."""
+    terms = sympy.Add.make_args(x)
+    floors = [t for t in terms if isinstance(t, sympy.floor)]
+    rest = sympy.Add(*[t for t in terms if not isinstance(t, sympy.floor)])
+    if len(floors) == 1 and rest.is_Integer:
+        numerator, denominator = sympy.fraction(sympy.together(floors[0].args[0]))
+        if denominator.is_Integer and denominator > 0 and numerator.is_integer:
+            return sympy.expand(numerator + rest * denominator), int(denominator)
+    return x, 1
+
+
+def _floats(value: ir.Value | None) -> list[float] | None:
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    if tensor is None or tensor.size == 0:
+        return None
+    return [float(x) for x in tensor.numpy().reshape(-1)]
+
+
+def _meet(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """What a value depends on when both ``a`` and ``b`` are sound: DATA and UNKNOWN stand for everything."""
+    if a & {DATA, UNKNOWN}:
+        return b
+    if b & {DATA, UNKNOWN}:
+        return a
+    return a & b
+
+
+def _dim_dependencies(dim: Dim) -> frozenset[str]:
+    """The input dims one element depends on; UNKNOWN for a fresh symbol."""
+    if is_int(dim):
+        return frozenset()
+    return frozenset(UNKNOWN if s.name.startswith(UNKNOWN_PREFIX) else s.name for s in dim.free_symbols)
 
 
 def _index(i: Dim, length: int) -> int:

@@ -1,4 +1,4 @@
-"""Fold the shape arithmetic of a model whose input sizes are fixed except for a few named dims.
+"""Fold the shape arithmetic of a model: what is proven the same at every input size becomes a constant.
 
 Exporters compute shapes at run time: the TorchScript exporter reads every
 Reshape's target from ``Shape`` → ``Gather`` → ``Concat`` chains and builds a
@@ -6,26 +6,26 @@ ViT's 2-D RoPE angle table from the input's height and width through ``Range``,
 ``Tile`` and ``If``. For an input whose height and width are fixed all of that
 is constant, and what is not (the batch) only ever scales one entry.
 
-Rather than reason about each op symbolically, the part of the graph that
-depends only on constants and on input shapes (the "static" values) is
-*evaluated*: :func:`onnxsmith.runtime.evaluate.evaluate_shapes` runs the model
-in onnxruntime once at the base sizes and once more per symbolic dim with that
-dim changed (doubled), and this pass, given those runs (:class:`ShapeRuns`),
-rewrites the graph:
+The symbolic-shape engine (:mod:`onnxsmith.analysis.symbolic_shapes`) says for every
+value whether it is constant (independent of the free input dims and of the data), an
+expression in the input dims, or unknown. This pass rewrites only what it proves --
+never what merely happened to be equal at the sizes a model was run at (a detector's
+``floor(H/32)`` is 1 at H = 1 and at H = 2):
 
-* a static value that is the same in every run is a constant: it becomes an
-  initializer and the nodes that computed it go away -- when the shared rule of
-  :mod:`onnxsmith.analysis.fold_cost` allows it: a dequantised int8 weight or a copy
-  of a weight other nodes read would grow the file, so it stays computed (an Identity
-  of a constant is read as that constant instead); a table made from shapes alone
-  (RoPE angles, masks), which the fused operators read as inputs, may take up to
-  ``MAX_GENERATED_BYTES``;
-* a Reshape target becomes a constant: its result's shape with -1 where it
-  follows the one free dim (the batch of a fixed-size image); with several free
-  dims (batch and sequence) those that copy the input's dim become 0;
-* a Concat of one tensor with constants repeated along the batch (the CLS and
-  register tokens ``Expand``-ed to the batch size) becomes ``Pad`` + ``Add`` of
-  a constant table: exact, and it needs no batch size;
+* a constant computed from shapes becomes an initializer: its elements where the engine
+  knows them (a Reshape target of fixed sizes), else its value, evaluated once from the
+  constants behind it (:func:`constants_to_evaluate`, computed by
+  :func:`onnxsmith.runtime.evaluate.evaluate_constants`; a pass never runs a model) --
+  when the shared rule of :mod:`onnxsmith.analysis.fold_cost` allows it: a table made
+  from shapes alone (RoPE angles, masks), which the fused operators read as inputs, may
+  take up to ``MAX_GENERATED_BYTES``;
+* a Reshape whose result dims the engine knows gets a constant target: fixed sizes
+  stay, the one free dim becomes -1 (the batch of a fixed-size image); with several
+  (batch and sequence) those that copy the input's dim at the same place become 0 and
+  at most one other -1;
+* a Concat of one tensor with constants ``Expand``-ed along free dims (the CLS and
+  register tokens ``Expand``-ed to the batch size) becomes ``Pad`` + ``Add`` of a
+  constant table: exact, and it needs no batch size;
 * anything else stays as it was.
 
 Cos and Sin are left in place by default so that the rules downstream see the
@@ -42,30 +42,38 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.fold_cost import SMALL_FOLD, fold_cost, fold_refusal
+from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import ConstantPool
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import ensure_types
 from onnxsmith.irutil.walk import captured, subgraphs_of
 
 #: Transcendental functions of constants stay nodes so their consumers choose the precision.
 DEFAULT_KEEP_OPS = frozenset({"Cos", "Sin"})
-#: Static values larger than this stay computed rather than stored.
+#: Constants larger than this stay computed rather than stored.
 MAX_FOLDED_ELEMENTS = 1 << 20
 #: A table computed from shapes and scalars alone may add this much to the file; anything else SMALL_FOLD.
 MAX_GENERATED_BYTES = 1 << 20
-_NONDETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial"})
 
 
 @dataclass
-class ShapeRuns:
-    """The evaluated static values (:func:`shape_values`), by name, once per assignment of the symbolic dims.
+class ConstantsToEvaluate:
+    """Constants the engine proved whose values it does not hold (:func:`constants_to_evaluate`).
 
-    The first run is at the base sizes, each further one with one dim changed. A Reshape
-    whose target is among them also has its data's and its result's shapes
-    (:func:`shape_probe`). ``skipped``: why there are no runs (the model did not run).
+    ``values``: to evaluate, in graph order; ``given``: the shape values on the way to them,
+    with the elements the engine knows -- fed as inputs, so what is evaluated is the part of
+    the graph between them and ``values``, which reads no input.
     """
 
-    runs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    values: list[ir.Value] = field(default_factory=list)
+    given: dict[ir.Value, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class EvaluatedConstants:
+    """The values of :class:`ConstantsToEvaluate` by name; ``skipped``: why there are none (it did not run)."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
     skipped: str = ""
 
 
@@ -73,184 +81,215 @@ class ShapeRuns:
 class FoldShapesResult(ir.passes.PassResult):
     """What :class:`FoldShapesPass` did."""
 
-    folded: int = 0  # static values replaced by constants
+    folded: int = 0  # constants computed from shapes replaced by initializers
     reshapes: int = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
     concats: int = 0  # Concats of batch-repeated constants turned into Pad + Add
-    skipped: str = ""  # why nothing was folded, when the evaluation failed
+    skipped: str = ""  # why the constants that needed evaluating were not folded
 
 
 class FoldShapesPass(ir.passes.InPlacePass):
-    """Replace what depends only on constants and input shapes by constants (see the module doc).
+    """Replace what the engine proves constant, and Reshape targets it knows, by constants (see the module doc).
 
-    ``evaluation``: the static values evaluated at several sizes of the symbolic input dims
-    that stay dynamic (:func:`onnxsmith.runtime.evaluate.evaluate_shapes`, on this model as it
-    is now).
+    ``evaluated``: the values of :func:`constants_to_evaluate` on this model as it is now
+    (:func:`onnxsmith.runtime.evaluate.evaluate_constants`); without them only the constants
+    whose elements the engine knows are folded.
     """
 
-    def __init__(self, evaluation: ShapeRuns, *, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> None:
+    def __init__(
+        self, evaluated: EvaluatedConstants | None = None, *, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS
+    ) -> None:
         super().__init__()
-        self.evaluation = evaluation
+        self.evaluated = evaluated or EvaluatedConstants()
         self.keep_ops = frozenset(keep_ops)
 
     def call(self, model: ir.Model) -> FoldShapesResult:
-        self._result = FoldShapesResult(model, False)  # filled while the pass runs
+        result = FoldShapesResult(model, False, skipped=self.evaluated.skipped)
         graph = model.graph
-        static = _static_values(graph, self.keep_ops)
-        frontier = _frontier(graph, static)
-        if not frontier:
-            self._result.modified = False
-            return self._result
-        if self.evaluation.skipped:  # the model does not run at a varied size: leave it as it is
-            self._result.skipped = self.evaluation.skipped
-            self._result.modified = False
-            return self._result
-        runs = self.evaluation.runs
+        ensure_types(model)
+        shapes = SymbolicShapes(graph)
         constants = ConstantPool(graph, FreshNames(graph))
-        varying: dict[ir.Value, list[np.ndarray]] = {}
-        for value in frontier:
-            arrays = [run[value.name] for run in runs]
-            if arrays[0].size > MAX_FOLDED_ELEMENTS:
+        for value in foldable(graph, shapes, self.keep_ops):
+            array = _literal(shapes, value)
+            if array is None:
+                array = self.evaluated.arrays.get(value.name)
+            if array is None or array.size > MAX_FOLDED_ELEMENTS:
                 continue
-            if all(_same(arrays[0], a) for a in arrays[1:]):
-                source = _identity_of_constant(value)
-                if source is not None:
-                    _replace_uses(value, source)
-                elif fold_refusal(
-                    fold_cost([value], arrays[0].nbytes), SMALL_FOLD, generated_limit=MAX_GENERATED_BYTES
-                ):
-                    continue
-                else:
-                    _replace_uses(value, constants.get(arrays[0], f"{value.name}/folded"))
-                self._result.folded += 1
+            if fold_refusal(fold_cost([value], array.nbytes), SMALL_FOLD, generated_limit=MAX_GENERATED_BYTES):
                 continue
-            varying[value] = arrays
-            for user, index in list(value.uses()):
-                if _is_op(user, "Reshape") and index == 1 and shape_probe(user, "out") in runs[0]:
-                    target = _reshape_target(
-                        [run[shape_probe(user, "out")] for run in runs], [run[shape_probe(user, "in")] for run in runs]
-                    )
-                    if target is not None:
-                        user.replace_input_with(1, constants.get(target, f"{value.name}/folded"))
-                        if "allowzero" in user.attributes:  # opset >= 14; 0 (copy) is the default
-                            user.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-                        self._result.reshapes += 1
-        if varying:
-            infer_types(model)  # the static length of the tensor a Concat pads
-            for node in list(graph):
-                if (
-                    _is_op(node, "Concat")
-                    and not _is_static(node, static)
-                    and _pad_instead_of_concat(graph, node, varying, constants)
-                ):
-                    self._result.concats += 1
+            _replace_uses(value, constants.get(array, f"{value.name}/folded"))
+            result.folded += 1
+        if result.folded:  # tables now constant give dims to what they feed (a RoPE table's rows)
+            RemoveUnusedNodesPass()(model)
+            shapes = SymbolicShapes(graph)
+        for node in graph:
+            if _is_op(node, "Reshape") and ir.convenience.get_const_tensor(node.inputs[1]) is None:
+                target = reshape_target(shapes, node)
+                if target is not None:
+                    node.replace_input_with(1, constants.get(target, f"{node.inputs[1].name or 'shape'}/folded"))
+                    if "allowzero" in node.attributes:  # opset >= 14; 0 (copy) is the default
+                        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+                    result.reshapes += 1
+        for node in list(graph):
+            if (
+                _is_op(node, "Concat")
+                and not shapes.is_constant(node.outputs[0])
+                and _pad_instead_of_concat(graph, node, shapes, constants)
+            ):
+                result.concats += 1
         RemoveUnusedNodesPass()(model)
-        self._result.modified = bool(self._result.folded or self._result.reshapes or self._result.concats)
-        return self._result
+        result.modified = bool(result.folded or result.reshapes or result.concats)
+        return result
 
 
-def shape_values(graph: ir.Graph, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> list[ir.Value]:
-    """The static values worth evaluating (in graph order): those something non-static reads."""
-    keep = frozenset(keep_ops)
-    return _frontier(graph, _static_values(graph, keep))
+def constants_to_evaluate(model: ir.Model, keep_ops: Iterable[str] = DEFAULT_KEEP_OPS) -> ConstantsToEvaluate:
+    """What :class:`FoldShapesPass` needs evaluated: the constants it folds whose elements the engine does not hold."""
+    graph = model.graph
+    ensure_types(model)
+    shapes = SymbolicShapes(graph)
+    request = ConstantsToEvaluate()
+    for value in foldable(graph, shapes, frozenset(keep_ops)):
+        if _literal(shapes, value) is not None or _elements(shapes.dims(value)) > MAX_FOLDED_ELEMENTS:
+            continue  # (a size the engine does not know is evaluated: the model computes it on every run anyway)
+        given = _cut(value, shapes)
+        if given is not None:
+            request.values.append(value)
+            request.given.update(given)
+    return request
 
 
-def _static_values(graph: ir.Graph, keep_ops: frozenset[str]) -> set[ir.Value]:
-    """Values of the main graph that depend only on constants and on the shapes of other values."""
-    static: set[ir.Value] = set()
+def foldable(graph: ir.Graph, shapes: SymbolicShapes, keep_ops: frozenset[str]) -> list[ir.Value]:
+    """Constants computed from shapes that something not constant reads (in graph order): those worth folding.
 
-    def known(value: ir.Value | None) -> bool:
-        if value is None or value in static:
-            return True
-        return value.const_value is not None and not value.is_graph_input()
-
+    Only values computed (in part) from a Shape or Size: a constant computed from weights
+    alone (a transposed or dequantised weight) is no shape computation, and folding it
+    would store a second copy of a weight.
+    """
+    shaped: set[ir.Value] = set()
+    kept: set[ir.Value] = set()  # what a kept op (Cos, Sin) computes, and what is computed from that
     for node in graph:
-        if node.domain not in ("", "ai.onnx") or node.op_type in keep_ops or node.op_type in _NONDETERMINISTIC:
+        reads = (*node.inputs, *(c for sub in subgraphs_of(node) for c in captured(sub)))
+        if _is_op(node, "Shape") or _is_op(node, "Size"):
+            shaped.update(node.outputs)  # (its dims only: the shape of a kept table is no table)
             continue
-        if node.op_type in ("Shape", "Size") or (
-            all(known(v) for v in node.inputs) and all(known(v) for sub in subgraphs_of(node) for v in captured(sub))
-        ):
-            static.update(node.outputs)
-    return static
+        if any(v in shaped for v in reads):
+            shaped.update(node.outputs)
+        if node.op_type in keep_ops or any(v in kept for v in reads):
+            kept.update(node.outputs)
 
+    def folded_away(user: ir.Node) -> bool:
+        return (
+            user.graph is graph
+            and bool(user.outputs)
+            and all(shapes.is_constant(out) and out not in kept for out in user.outputs)
+        )
 
-def _frontier(graph: ir.Graph, static: set[ir.Value]) -> list[ir.Value]:
-    """Static values something non-static reads (in graph order): the ones worth evaluating."""
     found = []
-    outputs = set(graph.outputs)
     for node in graph:
         if node.op_type == "Constant":
             continue
         for value in node.outputs:
-            if value not in static or value in outputs or not value.name:
-                continue
-            if any(not _is_static(user, static) for user in value.consumers()):
+            if (
+                value in shaped
+                and value not in kept
+                and value.name
+                and not value.is_graph_output()
+                and shapes.is_constant(value)
+                and any(not folded_away(user) for user in value.consumers())
+            ):
                 found.append(value)
     return found
 
 
-def _is_static(node: ir.Node, static: set[ir.Value]) -> bool:
-    return bool(node.outputs) and node.outputs[0] in static
+def reshape_target(shapes: SymbolicShapes, reshape: ir.Node) -> np.ndarray | None:
+    """A constant target that gives ``reshape``'s result at every size of the free dims, or None.
 
-
-def shape_probe(reshape: ir.Node, side: str) -> str:
-    """The name under which an evaluation reports a Reshape's data ("in") or result ("out") shape."""
-    return f"onnxsmith::{side}_shape::{reshape.outputs[0].name}"
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
-
-
-def _reshape_target(results: list[np.ndarray], inputs: list[np.ndarray]) -> np.ndarray | None:
-    """A constant Reshape target that gives each run's result shape from each run's input.
-
-    Entries that never change are literal; one changing entry becomes -1 (the batch of a
-    fixed-size image). With several (batch and sequence), those that copy the input's
-    dim at the same place become 0 and at most one other becomes -1; else None.
+    Fixed sizes are literal; one free dim becomes -1. With several (batch and sequence),
+    those that copy the input's dim at the same place become 0 and at most one other -1.
+    Only where the engine derived the result from the computed target's elements.
     """
-    out = np.stack(results).astype(np.int64)
-    if (out[0] == 0).any():
-        return None  # a zero-size dim: 0 would mean "copy" in the target
-    varying = list(np.flatnonzero((out != out[0]).any(axis=0)))
-    target = out[0].copy()
-    if len(varying) > 1:
-        data = np.stack(inputs).astype(np.int64)
-        copies = [i for i in varying if i < data.shape[1] and (out[:, i] == data[:, i]).all()]
-        target[copies] = 0
-        varying = [i for i in varying if i not in copies]
-    if len(varying) > 1:
+    if shapes.shape_value(reshape.inputs[1]) is None:
         return None
-    target[varying] = -1
-    return target
+    result, data = shapes.dims(reshape.outputs[0]), shapes.dims(reshape.inputs[0])
+    if result is None or any(is_int(d) and as_int(d) == 0 for d in result):
+        return None  # a zero-size dim: 0 would mean "copy" in the target
+    free = [i for i, d in enumerate(result) if not is_int(d)]
+    target = np.array([as_int(d) if is_int(d) else -1 for d in result], np.int64)
+    if len(free) > 1:
+        copies = [i for i in free if data is not None and i < len(data) and same(result[i], data[i])]
+        target[copies] = 0
+        free = [i for i in free if i not in copies]
+    return target if len(free) <= 1 else None
 
 
-def _pad_instead_of_concat(
-    graph: ir.Graph, concat: ir.Node, varying: dict[ir.Value, list[np.ndarray]], constants: ConstantPool
-) -> bool:
+def _literal(shapes: SymbolicShapes, value: ir.Value) -> np.ndarray | None:
+    """A shape value's elements, in the value's own integer type."""
+    array = shapes.literal(value)
+    if array is None or value.dtype is None:
+        return None
+    return array.astype(value.dtype.numpy())
+
+
+def _cut(value: ir.Value, shapes: SymbolicShapes) -> dict[ir.Value, np.ndarray] | None:
+    """The shape values with known elements that bound the part of the graph ``value`` is computed by."""
+    given: dict[ir.Value, np.ndarray] = {}
+    seen: set[ir.Value] = set()
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.const_value is not None and not current.is_graph_input():
+            continue
+        if current is not value:
+            literal = _literal(shapes, current)
+            if literal is not None:
+                given[current] = literal
+                continue
+        node = current.producer()
+        if node is None:
+            return None  # a graph input: the engine's proof does not say how to evaluate it
+        if node.op_type == "Constant":
+            continue
+        pending.extend(v for v in node.inputs if v is not None)
+        pending.extend(v for sub in subgraphs_of(node) for v in captured(sub))
+    return given
+
+
+def _elements(dims) -> int:
+    """How many elements dims of a constant hold (0 when not known)."""
+    if dims is None or not all(is_int(d) for d in dims):
+        return 0
+    return int(np.prod([as_int(d) for d in dims]))
+
+
+def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, shapes: SymbolicShapes, constants: ConstantPool) -> bool:
     """Concat(c1, ..., x, ..., cn) = Pad(x) + table, where each c is a constant repeated along free dims."""
     axis = concat.attributes.get_int("axis", 0)
     pieces: list[np.ndarray | None] = []
     tensor = None
     for value in concat.inputs:
         piece = None
-        if value in varying:
-            piece = _unrepeated(varying[value])
-        elif value is not None and value.const_value is not None and not value.is_graph_input():
+        if value is not None and value.const_value is not None and not value.is_graph_input():
             piece = value.const_value.numpy()
+        elif value is not None:
+            piece = _unrepeated(value, shapes)
         if piece is None:
             if tensor is not None or value is None:
                 return False
             tensor = value
         pieces.append(piece)
-    if tensor is None or tensor.shape is None or tensor.dtype is None or len(pieces) < 2:
+    dims = shapes.dims(tensor) if tensor is not None else None
+    repeated = any(p is not None and v.const_value is None for p, v in zip(pieces, concat.inputs))
+    if tensor is None or dims is None or tensor.dtype is None or not repeated:
         return False
-    rank = len(tensor.shape)
+    rank = len(dims)
     axis = axis + rank if axis < 0 else axis
-    length = tensor.shape[axis]
-    if not isinstance(length, int) or any(
+    if not is_int(dims[axis]) or any(
         p is not None and (p.ndim != rank or p.dtype != tensor.dtype.numpy()) for p in pieces
     ):
         return False
+    length = as_int(dims[axis])
     # The table: the pieces, with zeros where the tensor goes; 1 along every axis the Add broadcasts.
     template = next(p for p in pieces if p is not None)
     zeros_shape = [1 if d != axis else length for d in range(rank)]
@@ -277,34 +316,27 @@ def _pad_instead_of_concat(
     return True
 
 
-def _unrepeated(arrays: list[np.ndarray]) -> np.ndarray | None:
-    """The array with size 1 along every axis whose size changed between runs, if it only repeated there."""
-    shapes = {a.shape for a in arrays}
-    if len({len(s) for s in shapes}) != 1:
+def _unrepeated(value: ir.Value, shapes: SymbolicShapes) -> np.ndarray | None:
+    """A constant ``Expand``-ed along free dims: the constant, with size 1 along them (None: not that)."""
+    node = value.producer()
+    if node is None or not _is_op(node, "Expand") or node.inputs[0] is None:
         return None
-    grown = [d for d in range(arrays[0].ndim) if len({s[d] for s in shapes}) > 1]
-    if not grown:
+    tensor = ir.convenience.get_const_tensor(node.inputs[0])
+    dims = shapes.dims(value)
+    if tensor is None or dims is None or len(dims) < len(tensor.shape) or all(is_int(d) for d in dims):
         return None
-    for array in arrays:
-        first = array
-        for d in grown:
-            first = first.take([0], axis=d)
-        if not np.array_equal(np.broadcast_to(first, array.shape), array):
-            return None
-    return first
+    array = tensor.numpy()
+    array = array.reshape((1,) * (len(dims) - array.ndim) + array.shape)
+    if any(not is_int(d) and array.shape[i] != 1 for i, d in enumerate(dims)):
+        return None  # a free dim the constant is not repeated along
+    try:
+        return np.broadcast_to(array, [as_int(d) if is_int(d) else 1 for d in dims]).copy()
+    except ValueError:
+        return None
 
 
 def _is_op(node: ir.Node, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in ("", "ai.onnx")
-
-
-def _identity_of_constant(value: ir.Value) -> ir.Value | None:
-    """The constant an Identity chain passes on unchanged (read it instead of storing a copy), else None."""
-    while (node := value.producer()) is not None and _is_op(node, "Identity"):
-        value = node.inputs[0]
-    if value.is_graph_input() or ir.convenience.get_const_tensor(value) is None:
-        return None
-    return value if value.producer() is None or value.producer().op_type == "Constant" else None
 
 
 def _replace_uses(value: ir.Value, new: ir.Value) -> None:

@@ -42,7 +42,7 @@ from onnxsmith.core.transform import StepReport, Transform, TransformContext, re
 from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
-from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult
+from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult, constants_to_evaluate
 from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
 from onnxsmith.passes.prune_rows import PruneRowsPass
@@ -61,7 +61,7 @@ from onnxsmith.rules import (
 )
 from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities, would_match
 from onnxsmith.rules.cleanup import cleanup_rules
-from onnxsmith.runtime.evaluate import evaluate_shapes
+from onnxsmith.runtime.evaluate import evaluate_constants
 from onnxsmith.runtime.inputs import input_specs
 
 #: The fusions in the order they run: (name in the report, rule sets applied in turn).
@@ -138,7 +138,7 @@ class Fuse(Transform):
         before = _op_counts(model)
         weights_before = precision_report.weight_bytes_by_type(model)
         stated = typed_values(model)
-        dims = input_dims(model, context.feeds[0], options.static_dims)
+        input_dims(model, context.feeds[0], options.static_dims)  # names unnamed dims, fixes the static ones
         if options.precision == "fp16":
             # Before anything renames a value: the stream is found by its Adds and measured by name.
             context.progress("fuse: measuring activation ranges of the source")
@@ -146,7 +146,7 @@ class Fuse(Transform):
             report.notes.extend(precision_report.fused_stream_notes(streams))
 
         context.progress("fuse: folding shape computations")
-        fold, noop = prepare_shapes(model, dims, context.feeds[0], progress=context.progress)
+        fold, noop = prepare_shapes(model, progress=context.progress)
         report.notes.append(_fold_note(fold))
         outcomes = [noop]
         opset = default_opset(model)
@@ -235,15 +235,16 @@ def input_dims(model: ir.Model, feeds: dict[str, np.ndarray], static: list[str] 
     return {name: size for name, size in sizes.items() if name not in static}
 
 
-def prepare_shapes(
-    model: ir.Model, dims: dict[str, int], feeds: dict[str, np.ndarray] | None = None, *, progress=None
-) -> tuple[FoldShapesResult, RuleOutcome]:
+def prepare_shapes(model: ir.Model, *, progress=None) -> tuple[FoldShapesResult, RuleOutcome]:
     """Step 1: shape arithmetic folded, Constants lifted, no-op Casts and Reshapes gone, dims named."""
-    fold = FoldShapesPass(evaluate_shapes(model, dims, feeds=feeds, progress=progress))(model)
+    request = constants_to_evaluate(model)
+    if progress and request.values:
+        progress(f"evaluating {len(request.values)} constant shape computations")
+    fold = FoldShapesPass(evaluate_constants(model, request))(model)
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     RewritePass(cleanup_rules)(model)
     RemoveUnusedNodesPass()(model)
-    NameDimsPass(dims)(model)
+    NameDimsPass()(model)
     noop = apply_rules(model, "no-op Reshape", noop_reshape.noop_reshape_rules)
     bypass_identities(model.graph)
     return fold, noop
@@ -289,7 +290,7 @@ def _check_no_fusion_ops(model: ir.Model) -> None:
 
 def _fold_note(fold: FoldShapesResult) -> str:
     if fold.skipped:
-        return f"shape computations left as they were: {fold.skipped}"
+        return f"shape computations left computed: {fold.skipped}"
     return (
         f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape "
         f"targets constant, {fold.concats} Concat of repeated constants -> Pad + Add"
