@@ -61,9 +61,9 @@ from onnxsmith.runtime.inputs import (
     input_specs,
     load_input_sets,
     parse_shape_options,
-    random_inputs,
 )
 from onnxsmith.runtime.runner import prepare_session
+from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
@@ -744,7 +744,7 @@ def _input_sets(
     if samples < 1:
         raise UsageError(f"samples must be at least 1, not {samples}")
     shapes, dims = _shape(shape)
-    return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + i) for i in range(samples)]
+    return inputs_that_run(model, shapes=shapes, dims=dims, samples=samples, seed=seed)  # sizes that run
 
 
 def _matched(model: ir.Model, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -60,8 +60,8 @@ from onnxsmith.release.validate import TaskRun, Validation
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
-from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.runtime.ranges import measure_ranges
+from onnxsmith.runtime.sizing import inputs_that_run
 
 FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
@@ -278,7 +278,7 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         log(f"validation data: {task_run.data}")
         feeds = task_run.calibration_feeds(spec.calibration)
     else:
-        feeds = [random_inputs(source_model, seed=i) for i in range(4)]
+        feeds = inputs_that_run(source_model, samples=4)
 
     outcomes = []
     for i, variant in enumerate(recipe.variants, 1):

@@ -14,6 +14,9 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io.load import SOURCE_PATH
 
 DEFAULT_SEED = 0
+#: An integer scalar input with such a name is a sample rate (silero VAD's ``sr``): it gets :data:`SAMPLE_RATE`.
+SAMPLE_RATE_NAME = re.compile(r"sr|sample_?rate|sampling_?rate|sample_?rate_?hz")
+SAMPLE_RATE = 16000
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,10 @@ def random_inputs(
     dims: dict[str, int] | None = None,
     seed: int = DEFAULT_SEED,
 ) -> dict[str, np.ndarray]:
-    """Seeded values fitting each input: normal floats, valid token ids, all-ones masks."""
+    """Seeded values fitting each input: normal floats, valid token ids, all-ones masks, a sample rate of 16 kHz.
+
+    Sizes: ``shapes`` and ``dims`` where given, else :func:`default_dim` (see
+    :func:`onnxsmith.runtime.sizing.inputs_that_run` for sizes checked to run)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in input_specs(model):
@@ -161,6 +167,8 @@ def _random_value(model: ir.Model, spec: InputSpec, shape: tuple[int, ...], rng)
             return np.ones(shape, dtype=spec.dtype)
         if "position" in name and shape:
             return np.broadcast_to(np.arange(shape[-1], dtype=spec.dtype), shape).copy()
+        if SAMPLE_RATE_NAME.fullmatch(name) and int(np.prod(shape)) == 1:
+            return np.full(shape, SAMPLE_RATE, dtype=spec.dtype)  # a voice model's branch for 16 kHz, not for 7 Hz
         high = _index_bound(model, spec.name) or 10
         return rng.integers(0, high, size=shape).astype(spec.dtype)
     raise InputError(f"cannot make random values for input '{spec.name}' of type {spec.dtype}")

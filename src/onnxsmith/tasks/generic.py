@@ -18,7 +18,8 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
-from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options, random_inputs
+from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options
+from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import judge_outputs
 from onnxsmith.verify.gate import Bounds, GateOptions, verdict
@@ -84,10 +85,8 @@ class Generic(Task):
                 files = [path]
             return [Sample(f.name, load_npz(f, model)) for f in files]
         shapes, dims = parse_shape_options(options.shape)
-        return [
-            Sample(f"random#{options.seed + i}", random_inputs(model, shapes=shapes, dims=dims, seed=options.seed + i))
-            for i in range(options.samples)
-        ]
+        feeds = inputs_that_run(model, shapes=shapes, dims=dims, samples=options.samples, seed=options.seed)
+        return [Sample(f"random#{options.seed + i}", f) for i, f in enumerate(feeds)]
 
     def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
         if options.data:
