@@ -125,6 +125,32 @@ def relative_error(w: np.ndarray, restored: np.ndarray) -> float:
 # --- nodes -----------------------------------------------------------------------------------
 
 
+@dataclass
+class NodeMaker:
+    """Base of the int8 passes' builders: makes nodes and initializers in ``graph``, named fresh by ``names``."""
+
+    graph: ir.Graph
+    names: FreshNames
+
+    def _add(self, name: str, array: np.ndarray) -> ir.Value:
+        return add_initializer(self.graph, self.names(name), array)
+
+
+def typed(value: ir.Value, name: str, dtype: ir.DataType, shape: ir.Shape | None) -> None:
+    """Name and type a made node's output."""
+    value.name = name
+    value.dtype = dtype
+    value.shape = shape
+
+
+class QuantizedResult(ir.passes.PassResult):
+    """What an int8 pass did: the nodes it rewrote (by name)."""
+
+    def __init__(self, model: ir.Model, quantized: list[str]) -> None:
+        super().__init__(model, modified=bool(quantized))
+        self.quantized = quantized
+
+
 def dequantize_node(
     graph: ir.Graph,
     names: FreshNames,

@@ -27,7 +27,6 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
-from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import drop_unused_initializers
@@ -121,11 +120,9 @@ def uint8_params(low: float, high: float) -> tuple[float, int]:
 
 
 @dataclass
-class ConvBuilder:
+class ConvBuilder(qz.NodeMaker):
     """Makes Convs' int8 nodes in ``graph``; a quantized activation is made once per value and scale."""
 
-    graph: ir.Graph
-    names: FreshNames
     opset: int = PER_CHANNEL_OPSET  # below 13, weights are dequantized per channel by com.microsoft's op
     _quantized: dict = field(default_factory=dict)  # (value, scale, zero point) -> its DequantizeLinear's output
     _made: dict = field(default_factory=dict)  # a DequantizeLinear output made here -> (scale, zero point)
@@ -145,11 +142,11 @@ class ConvBuilder:
             inputs.append(nodes[-1].outputs[0])
         node = conv.node
         new = ir.node("Conv", inputs, attributes=dict(node.attributes), name=self.names(f"{label}_int8"))
-        _typed(new.outputs[0], self.names(f"{node.outputs[0].name}_int8"), ir.DataType.FLOAT, node.outputs[0].shape)
+        qz.typed(new.outputs[0], self.names(f"{node.outputs[0].name}_int8"), ir.DataType.FLOAT, node.outputs[0].shape)
         nodes.append(new)
         if conv.relu is not None:
             relu = ir.node("Relu", [new.outputs[0]], name=self.names(f"{conv.relu.name or label}_int8"))
-            _typed(relu.outputs[0], self.names(f"{conv.output.name}_relu"), ir.DataType.FLOAT, conv.output.shape)
+            qz.typed(relu.outputs[0], self.names(f"{conv.output.name}_relu"), ir.DataType.FLOAT, conv.output.shape)
             nodes.append(relu)
         after, _ = self.qdq(nodes[-1].outputs[0], plan.y_scale, plan.y_zero_point, cache=False)
         return prepare, nodes + after
@@ -165,9 +162,9 @@ class ConvBuilder:
         s = self._add(f"{label}_scale", np.array(scale, dtype=np.float32))
         z = self._add(f"{label}_zero_point", np.array(zero_point, dtype=np.uint8))
         q = ir.node("QuantizeLinear", [x, s, z], name=self.names(f"{label}_Quantize"))
-        _typed(q.outputs[0], self.names(f"{label}_uint8"), ir.DataType.UINT8, x.shape)
+        qz.typed(q.outputs[0], self.names(f"{label}_uint8"), ir.DataType.UINT8, x.shape)
         dq = ir.node("DequantizeLinear", [q.outputs[0], s, z], name=self.names(f"{label}_Dequantize"))
-        _typed(dq.outputs[0], self.names(f"{label}_dequantized"), ir.DataType.FLOAT, x.shape)
+        qz.typed(dq.outputs[0], self.names(f"{label}_dequantized"), ir.DataType.FLOAT, x.shape)
         if cache:
             self._quantized[key] = dq.outputs[0]
         self._made[dq.outputs[0]] = key[1:]
@@ -184,25 +181,12 @@ class ConvBuilder:
             domain=domain,
             name=self.names(f"{label}_Dequantize"),
         )
-        _typed(node.outputs[0], self.names(f"{label}_dequantized"), ir.DataType.FLOAT, ir.Shape(q.shape))
+        qz.typed(node.outputs[0], self.names(f"{label}_dequantized"), ir.DataType.FLOAT, ir.Shape(q.shape))
         return node
 
-    def _add(self, name: str, array: np.ndarray) -> ir.Value:
-        return add_initializer(self.graph, self.names(name), array)
 
-
-def _typed(value: ir.Value, name: str, dtype: ir.DataType, shape: ir.Shape | None) -> None:
-    value.name = name
-    value.dtype = dtype
-    value.shape = shape
-
-
-class QuantizeConvsResult(ir.passes.PassResult):
+class QuantizeConvsResult(qz.QuantizedResult):
     """What :class:`QuantizeConvsPass` did: the Convs it rewrote (by name)."""
-
-    def __init__(self, model: ir.Model, quantized: list[str]) -> None:
-        super().__init__(model, modified=bool(quantized))
-        self.quantized = quantized
 
 
 class QuantizeConvsPass(ir.passes.InPlacePass):

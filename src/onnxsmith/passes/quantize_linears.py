@@ -156,11 +156,9 @@ class Int8Nodes:
 
 
 @dataclass
-class Int8Builder:
+class Int8Builder(qz.NodeMaker):
     """Makes Linears' int8 nodes in ``graph``; a weight, a smoothed input or a quantized input is made once."""
 
-    graph: ir.Graph
-    names: FreshNames
     _weights: dict = field(default_factory=dict)
     _inputs: dict = field(default_factory=dict)
     smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
@@ -175,7 +173,7 @@ class Int8Builder:
             if smoothing is not None:
                 inverse = self._add(f"{label}_smooth", (1.0 / smoothing).astype(np.float32))
                 mul = ir.node("Mul", [x, inverse], name=self.names(f"{label}_smooth_Mul"))
-                _typed(mul.outputs[0], self.names(f"{label}_smoothed"), ir.DataType.FLOAT, x.shape)
+                qz.typed(mul.outputs[0], self.names(f"{label}_smoothed"), ir.DataType.FLOAT, x.shape)
                 prepare.append(mul)
                 self.smoothing_muls.append(mul)
                 x = mul.outputs[0]
@@ -186,7 +184,7 @@ class Int8Builder:
                 (ir.DataType.UINT8, ir.DataType.FLOAT, ir.DataType.UINT8),
                 (x.shape, ir.Shape([]), ir.Shape([])),
             ):
-                _typed(out, self.names(f"{label}_{suffix}"), dtype, shape)
+                qz.typed(out, self.names(f"{label}_{suffix}"), dtype, shape)
             prepare.append(dql)
             quantized = self._inputs[key] = dql.outputs
         w_key = (linear.weight, key[1])
@@ -210,25 +208,12 @@ class Int8Builder:
         else:
             inputs.pop()
         matmul = ir.node("MatMulIntegerToFloat", inputs, domain=MS_DOMAIN, name=self.names(f"{linear.name}_int8"))
-        _typed(matmul.outputs[0], self.names(f"{linear.output.name}_int8"), ir.DataType.FLOAT, linear.output.shape)
+        qz.typed(matmul.outputs[0], self.names(f"{linear.output.name}_int8"), ir.DataType.FLOAT, linear.output.shape)
         return Int8Nodes(prepare, matmul)
 
-    def _add(self, name: str, array: np.ndarray) -> ir.Value:
-        return add_initializer(self.graph, self.names(name), array)
 
-
-def _typed(value: ir.Value, name: str, dtype: ir.DataType, shape: ir.Shape | None) -> None:
-    value.name = name
-    value.dtype = dtype
-    value.shape = shape
-
-
-class QuantizeLinearsResult(ir.passes.PassResult):
+class QuantizeLinearsResult(qz.QuantizedResult):
     """What :class:`QuantizeLinearsPass` did: the Linears it rewrote (by name)."""
-
-    def __init__(self, model: ir.Model, quantized: list[str]) -> None:
-        super().__init__(model, modified=bool(quantized))
-        self.quantized = quantized
 
 
 class QuantizeLinearsPass(ir.passes.InPlacePass):
