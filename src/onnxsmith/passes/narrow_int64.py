@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.intervals import Bounds, Interval, fits_int32, hull, static_size
+from onnxsmith.analysis.intervals import VALUE_MOVING, Bounds, Interval, fits_int32, hull, static_size
 from onnxsmith.irutil.casts import cast_node, insert_after_producer
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.unionfind import UnionFind
@@ -52,26 +52,8 @@ SINK_SLOTS: dict[str, tuple[int, ...]] = {
 #: Ops that run on int32 in onnxruntime's CPU provider and whose output type is that of
 #: these input slots (None: every input). A region passes through them.
 REGION_OPS: dict[str, tuple[int, ...] | None] = {
-    "Identity": (0,),
-    "Reshape": (0,),
-    "Flatten": (0,),
-    "Squeeze": (0,),
-    "Unsqueeze": (0,),
-    "Transpose": (0,),
-    "Expand": (0,),
-    "Tile": (0,),
-    "Slice": (0,),
-    "Gather": (0,),
-    "GatherElements": (0,),
-    "GatherND": (0,),
-    "Split": (0,),
-    "Concat": None,
-    "Where": (1, 2),
-    "ScatterElements": (0, 2),
-    "ScatterND": (0, 2),
+    **VALUE_MOVING,  # an output holds some of the inputs' values, so has their type
     "Pad": (0, 2),
-    "ReduceMax": (0,),
-    "ReduceMin": (0,),
     "ReduceSum": (0,),
     "CumSum": (0,),
     "Add": None,
