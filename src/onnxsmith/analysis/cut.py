@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnxsmith.core.errors import UsageError
-from onnxsmith.irutil.walk import subgraphs_of
+from onnxsmith.irutil.walk import reachable, subgraphs_of
 
 
 @dataclass
@@ -82,16 +82,7 @@ def _producer_reads(value: ir.Value) -> list[ir.Value]:
 
 def _upstream_of(values: list[ir.Value], stop: set[ir.Value]) -> set[ir.Value]:
     """Everything ``values`` are computed from (themselves included), not looking past ``stop``."""
-    seen: set[ir.Value] = set()
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        if v not in stop:
-            stack.extend(_producer_reads(v))
-    return seen
+    return reachable(values, lambda v: () if v in stop else _producer_reads(v))
 
 
 def _refuse_cycles(inputs: list[ir.Value], outputs: list[ir.Value], path) -> None:

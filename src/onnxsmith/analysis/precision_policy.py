@@ -62,6 +62,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
+from onnxsmith.irutil.walk import reachable
 
 FP16_MAX = 65504.0
 DEFAULT_HEADROOM = 4.0
@@ -295,19 +296,14 @@ class SmallNodes:
 def weights_read(node: ir.Node, computed: set[str]) -> set[ir.Value]:
     """The float weights ``node`` reads, directly or through the nodes that compute ``computed``
     (:func:`computed_from_constants`: an Identity or a Transpose of a weight)."""
-    found: set[ir.Value] = set()
-    pending = [v for v in node.inputs if v is not None]
-    seen: set[ir.Value] = set()
-    while pending:
-        value = pending.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        if _weight_bytes(value):
-            found.add(value)
-        elif value.name in computed and value.producer() is not None:
-            pending.extend(v for v in value.producer().inputs if v is not None)
-    return found
+
+    def step(value: ir.Value) -> list[ir.Value]:
+        producer = value.producer()
+        if _weight_bytes(value) or value.name not in computed or producer is None:
+            return []
+        return [v for v in producer.inputs if v is not None]
+
+    return {v for v in reachable((v for v in node.inputs if v is not None), step) if _weight_bytes(v)}
 
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)

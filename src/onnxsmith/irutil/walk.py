@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +13,19 @@ def all_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
     """Every node, recursing into If/Loop/Scan subgraphs (parents before their subgraphs)."""
     graph = model_or_graph.graph if isinstance(model_or_graph, ir.Model) else model_or_graph
     yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def reachable(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir.Value]]) -> set[ir.Value]:
+    """``values`` and every value reached from them by repeating ``step`` (a value's next ones)."""
+    seen: set[ir.Value] = set()
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        pending.extend(step(value))
+    return seen
 
 
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:

@@ -18,7 +18,7 @@ import onnx_ir as ir
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.irutil.walk import all_nodes
+from onnxsmith.irutil.walk import all_nodes, reachable
 
 #: The opset from which Shape takes ``start`` and ``end``.
 SHAPE_SLICE_OPSET = 15
@@ -88,13 +88,5 @@ def _shape_then_slice(node: ir.Node, opset: int, names: FreshNames) -> ir.Value:
 
 def _forget_shapes_downstream(values: list[ir.Value]) -> None:
     """Every value computed from ``values`` (and they) loses its shape, to be inferred again."""
-    seen: set[ir.Value] = set()
-    pending = list(values)
-    while pending:
-        value = pending.pop()
-        if value in seen:
-            continue
-        seen.add(value)
+    for value in reachable(values, lambda v: [out for user in v.consumers() for out in user.outputs]):
         value.shape = None
-        for user in value.consumers():
-            pending.extend(user.outputs)
