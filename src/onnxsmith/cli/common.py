@@ -5,15 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
-from onnxsmith.core.errors import UsageError
+from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.runtime.inputs import DEFAULT_SEED
 
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
 out = Console(highlight=False, soft_wrap=False, width=200)
 err = Console(stderr=True, highlight=False)
+
+
+def made_and_saved(make: Callable[[Callable[[str], None]], Any], output: str | None) -> Any:
+    """What ``make(progress)`` stages (an api call: a variant, piece or folder), made under a status line and
+    saved; a result that fails its gate is not saved but raised as :class:`GateFailed` naming ``output``."""
+    with err.status("") as status, make(status.update) as made:
+        if not made.ok:
+            raise GateFailed(made.failure, output)
+        made.save()
+    return made
 
 
 def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> None:

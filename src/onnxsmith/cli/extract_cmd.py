@@ -9,10 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import add_gate_options, err, gate_keywords, out
+from onnxsmith.cli.common import add_gate_options, gate_keywords, made_and_saved, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline
-from onnxsmith.core.errors import GateFailed
 from onnxsmith.io.files import human_bytes
 from onnxsmith.runtime.inputs import DEFAULT_SEED
 
@@ -60,9 +59,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     api.check_outputs([args.output, args.report], sources=[args.source])
-    with (
-        err.status("") as status,
-        api.extract(
+    piece = made_and_saved(
+        lambda progress: api.extract(
             args.source,
             inputs=args.inputs,
             outputs=args.outputs,
@@ -73,12 +71,10 @@ def run(args: argparse.Namespace) -> int:
             **gate_keywords(args),
             external_data=args.external_data,
             out=args.output,
-            progress=status.update,
-        ) as piece,
-    ):
-        if not piece.ok:
-            raise GateFailed(piece.failure, args.output)
-        piece.save()
+            progress=progress,
+        ),
+        args.output,
+    )
     report = piece.report
     kept = report.steps[0].stats["initializers"]
     print_headline(report.headline)

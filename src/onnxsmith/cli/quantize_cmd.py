@@ -14,11 +14,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import err, out
+from onnxsmith.cli.common import made_and_saved, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline, rows_table
 from onnxsmith.core import options as opts
-from onnxsmith.core.errors import GateFailed
 from onnxsmith.io.files import human_bytes
 from onnxsmith.release.lm_folder import REPORT_FILE
 from onnxsmith.transforms.quantize import Quantize, QuantizeOptions
@@ -48,21 +47,18 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     options = opts.from_args(args, QuantizeOptions)
     api.check_outputs([args.report], sources=[args.source], model_folders=True)
-    with (
-        err.status("") as status,
-        api.quantize(
+    folder = made_and_saved(
+        lambda progress: api.quantize(
             args.source,
             **opts.to_json(options),
             gate_samples=args.gate_samples,
             gate_length=args.gate_length,
             seed=args.seed,
             out=args.output,
-            progress=status.update,
-        ) as folder,
-    ):
-        if not folder.ok:
-            raise GateFailed(folder.failure, args.output)
-        folder.save()
+            progress=progress,
+        ),
+        args.output,
+    )
     if args.report:
         folder.write_report(args.report)
     _print(folder, Path(args.output))

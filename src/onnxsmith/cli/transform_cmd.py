@@ -15,10 +15,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import add_gate_options, add_input_options, err, gate_keywords, input_keywords, out
+from onnxsmith.cli.common import (
+    add_gate_options,
+    add_input_options,
+    gate_keywords,
+    input_keywords,
+    made_and_saved,
+    out,
+)
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
-from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Transform
 from onnxsmith.io.files import human_bytes
 
@@ -45,9 +51,8 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
     options = opts.from_args(args, transform_cls.Options)
     data = args.output + ".data" if args.external_data else None
     api.check_outputs([args.output, data, args.report], sources=[args.source])
-    with (
-        err.status("") as status,
-        api.transform(
+    variant = made_and_saved(
+        lambda progress: api.transform(
             args.source,
             transform_cls.name,
             **opts.to_json(options),
@@ -55,12 +60,10 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
             **gate_keywords(args, taken=_own_options(transform_cls)),
             external_data=True if args.external_data else None,
             out=args.output,
-            progress=status.update,
-        ) as variant,
-    ):
-        if not variant.ok:
-            raise GateFailed(variant.failure, args.output)
-        variant.save()
+            progress=progress,
+        ),
+        args.output,
+    )
     print_variant(variant, explain=getattr(args, "explain", False))
     if args.report:
         variant.write_report(args.report)
