@@ -18,7 +18,6 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.casts import cast_node
 from onnxsmith.irutil.names import FreshNames
-from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
@@ -70,11 +69,9 @@ def _is_row_lookup(node: ir.Node, index: int, graph: ir.Graph) -> bool:
 
 
 @dataclass
-class TableBuilder:
+class TableBuilder(qz.NodeMaker):
     """Makes the int8 lookups of tables in ``graph``; a table is quantized once for all its lookups."""
 
-    graph: ir.Graph
-    names: FreshNames
     _stored: dict = field(default_factory=dict)
 
     def lookup(self, table: Table, gather: ir.Node) -> list[ir.Node]:
@@ -83,16 +80,16 @@ class TableBuilder:
         if stored is None:
             p = qz.quantize_per_channel_int8(const_array(table.value).astype(np.float32), axis=0)
             stored = self._stored[table.value] = (
-                add_initializer(self.graph, self.names(f"{table.name}_int8"), p.q),
-                add_initializer(self.graph, self.names(f"{table.name}_scale"), p.scale.reshape(-1, 1)),
+                self._add(f"{table.name}_int8", p.q),
+                self._add(f"{table.name}_scale", p.scale.reshape(-1, 1)),
             )
         ids = gather.inputs[1]
         label = gather.name or table.name
         out = gather.outputs[0]
         rows = ir.node("Gather", [stored[0], ids], {"axis": 0}, name=self.names(f"{label}_int8"))
-        _typed(rows.outputs[0], self.names(f"{out.name}_int8"), ir.DataType.INT8, out.shape)
+        qz.typed(rows.outputs[0], self.names(f"{out.name}_int8"), ir.DataType.INT8, out.shape)
         scales = ir.node("Gather", [stored[1], ids], {"axis": 0}, name=self.names(f"{label}_scale"))
-        _typed(scales.outputs[0], self.names(f"{out.name}_scale"), ir.DataType.FLOAT, None)
+        qz.typed(scales.outputs[0], self.names(f"{out.name}_scale"), ir.DataType.FLOAT, None)
         cast = cast_node(
             rows.outputs[0],
             ir.DataType.FLOAT,
@@ -100,22 +97,12 @@ class TableBuilder:
             node_name=self.names(f"{label}_Cast"),
         )
         mul = ir.node("Mul", [cast.outputs[0], scales.outputs[0]], name=self.names(f"{label}_restore"))
-        _typed(mul.outputs[0], self.names(f"{out.name}_restored"), ir.DataType.FLOAT, out.shape)
+        qz.typed(mul.outputs[0], self.names(f"{out.name}_restored"), ir.DataType.FLOAT, out.shape)
         return [rows, scales, cast, mul]
 
 
-def _typed(value: ir.Value, name: str, dtype: ir.DataType, shape: ir.Shape | None) -> None:
-    value.name = name
-    value.dtype = dtype
-    value.shape = shape
-
-
-class QuantizeTablesResult(ir.passes.PassResult):
+class QuantizeTablesResult(qz.QuantizedResult):
     """What :class:`QuantizeTablesPass` did: the tables it stored in int8 (by name)."""
-
-    def __init__(self, model: ir.Model, quantized: list[str]) -> None:
-        super().__init__(model, modified=bool(quantized))
-        self.quantized = quantized
 
 
 class QuantizeTablesPass(ir.passes.InPlacePass):
