@@ -81,10 +81,10 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
-def measure(command: list[str]) -> dict:
+def measure(command: list[str], env: dict | None = None) -> dict:
     """Run ``command``; wall time, peak RSS of its process tree, exit status, last lines of output."""
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     peak = 0
     done = threading.Event()
 
@@ -113,6 +113,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="an earlier source tree of onnxsmith (e.g. a git worktree of an older commit): its `onnxsmith fp16` "
+        "runs in the same invocation, alternating with this tree's, so 'nothing got slower' is measured side by side",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each onnxsmith command (the median is shown)")
     args = parser.parse_args(argv)
     if not args.model.exists():
         print(f"{args.model} is missing: run python -m tools.fixtures --vitl first", file=sys.stderr)
@@ -121,10 +128,27 @@ def main(argv=None) -> int:
     results = {"model": str(args.model), "bytes": args.model.stat().st_size, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="fp16-bench-") as tmp:
         ours, theirs = Path(tmp) / "onnxsmith.onnx", Path(tmp) / "onnxconverter.onnx"
-        results["onnxsmith fp16"] = measure(
-            [python, "-m", "onnxsmith", "fp16", str(args.model), str(ours), "--samples", "1"]
-        )
-        results["onnxsmith fp16"]["output_bytes"] = ours.stat().st_size if ours.exists() else None
+        command = [python, "-m", "onnxsmith", "fp16", str(args.model), str(ours), "--samples", "1"]
+        trees: dict[str, dict | None] = {}
+        if args.baseline:
+            rev = subprocess.run(
+                ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            # ahead of this venv's editable install on sys.path
+            trees[f"onnxsmith fp16 at {rev or args.baseline}"] = {
+                **os.environ,
+                "PYTHONPATH": str(args.baseline.resolve() / "src"),
+            }
+        trees["onnxsmith fp16"] = None  # last in each round: the variant checked below is this tree's
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for _ in range(args.repeat):  # alternating, so drifting load hits both alike
+            for name, env in trees.items():
+                ours.unlink(missing_ok=True)
+                runs[name].append(measure(command, env))
+                runs[name][-1]["output_bytes"] = ours.stat().st_size if ours.exists() else None
+        for name, measured in runs.items():
+            median = sorted(measured, key=lambda r: r["wall_s"])[len(measured) // 2]
+            results[name] = {**median, "walls_s": [r["wall_s"] for r in measured]}
         results["onnxconverter-common"] = measure([python, "-c", ONNXCONVERTER, str(args.model), str(theirs)])
         results["onnxconverter-common"]["output_bytes"] = theirs.stat().st_size if theirs.exists() else None
         for name, path in (("onnxsmith fp16", ours), ("onnxconverter-common", theirs)):
@@ -140,12 +164,13 @@ def main(argv=None) -> int:
     print(f"model: {args.model} ({results['bytes'] / 1e9:.2f} GB), {results['cpus']} CPUs")
     print("| tool | wall (s) | peak RSS (GB) | output (MB) | NaN/inf outputs (storage-faithful fp16) |")
     print("|---|---:|---:|---:|---|")
-    for name in ("onnxsmith fp16", "onnxconverter-common"):
+    for name in [*runs, "onnxconverter-common"]:
         r = results[name]
         size = f"{r['output_bytes'] / 2**20:.0f}" if r.get("output_bytes") else "-"
+        walls = f" (runs: {', '.join(f'{w:.1f}' for w in r['walls_s'])})" if len(r.get("walls_s", [])) > 1 else ""
         print(
-            f"| {name} | {r['wall_s']:.1f} | {r['peak_rss_gb']:.2f} | {size} | "
-            f"{r.get('storage_faithful_nonfinite', r['tail'])} |"
+            f"| {name} | {r['wall_s']:.1f}{walls} | {r['peak_rss_gb']:.2f} | {size} | "
+            f"{r.get('storage_faithful_nonfinite', r['tail'] if r['exit'] else '-')} |"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
