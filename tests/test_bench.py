@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -170,3 +171,25 @@ def test_a_build_benchmarks_a_fixed_batch_source_at_its_batch(tmp_path):
     assert bench["failures"] == []
     card = (out / "README.md").read_text()
     assert "- small: its inputs have a fixed batch of 2: measured at batch 2, not at 1, 3" in card
+
+
+def test_unsized_image_sides_get_the_sizes_the_transforms_pick(tmp_path, cli):
+    """x[batch, 1, height, width] -> Reshape(-1, 640) runs at 320 x 320, not at 1 x 1 (issue 11 class 3):
+    bench sizes it as the transforms do (runtime/sizing.py), at every batch size."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["y"])],
+        "image",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([-1, 640], np.int64), "target")],
+    )
+    path = tmp_path / "image.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    run = bench_models([("image", path, {})], BenchSettings(batches=[1, 2], runs=1, warmup=0))
+    assert not run.failures, run.shortfall()
+    assert [b.batch for b in run.results[0].batches] == [1, 2] and not run.results[0].errors
+    result = cli("bench", path, *QUICK, "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    # What the user sized stays as given: 1 x 1 does not run, and that is said.
+    result = cli("bench", path, *QUICK, "--shape", "height=1", "--shape", "width=1")
+    assert_one_line_error(result, "image.onnx", code=2)

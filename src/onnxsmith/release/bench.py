@@ -6,7 +6,11 @@ process times the session's creation, runs every batch size (warm-up runs, then
 timed runs) and reports its peak resident memory. Inputs are seeded random
 values made here, from the model's input spec, with the first symbolic dim of
 each input (the batch) set to the batch size — or, in a build, the task's own
-samples stacked to the batch size (real faces, real token windows).
+samples stacked to the batch size (real faces, real token windows). Its other
+unsized dims get the sizes the transforms calibrate at, checked to run
+(:func:`onnxsmith.runtime.sizing.inputs_that_run`: an image's sides from its metadata
+or 224/320/640, an audio window that grows until it runs), so a model is measured
+at a size it is meant for, not at the 1x1 image that used to fail.
 
 What can be measured is measured and what cannot is said: a model that cannot be
 loaded or run is a :class:`BenchFailure` (the others are still measured), a batch
@@ -190,6 +194,8 @@ def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: Feed
     model = load_model(path)
     specs = input_specs(model)
     shapes, dims = parse_shape_options(settings.shape)
+    if given is None:
+        shapes, dims = _sizes_that_run(model, specs, shapes, dims)
     batched = [s for s in specs if s.dims and not _fixed(s.dims[0])]
     batches, note = list(settings.batches), ""
     if not batched:
@@ -212,6 +218,24 @@ def _write_inputs(path: Path, settings: BenchSettings, folder: Path, given: Feed
         np.savez(target, **feeds)
         files[str(batch)] = os.fspath(target)
     return files, note
+
+
+def _sizes_that_run(model, specs, shapes: dict, dims: dict) -> tuple[dict, dict]:
+    """``shapes`` and ``dims`` completed with the sizes the model runs at (what the transforms pick): named
+    dims as dims, so a batch shared by several inputs still follows the batch size; an input with an
+    unnamed dim as its whole shape."""
+    from onnxsmith.runtime.sizing import inputs_that_run
+
+    (feeds,) = inputs_that_run(model, shapes=shapes, dims=dims)
+    shapes, dims = dict(shapes), dict(dims)
+    for spec in specs:
+        ran = feeds[spec.name].shape
+        for axis, dim in enumerate(spec.dims):
+            if isinstance(dim, str):
+                dims.setdefault(dim, int(ran[axis]))
+        if spec.name not in shapes and any(d is None for d in spec.dims):
+            shapes[spec.name] = tuple(int(d) for d in ran)
+    return shapes, dims
 
 
 def _fixed(dim) -> bool:
