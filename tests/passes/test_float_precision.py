@@ -218,6 +218,44 @@ def test_constant_node_weights_converted_unless_out_of_range(save_proto, tmp_pat
     assert_pass_preserves_outputs(source, model, tmp_path, atol=ATOL, rtol=RTOL)
 
 
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    """x -> MatMul(x, w) -> y, the weight an initializer."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, w.shape[1]])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_weight_whose_dead_columns_flush_to_zero_is_stored_fp16(save_proto, tmp_path):
+    # PP-OCRv6's det head: most values of a trained weight are ~1e-7..1e-22 (dead output channels), the rest
+    # carry what it computes. Rounded to fp16 the tiny ones flush to zero; the tensor as a whole moves 2e-4.
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    w[:, 3:] *= np.float32(1e-9)  # 5 of 8 columns dead: 62% of the values below fp16's smallest subnormal
+    source = save_proto(_matmul_model(w))
+    model, conversion = _convert(source)
+    assert model.graph.initializers["w"].dtype == F16 and not conversion.kept
+    # What it computes survives: the live columns as fp16 keeps them, the dead ones ~0 either way.
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=1e-6, rtol=RTOL)
+
+
+def test_a_weight_fp16_cannot_hold_stays_fp32_with_its_reader(save_proto, tmp_path):
+    # Every value ~3e-8: an fp16 subnormal keeps one or two bits of it. Stored fp16 the product would be off
+    # by tens of percent; kept fp32 (with the MatMul that reads it) it is exact.
+    rng = np.random.default_rng(8)
+    w = (3e-8 * rng.standard_normal((16, 8))).astype(np.float32)
+    assert np.abs(w.astype(np.float16).astype(np.float32) - w).max() > 0.1 * np.abs(w).max()
+    source = save_proto(_matmul_model(w))
+    model, conversion = _convert(source)
+    assert model.graph.initializers["w"].dtype == F32
+    assert "||w16 - w|| / ||w||" in conversion.kept[next(iter(conversion.kept))]
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=1e-12, rtol=1e-4)
+
+
 def _contrib_model() -> onnx.ModelProto:
     """x -> SkipLayerNormalization(x, skip, gamma, beta) -> BiasGelu(., b) -> MatMul: com.microsoft fusions."""
     rng = np.random.default_rng(5)

@@ -10,8 +10,12 @@ One place decides it, from two sources:
   smallest normal (2**-14), where fp16 keeps almost no precision. A node that
   produces or reads such a tensor computes in fp32: that is an island.
   Constants are checked from their values: over fp16's max (no headroom: they
-  cannot grow), or mostly below 2**-20, where an fp16 subnormal keeps under 4
-  significant bits (an epsilon of 1e-5 is fine, a clamp at 1e-9 would vanish).
+  cannot grow), or, rounded to fp16, off as a whole by more than 2**-5
+  (||w16 - w|| / ||w||: under 4 significant bits, what a value below 2**-20 keeps as
+  an fp16 subnormal; an epsilon of 1e-5 is fine, a clamp at 1e-9 would vanish).
+  The tensor is judged by what it computes, not by its smallest values: a trained
+  weight whose dead channels hold 1e-20 loses nothing that matters when they flush
+  to zero.
 
 * What fp16 kernels do. onnxruntime's CUDA kernels for MatMul/Gemm (cuBLAS),
   Conv (cuDNN), Softmax, LayerNormalization and the attention contrib ops take
@@ -122,8 +126,9 @@ MOVEMENT_OPS = frozenset(
 #: Recurrent ops carry state from step to step, where fp16 rounding compounds (see module doc).
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 
-#: A constant value below this (2**-20) keeps fewer than 4 significant bits as an fp16 subnormal.
-CONSTANT_TINY = 2.0**-20
+#: A constant rounded to fp16 may be off by at most this share of its size (||w16 - w|| / ||w||):
+#: what a single value of 2**-20 is off by as an fp16 subnormal (under 4 significant bits).
+CONSTANT_ROUNDING = 2.0**-5
 
 #: Constants bigger than this are checked for underflow on an evenly strided sample.
 _SAMPLE_ABOVE = 1 << 20
@@ -195,16 +200,25 @@ def unsafe_constant(tensor: ir.TensorProtocol, limits: Limits) -> str | None:
         if limits.min_normal is None:
             return None
         sample = flat if flat.size <= _SAMPLE_ABOVE else flat[:: flat.size // _SAMPLE_ABOVE]
-        magnitude = np.abs(sample)
-        nonzero = int(np.count_nonzero(magnitude))
-        # Subnormals keep absolute precision: 1e-5 (an epsilon) is stored within 0.2%, 1e-9 vanishes.
-        tiny = int(np.count_nonzero((magnitude > 0) & (magnitude < CONSTANT_TINY)))
-        if nonzero and tiny / nonzero > limits.underflow_share:
-            return f"holds values below {CONSTANT_TINY:.2g}, where fp16 keeps under 4 significant bits"
+        error = rounding_error(sample)
+        if error > CONSTANT_ROUNDING:
+            return (
+                f"rounded to fp16 is off by {error:.2g} of its size (||w16 - w|| / ||w|| > 2^-5): its values "
+                "lie below fp16's normal range, where it keeps under 4 significant bits"
+            )
         return None
     finally:
         del array
         _release(tensor)
+
+
+def rounding_error(values: np.ndarray) -> float:
+    """||fp16(values) - values|| / ||values|| (0 for all zeros): how far fp16 storage moves the tensor as a whole."""
+    exact = values.astype(np.float64)
+    norm = float(np.linalg.norm(exact))
+    if norm == 0.0:
+        return 0.0
+    return float(np.linalg.norm(values.astype(np.float16).astype(np.float64) - exact)) / norm
 
 
 def _release(tensor: ir.TensorProtocol) -> None:
