@@ -272,11 +272,10 @@ def test_cli_silero_vad_with_if_subgraphs_calibrated_on_a_folder(cli, tmp_path):
     result = cli("fp16", real_model("silero_vad"), out, "--calib", calib)
     assert result.returncode == 0, result.stderr
     assert "2 input set(s)" in result.stdout
+    variant = load_model(out)
+    infer_types(variant)  # the variant states only the types its source stated; the rest are inferred
     branches = [
-        attr.value
-        for n in load_model(out).graph
-        for attr in n.attributes.values()
-        if attr.type == ir.AttributeType.GRAPH
+        attr.value for n in variant.graph for attr in n.attributes.values() if attr.type == ir.AttributeType.GRAPH
     ]
     weights = [v.dtype for g in branches for v in g.initializers.values() if v.dtype in (F16, ir.DataType.FLOAT)]
     weights += [n.outputs[0].dtype for g in branches for n in g if n.op_type == "Conv"]
