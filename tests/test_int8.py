@@ -128,6 +128,14 @@ def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path
     assert sum(r["int8"] == "yes" for r in report.tables["Linears"]) >= 16  # of 18
     assert [r["int8"] for r in report.tables["Embedding tables"]] == ["yes"]  # the 47 MB token table
     assert out.stat().st_size <= 0.3 * source.stat().st_size
+    # Post-LN: the residual reads each LayerNorm's output too, so smoothing costs a Mul per input; the search
+    # keeps only the smoothing the budget needs (the FFN inputs'), measured without the rest.
+    assert "smoothing of 9 Linears" in report.notes[2] and "dropped" in report.notes[2]
+    smoothed = {r["linear"] for r in report.tables["Linears"] if r["smoothing"] != "-"}
+    assert 0 < len(smoothed) <= 3
+    smoothing_muls = [n for n in load_model(out).graph if n.op_type == "Mul" and n.name.endswith("_smooth_Mul")]
+    assert len(smoothing_muls) == len(smoothed)  # one per smoothed input: each FFN input is read by one Linear
+    assert report.stats["measured_output_error"] <= report.stats["error_budget"]
     del model
 
 

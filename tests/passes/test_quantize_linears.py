@@ -14,6 +14,7 @@ from onnxsmith.passes.quantize_linears import (
     QuantizeLinearsPass,
     find_linears,
     smoothing_factors,
+    smoothing_folds,
 )
 from onnxsmith.runtime import runner
 from tests.support.check import save_ir
@@ -166,6 +167,8 @@ def test_smoothing_folds_into_a_layernorm_nothing_else_reads(tmp_path, residual)
     linears = find_linears(model)
     channel_max = np.abs(load_model(source).graph.initializers["gamma"].const_value.numpy()) * 3
     s = smoothing_factors(channel_max, [linear.weight_array() for linear in linears], 0.5)
+    assert smoothing_folds(linears[0].input, [linear.node for linear in linears]) == (not residual)
+    assert not smoothing_folds(linears[0].input, [linears[0].node])  # the other projection reads it unsmoothed
     QuantizeLinearsPass({linear.name: LinearPlan(s) for linear in linears})(model)
     ops = [n.op_type for n in model.graph]
     assert ops.count("DynamicQuantizeLinear") == 1 and ops.count("Mul") == (1 if residual else 0)
@@ -177,3 +180,10 @@ def test_smoothing_folds_into_a_layernorm_nothing_else_reads(tmp_path, residual)
     assert np.array_equal(out["h_shape"], ref["h_shape"])
     for name in ("y", "r") if residual else ("y",):
         assert 0 < np.linalg.norm(out[name] - ref[name]) / np.linalg.norm(ref[name]) < 0.03
+
+
+def test_smoothing_of_a_value_no_normalisation_made_costs_a_mul(tmp_path):
+    model = load_model(_linears_model(tmp_path / "m.onnx"))
+    fc1, fc2 = find_linears(model)
+    assert not smoothing_folds(fc1.input, [fc1.node])  # a graph input
+    assert not smoothing_folds(fc2.input, [fc2.node])  # a Relu's output

@@ -254,18 +254,42 @@ class QuantizeLinearsPass(ir.passes.InPlacePass):
 _AFFINE_NORMS = {("", "LayerNormalization"): (1, 2), (MS_DOMAIN, "SkipLayerNormalization"): (2, 3)}
 
 
+def _norm_slots(x: ir.Value, graph: ir.Graph) -> tuple[int, int] | None:
+    """The (scale, bias) inputs of the normalisation whose output 0 is ``x``, if its division by ``s`` can
+    be folded into them (a last-axis LayerNormalization / SkipLayerNormalization of ``graph``)."""
+    norm = x.producer()
+    if norm is None or norm.graph is not graph or x is not norm.outputs[0] or x.is_graph_output():
+        return None
+    slots = _AFFINE_NORMS.get(("" if norm.domain == "ai.onnx" else norm.domain, norm.op_type))
+    if slots is None or norm.attributes.get_int("axis", -1) != -1:
+        return None
+    for slot in slots:
+        value = norm.inputs[slot] if len(norm.inputs) > slot else None
+        if value is not None and (value.const_value is None or len(value.const_value.shape) != 1):
+            return None
+    return slots
+
+
+def smoothing_folds(x: ir.Value, readers: Iterable[ir.Node]) -> bool:
+    """Whether smoothing ``x`` for the Linears ``readers`` (their MatMul/Gemm nodes) costs no Mul: ``x`` is a
+    normalisation's output that nothing else reads (but Shape), so the division folds into its scale and bias."""
+    readers = set(readers)
+    graph = next(iter(readers)).graph if readers else None
+    if graph is None or _norm_slots(x, graph) is None:
+        return False
+    return all(user in readers or user.op_type == "Shape" for user, _ in x.uses())
+
+
 def fold_into_layernorm(graph: ir.Graph, mul: ir.Node, names: FreshNames) -> bool:
     """``Mul(norm(x), 1/s)`` -> the norm with scale/s and bias/s, when nothing else reads its output 0
     (but Shape). Returns whether it folded."""
     x, inverse = mul.inputs
-    norm = x.producer()
-    if norm is None or norm.graph is not graph or x is not norm.outputs[0] or x.is_graph_output():
-        return False
-    slots = _AFFINE_NORMS.get(("" if norm.domain == "ai.onnx" else norm.domain, norm.op_type))
-    if slots is None or norm.attributes.get_int("axis", -1) != -1:
+    slots = _norm_slots(x, graph)
+    if slots is None:
         return False
     if any(user is not mul and user.op_type != "Shape" for user, _ in x.uses()):
         return False
+    norm = x.producer()
     factor = const_array(inverse).reshape(-1)
     arrays = []
     for slot in slots:

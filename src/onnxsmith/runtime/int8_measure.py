@@ -246,12 +246,19 @@ def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: lis
     return worst
 
 
+def unsmoothed_name(linear: str) -> str:
+    """The probe's switch for a smoothed Linear's unsmoothed int8 form."""
+    return f"{linear}::unsmoothed"
+
+
 @dataclass
 class SensitivityProbe:
     """One session where each candidate's int8 form is switched on or off by a boolean input.
 
     Candidates: Linears (name -> smoothing factors or None), tables (initializer names) and
-    Convs (name -> :class:`ConvPlan`).
+    Convs (name -> :class:`ConvPlan`). A smoothed Linear named in ``unsmoothed`` also has its
+    unsmoothed int8 form, switched on as ``unsmoothed_name(name)`` (it wins over the smoothed one):
+    what dropping its smoothing costs is measured in the same session.
     ``error(names)`` runs the calibration inputs with those int8 and the rest fp32.
     """
 
@@ -260,6 +267,7 @@ class SensitivityProbe:
     linears: dict[str, np.ndarray | None]
     tables: set[str] = field(default_factory=set)
     convs: dict[str, ConvPlan] = field(default_factory=dict)
+    unsmoothed: set[str] = field(default_factory=set)
     runs: int = 0  # measurements made (the reference run not counted)
 
     def __post_init__(self) -> None:
@@ -269,11 +277,20 @@ class SensitivityProbe:
         self.switches: dict[str, str] = {}
         int8 = Int8Builder(graph, build.names)
         for linear in find_linears(model):
-            if linear.name in self.linears:
-                made = int8.linear(linear, self.linears[linear.name])
+            if linear.name not in self.linears:
+                continue
+            smoothing = self.linears[linear.name]
+            forms = (
+                [(unsmoothed_name(linear.name), None)]
+                if smoothing is not None and linear.name in self.unsmoothed
+                else []
+            )
+            # the first switch made is the outermost Where: the unsmoothed form wins when both are on
+            for switch, form in [*forms, (linear.name, smoothing)]:
+                made = int8.linear(linear, form)
                 if made.prepare:
                     build.place_after(linear.input, made.prepare)
-                self._switch(build, linear.name, linear.output, [made.matmul])
+                self._switch(build, switch, linear.output, [made.matmul])
         int8_convs = ConvBuilder(graph, build.names, build.opset)
         for conv in find_convs(model):
             if conv.name in self.convs:

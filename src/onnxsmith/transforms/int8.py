@@ -40,7 +40,14 @@ from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
-from onnxsmith.passes.quantize_linears import LinearPlan, QuantizeLinearsPass, by_input, find_linears, smoothing_factors
+from onnxsmith.passes.quantize_linears import (
+    LinearPlan,
+    QuantizeLinearsPass,
+    by_input,
+    find_linears,
+    smoothing_factors,
+    smoothing_folds,
+)
 from onnxsmith.passes.quantize_tables import QuantizeTablesPass, find_tables
 from onnxsmith.rules.batchnorm import batchnorm_rules
 from onnxsmith.runtime.int8_measure import (
@@ -49,6 +56,7 @@ from onnxsmith.runtime.int8_measure import (
     measure_inputs,
     measure_layer_errors,
     measure_ranges,
+    unsmoothed_name,
 )
 
 #: Smoothing strengths tried per input.
@@ -399,19 +407,73 @@ class Int8(Transform):
             probe.close()
             runs += probe.runs
         _explain(selection, {**decisions, **{n: conv_decisions[n] for n in conv_plans}}, budget)
-        report.notes.append(
-            f"end to end on the calibration inputs: relative output error {selection.measured:.2e} "
-            f"(budget {budget:g}; {runs} run(s): {'; '.join(selection.steps)})"
-        )
-        report.stats["measured_output_error"] = selection.measured
-        report.stats["end_to_end_runs"] = runs
         chosen = selection.chosen
-        return (
-            chosen & set(names),
-            chosen & set(tables),
-            chosen & set(conv_plans),
-            {n: a for n, a in alphas.items() if n in chosen},
+        alphas = {n: a for n, a in alphas.items() if n in chosen}
+        measured, steps = selection.measured, list(selection.steps)
+        if alphas and runs < options.max_runs:
+            forms = {n: (smoothing[n][alphas[n]] if n in alphas else None) for n in chosen & set(names)}
+            probe = SensitivityProbe(
+                path,
+                context.feeds,
+                forms,
+                chosen & set(tables),
+                {n: conv_plans[n] for n in chosen & set(conv_plans)},
+                unsmoothed=set(alphas),
+            )
+            try:
+                dropped, measured = _drop_smoothing(
+                    probe, context, candidates, chosen, alphas, decisions, budget, options.max_runs - runs, measured
+                )
+            finally:
+                probe.close()
+                runs += probe.runs
+            for label, n_names, error in dropped:
+                steps.append(f"smoothing of {label} dropped: {error:.2e}")
+                for n in n_names:
+                    del alphas[n]
+        report.notes.append(
+            f"end to end on the calibration inputs: relative output error {measured:.2e} "
+            f"(budget {budget:g}; {runs} run(s): {'; '.join(steps)})"
         )
+        report.stats["measured_output_error"] = measured
+        report.stats["end_to_end_runs"] = runs
+        return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), alphas
+
+
+def _drop_smoothing(probe, context, candidates, chosen, alphas, decisions, budget, runs_left, measured):
+    """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
+    dropped where the outputs stay within ``budget`` without it, the least helpful first: one measured run per
+    role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
+    for each drop, the final measured error)."""
+    units: dict[tuple, list] = {}
+    for x, readers in by_input(candidates).items():
+        smoothed = [r for r in readers if r.name in alphas]
+        if not smoothed or smoothing_folds(x, [r.node for r in readers if r.name in chosen]):
+            continue
+        key = tuple(sorted({decisions[r.name].role.split(" #")[0] for r in smoothed}))
+        units.setdefault(key, []).extend(smoothed)
+
+    def kept_share(linears) -> float:
+        shares = []
+        for r in linears:
+            errors = decisions[r.name].errors
+            plain, smooth = errors.get(None), errors.get(alphas[r.name])
+            shares.append(smooth / plain if plain and smooth is not None else 0.0)
+        return float(np.mean(shares))
+
+    dropped = []
+    current = set(chosen)
+    for key, linears in sorted(units.items(), key=lambda item: -kept_share(item[1])):
+        if probe.runs >= runs_left:
+            break
+        context.progress(f"int8: without the smoothing of {len(linears)} Linears ({key[0]}, ...)")
+        trial = current | {unsmoothed_name(r.name) for r in linears}
+        error = probe.error(trial)
+        if error <= budget:
+            current, measured = trial, error
+            roles = key[0] + (f" and {len(key) - 1} more role(s)" if len(key) > 1 else "")
+            dropped.append((f"{len(linears)} Linears ({roles})", [r.name for r in linears], error))
+    return dropped, measured
 
 
 def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, ConvDecision]:
