@@ -19,8 +19,9 @@ open_nsfw (ResNet-50), PP-OCR mobile cls (MobileNetV3). Accuracy of the others: 
 cosine to the source over every float output and sample, and for classifiers the argmax
 agreement. ``onnxsmith int8`` runs as the library's produce_variant (its gate included),
 calibrated on one random input; the CNNs (with ``--convs``: static activation scales, which need
-real inputs) on natural images: crops of the example's photos, preprocessed as each model expects,
-8 to calibrate and 64 others to judge; ``quantize_dynamic`` with its defaults. The transformers also get
+real inputs) on what they are made for, preprocessed as each model expects: rendered lines of
+random words (PaddleOCR's recogniser and its direction classifier: half of them upside down),
+crops of the example's photos (open_nsfw), 8 to calibrate and 64 others to judge; ``quantize_dynamic`` with its defaults. The transformers also get
 ``onnxsmith fuse --precision fp32`` then ``int8`` (fused attention with int8 projections: what a
 recipe with both steps makes); the ViT-L gets only that pipeline (each int8 search on it takes minutes).
 
@@ -115,10 +116,35 @@ def _photo_crops(batch, height, width, seed):
     return np.stack(crops)
 
 
-def _ppocr(height, width):
-    """PaddleOCR's preprocessing: CHW, (x / 255 - 0.5) / 0.5."""
+def _text_lines(batch, height, width, seed, flip=False):
+    """Rendered lines of random words, dark on light (half of them upside down when ``flip``): what PaddleOCR's
+    recogniser and direction classifier are fed. [batch, height, width, 3] RGB 0..255."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    lines = []
+    for i in range(batch):
+        words = ["".join(rng.choice(list(letters), int(rng.integers(2, 9)))) for _ in range(int(rng.integers(1, 5)))]
+        font = ImageFont.load_default(size=int(height * rng.uniform(0.5, 0.8)))
+        paper, ink = rng.integers(170, 256, 3), rng.integers(0, 90, 3)
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in paper))
+        ImageDraw.Draw(image).text(
+            (int(rng.integers(0, width // 8)), int(rng.integers(0, height // 6))),
+            " ".join(words),
+            fill=tuple(int(v) for v in ink),
+            font=font,
+        )
+        if flip and i % 2:
+            image = image.rotate(180)
+        lines.append(np.asarray(image, np.float32))
+    return np.stack(lines)
+
+
+def _ppocr(height, width, flip=False):
+    """PaddleOCR's preprocessing of text lines: CHW, (x / 255 - 0.5) / 0.5."""
     return lambda b, s: {
-        "x": ((_photo_crops(b, height, width, s).transpose(0, 3, 1, 2) / 255 - 0.5) / 0.5).astype(np.float32)
+        "x": ((_text_lines(b, height, width, s, flip).transpose(0, 3, 1, 2) / 255 - 0.5) / 0.5).astype(np.float32)
     }
 
 
@@ -156,12 +182,13 @@ def models() -> dict[str, Bench]:
         batches=(1,),  # its input shapes are fixed at batch 1
         pipelines=transformer,
     )
-    # The CNNs: natural images (crops of the example's photos, preprocessed as each model expects), calibrated on
-    # 8 and judged on 64 others (argmax agreement needs more than a few samples to mean anything).
+    # The CNNs: what they are made for, preprocessed as each model expects (rendered text lines for PaddleOCR's,
+    # crops of the example's photos for open_nsfw), calibrated on 8 and judged on 64 others (argmax agreement
+    # needs more than a few samples to mean anything).
     cnn = {"options": {"convs": True}, "task": "classifier", "calibration_batch": 8, "evaluation_batches": 8}
     found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _ppocr(48, 320), **cnn)
     found["open_nsfw"] = Bench(real_model("open_nsfw"), _open_nsfw, **cnn)
-    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _ppocr(48, 192), **cnn)
+    found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _ppocr(48, 192, flip=True), **cnn)
     return found
 
 
