@@ -55,6 +55,10 @@ class TransformContext:
     model_is_source: bool = True
     #: The source's outputs on ``feeds``, if a step computed them while measuring (the gate then reuses them).
     reference: ReferenceOutputs | None = None
+    #: Set when the gate refused this chain's first variant (release/ makes it again): the gate as a
+    #: function, how far outputs are from reference outputs (both stacked over input sets) in units of its
+    #: bounds (<= 1 passes). A step that can keep more of the model exact measures its choices with it.
+    judge: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float] | None = None
 
     @contextlib.contextmanager
     def model_file(self, model: ir.Model) -> Iterator[Path]:
@@ -110,6 +114,11 @@ class Transform:
 
     def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
         raise NotImplementedError
+
+    def repairs(self, options: Any) -> bool:
+        """Whether, told how the gate measures (``TransformContext.judge``) after it refused a variant,
+        this step keeps more of the model exact (fp16's conversions, :mod:`onnxsmith.precision.repair`)."""
+        return False
 
     def gate_settings(self, options: Any) -> dict[str, Any]:
         """Keyword arguments for the :attr:`gate_task`'s gate (its bounds, how to run the variant).

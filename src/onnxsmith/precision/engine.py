@@ -11,6 +11,9 @@
   a chain of Adds read by LayerNorms, and :func:`convert_fused` on the fused graph, with
   :meth:`Settings.for_fused_graph <onnxsmith.precision.plan.Settings.for_fused_graph>`.
 
+After the gate refused a first candidate, both take the gate (``judge``) and first measure
+what to keep fp32 for it (:mod:`.repair`): the conversion is then made with those tensors fp32.
+
 The result is a :class:`PrecisionRecord` (data); :mod:`.report` turns it into notes and tables.
 """
 
@@ -34,6 +37,7 @@ from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import constant_tensors
 from onnxsmith.precision.apply import Applied, apply_plan, rescale_streams
 from onnxsmith.precision.plan import Plan, Settings, StreamDecision, check_store_low, decide, decide_streams
+from onnxsmith.precision.repair import Judge, Repair, keep_exact
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
@@ -47,6 +51,13 @@ class PrecisionRecord:
     ranges: list[TensorRange]
     plan: Plan
     applied: Applied
+    #: what was kept fp32 after the gate refused a first candidate (None: no refusal to repair)
+    repair: Repair | None = None
+
+    @property
+    def repair_lines(self) -> list[str]:
+        """The report's lines on what was kept fp32 after verification, and why."""
+        return self.repair.lines() if self.repair is not None else []
 
     @property
     def precision(self):
@@ -126,23 +137,36 @@ def convert(
     keep_fp32: dict[str, str] | None = None,
     infer: bool = True,
     measurement: Measurement | None = None,
+    judge: Judge | None = None,
 ) -> PrecisionRecord:
     """Convert ``model`` in place to ``settings.dtype`` with fp32 islands, given its measured ``ranges``.
 
     ``settings``: what it may do (default: ``fp16``'s defaults). ``keep_fp32`` adds tensors
     the caller wants kept fp32 (name -> reason); ``infer``: False when the caller has just run
     :func:`infer_types` on ``model``. ``measurement``: the file ``ranges`` were measured on, to
-    measure what rounding a recurrent cell's weights does (without it they stay fp32).
+    measure what rounding a recurrent cell's weights does (without it they stay fp32). ``judge``:
+    the gate that refused a first candidate; what to keep fp32 for it is measured on that file first.
     """
     settings = settings or Settings()
+    keep = dict(keep_fp32 or {})
+    repair = None
+    if judge is not None and measurement is not None:
+        repair = keep_exact(
+            measurement.path,
+            measurement.feeds,
+            settings.dtype,
+            judge,
+            lambda copy: convert(copy, ranges, settings, keep_fp32=keep, infer=False),
+        )
+        keep.update(repair.keep_fp32)
     if infer:
         infer_types(model)
     streams = decide_streams(model, ranges, settings)
-    plan = decide(model, ranges, settings, streams, keep_fp32=keep_fp32)
+    plan = decide(model, ranges, settings, streams, keep_fp32=keep)
     _check_store_low(plan, measurement)
     rescale_streams(model, streams)
     # Rescaling changed constants and attributes only: the types inferred above still hold.
-    return PrecisionRecord(ranges, plan, apply_plan(model, plan, infer=False))
+    return PrecisionRecord(ranges, plan, apply_plan(model, plan, infer=False), repair)
 
 
 def _check_store_low(plan: Plan, measurement: Measurement | None) -> None:
@@ -168,9 +192,20 @@ def rescale_streams_for_fusion(model: ir.Model, ranges: list[TensorRange]) -> li
     return streams
 
 
-def convert_fused(model: ir.Model, measurement: Measurement) -> PrecisionRecord:
+def convert_fused(model: ir.Model, measurement: Measurement, judge: Judge | None = None) -> PrecisionRecord:
     """``fuse --precision fp16`` after fusing: MatMul, attention, RoPE, BiasGelu in fp16; the residual
-    stream, the normalisations and the per-sample tail fp32. ``measurement``: the fused graph's."""
-    plan = decide(model, measurement.ranges, Settings.for_fused_graph())
+    stream, the normalisations and the per-sample tail fp32. ``measurement``: the fused graph's;
+    ``judge``: as :func:`convert`'s."""
+    settings = Settings.for_fused_graph()
+    repair = None
+    keep: dict[str, str] = {}
+    if judge is not None:
+
+        def convert_copy(copy: ir.Model) -> None:
+            apply_plan(copy, decide(copy, measurement.ranges, settings), infer=False)
+
+        repair = keep_exact(measurement.path, measurement.feeds, settings.dtype, judge, convert_copy)
+        keep = repair.keep_fp32
+    plan = decide(model, measurement.ranges, settings, keep_fp32=keep)
     _check_store_low(plan, measurement)
-    return PrecisionRecord(measurement.ranges, plan, apply_plan(model, plan))
+    return PrecisionRecord(measurement.ranges, plan, apply_plan(model, plan), repair)

@@ -6,14 +6,18 @@ folder (beside its destination when that is known), judge it against the source 
 every output by the one gate (:mod:`onnxsmith.verify.gate`: bounds scaled by the number
 format the variant differs from its source in; storage-faithfully for fp16), or by the
 gate of the task a transform names (:attr:`~onnxsmith.core.transform.Transform.gate_task`)
-— and only then move it into place. :func:`produce_variant` does all of it and writes nothing
-when the gate refuses.
+— and only then move it into place. When the one gate refuses a variant that a step can
+make more exact (``fp16``, ``fuse --precision fp16``: :mod:`onnxsmith.precision.repair`), the
+chain is made once more with the gate handed to the steps (``TransformContext.judge``), which
+measure with it what to keep fp32; that variant is judged as any. :func:`produce_variant`
+does all of it and writes nothing when the gate refuses.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -39,7 +43,7 @@ from onnxsmith.tasks import get_task
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.diagnose import first_nonfinite
-from onnxsmith.verify.gate import GateOptions
+from onnxsmith.verify.gate import GateOptions, severity
 
 
 def _quiet(_: str) -> None:
@@ -250,35 +254,67 @@ def make_variant(
         source_sha256 = hashing.submit(sha256_file, source)
         nodes_before = count_nodes(model)
         context = TransformContext(source_path=source, feeds=feeds, save=save_model, progress=progress)
-        reports: list[StepReport] = []
-        settings: list[dict[str, Any]] = []  # what steps judged by the one gate ask of it
-        judge: tuple[Transform, Any] | None = None  # the last step whose variants a task's gate judges
-        for index, (name, options) in enumerate(steps):
-            context.model_is_source = index == 0
-            transform = get_transform(name)
-            if transform.gate_task is not None:
-                judge = (transform, options)
-            else:
-                settings.append(transform.gate_settings(options))
-            progress(f"{name}: {transform.summary or 'running'}")
-            reports.append(transform.apply(model, options, context))
+        reports, settings, judge = _apply_steps(model, steps, context, progress)
         nodes_after = count_nodes(model)
         info = SourceInfo.of(source, protect, source_sha256.result(), source_name, origin)
     bounds = _gate_options(settings, GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol))
 
     name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
-    progress(f"writing {name}")
+    what = " + ".join(name for name, _ in steps) or "re-saved"
     staging = Staging(output, stage_in, external_data, protect)
-    with staging.stage(model, name, info.provenance(reports)) as (folder, staged):
-        del model  # judged from its file: the weights are not held while the gate runs
-        progress("verifying against the source")
-        comparison = _judge(judge, context, source, staged.path, gate_feeds, bounds, source_formats)
-        comparison = dataclasses.replace(comparison, candidate=name)
-        failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
-        what = " + ".join(name for name, _ in steps) or "re-saved"
-        return staged_variant(
-            info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
+    while True:
+        progress(f"writing {name}")
+        with staging.stage(model, name, info.provenance(reports)) as (folder, staged):
+            del model  # judged from its file: the weights are not held while the gate runs
+            progress("verifying against the source")
+            comparison = _judge(judge, context, source, staged.path, gate_feeds, bounds, source_formats)
+            comparison = dataclasses.replace(comparison, candidate=name)
+            failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
+            variant = staged_variant(
+                info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
+            )
+        if variant.passed or context.judge is not None or judge is not None or not _repairable(steps):
+            return variant
+        # The one gate refused it: the steps that can keep more of the model exact measure, with the
+        # gate itself, what to keep (precision/repair.py), and the chain is made once more.
+        variant.discard()
+        progress("the gate refused it: measuring what to keep fp32")
+        model = load_model(source)
+        context = TransformContext(
+            source_path=source,
+            feeds=feeds,
+            save=save_model,
+            progress=progress,
+            judge=functools.partial(severity, bounds=comparison.bounds),
         )
+        reports, _, _ = _apply_steps(model, steps, context, progress)
+        nodes_after = count_nodes(model)
+
+
+def _apply_steps(
+    model: ir.Model, steps: list[tuple[str, Any]], context: TransformContext, progress: Progress
+) -> tuple[list[StepReport], list[dict[str, Any]], tuple[Transform, Any] | None]:
+    """Apply ``steps`` to ``model`` in place: their reports, what the steps judged by the one gate ask of
+    it, and the last step whose variants a task's gate judges (None: the one gate)."""
+    reports: list[StepReport] = []
+    settings: list[dict[str, Any]] = []
+    judge: tuple[Transform, Any] | None = None
+    for index, (name, options) in enumerate(steps):
+        context.model_is_source = index == 0
+        transform = get_transform(name)
+        if transform.gate_task is not None:
+            judge = (transform, options)
+        else:
+            settings.append(transform.gate_settings(options))
+        progress(f"{name}: {transform.summary or 'running'}")
+        reports.append(transform.apply(model, options, context))
+    return reports, settings, judge
+
+
+def _repairable(steps: list[tuple[str, Any]]) -> bool:
+    """Whether a step keeps more of its variant exact when told how the gate measures it
+    (:attr:`~onnxsmith.core.transform.Transform.repairs`)."""
+    return any(get_transform(name).repairs(options) for name, options in steps)
 
 
 def _gate_options(settings: list[dict[str, Any]], given: GateOptions) -> GateOptions:

@@ -19,7 +19,9 @@ low-precision conversion shares:
 The gate (``produce_variant``) then runs the variant storage-faithfully — every fp16
 tensor really rounded to fp16, as a GPU holds it — and refuses to write it if an output
 is NaN/inf (naming the first tensor that overflowed) or outside the one gate's fp16
-bounds (:mod:`onnxsmith.verify.gate`).
+bounds (:mod:`onnxsmith.verify.gate`). When it refuses, the conversion is made once more
+with the tensors the refusal is measured to come from kept fp32
+(:mod:`onnxsmith.precision.repair`; the report says which and why), and judged again.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ class Fp16(Transform):
         )
         with engine.measured(model, context) as measurement:
             context.progress("fp16: converting")
-            record = engine.convert(model, measurement.ranges, settings, infer=False, measurement=measurement)
+            record = engine.convert(
+                model, measurement.ranges, settings, infer=False, measurement=measurement, judge=context.judge
+            )
         streams = record.plan.streams
         if options.rescale_residual and not any(d.scale != 1.0 for d in streams):
             found = [d.note for d in streams if d.note]
@@ -126,6 +130,9 @@ class Fp16(Transform):
         # MobileNetV3 classifier: 27 KB of 572 KB). Types the conversion changed are its values' own.
         forget_inferred_types(model, stated)
         return _report(self.name, options, model, record, casts_before, weight_bytes_before)
+
+    def repairs(self, options: Options) -> bool:
+        return True  # the engine keeps fp32 what the gate's refusal is measured to come from
 
 
 def _check_convertible(model: ir.Model, path, dtype: ir.DataType) -> None:
@@ -160,6 +167,7 @@ def _report(name, options, model, record: PrecisionRecord, casts_before, weights
     weights_after = precision_report.weight_bytes_by_type(model)
     # Why the file is not about half its source's: the report's first lines.
     report.why_not_more = precision_report.why_not_more(record, weights_before, weights_after)
+    report.why_not_more += record.repair_lines  # kept fp32 after verification, and why
     report.notes.extend(precision_report.conversion_notes(record))
     precision = record.precision
     low = precision_report.low_name(precision.dtype)

@@ -182,7 +182,7 @@ class Fuse(Transform):
             context.progress("fuse: measuring activation ranges of the fused graph")
             with engine.measured(model, context, edited=True) as measurement:
                 context.progress("fuse: converting to fp16")
-                record = engine.convert_fused(model, measurement)
+                record = engine.convert_fused(model, measurement, judge=context.judge)
             report.notes.extend(precision_report.fused_conversion_notes(record))
         DeduplicateInitializersPass()(model)
         RemoveUnusedNodesPass()(model)
@@ -195,6 +195,7 @@ class Fuse(Transform):
         if record is not None:
             weights_after = precision_report.weight_bytes_by_type(model)
             report.why_not_more[:0] = precision_report.why_not_more(record, weights_before, weights_after)
+            report.why_not_more[:0] = record.repair_lines  # kept fp32 after verification, and why
         matched = [o for o in outcomes if o.matched]
         report.notes.insert(0, "fused: " + (", ".join(f"{o.name} x{o.matched}" for o in matched) or "nothing"))
         after = _op_counts(model)
@@ -204,6 +205,9 @@ class Fuse(Transform):
         }
         report.stats["op_counts"] = {"before": dict(sorted(before.items())), "after": dict(sorted(after.items()))}
         return report
+
+    def repairs(self, options: Options) -> bool:
+        return options.precision == "fp16"  # the precision engine keeps fp32 what the refusal comes from
 
 
 # ------------------------------------------------------------------ 1. shapes

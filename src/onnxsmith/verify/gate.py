@@ -270,6 +270,21 @@ def channel_magnitude(ref: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.maximum(magnitude, CHANNEL_FLOOR * whole)
 
 
+def severity(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds) -> float:
+    """How far ``candidate``'s outputs are outside ``bounds`` (the largest ratio of measured to allowed
+    error over every output; <= 1 passes, inf for new NaN/inf): what a repair measures its choices with."""
+    worst = 0.0
+    for name, ref in reference.items():
+        diff = judge_output(name, ref, candidate[name], bounds)
+        if "nonfinite" in diff.failed:
+            return math.inf
+        score = _severity(diff, bounds)
+        if not diff.passed and diff.cosine is None and score <= 1:  # integers that differ: graded by how many
+            score = 1.0 + diff.mean_abs
+        worst = max(worst, score)
+    return worst
+
+
 def _needed(diff: OutputDiff, bounds: Bounds, delta, ref, channel) -> dict[str, float]:
     """The value of each failing bound's option that would accept this output."""
     needed: dict[str, float] = {}
