@@ -200,3 +200,58 @@ def test_real_mobilenet_convs_int8_with_convs(tmp_path):
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
     assert op_count(load_model(tmp_path / "optimized.onnx"), "QLinearConv") == len(int8)
+
+
+def _layernorm_linears(path, *, residual):
+    """x [1, 48, 64] -> LayerNormalization (one channel's scale 40: an outlier) -> q, k projections -> q + k
+    (+ the LayerNorm's output again when ``residual``: then smoothing its output costs a Mul)."""
+    rng = np.random.default_rng(7)
+    k = 64
+    gamma = rng.uniform(0.5, 2.0, k).astype(np.float32)
+    gamma[3] = 40.0
+    inits = [
+        onnx.numpy_helper.from_array(gamma, "gamma"),
+        onnx.numpy_helper.from_array((rng.standard_normal(k) * 0.1).astype(np.float32), "beta"),
+        onnx.numpy_helper.from_array((rng.standard_normal((k, k)) * 0.1).astype(np.float32), "Wq"),
+        onnx.numpy_helper.from_array((rng.standard_normal((k, k)) * 0.1).astype(np.float32), "Wk"),
+    ]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["h", "Wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["h", "Wk"], ["k"], name="k"),
+        helper.make_node("Add", ["q", "k"], ["y" if not residual else "qk"], name="sum"),
+    ]
+    if residual:
+        nodes.append(helper.make_node("Add", ["qk", "h"], ["y"], name="residual"))
+    graph = helper.make_graph(
+        nodes,
+        "ln_linears",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 48, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, k])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_smoothing_that_folds_into_a_layernorm_is_used_where_offered(tmp_path, residual):
+    """Free smoothing (folded into the LayerNorm's scale and bias) is used without being asked for by the budget;
+    where the residual reads the LayerNorm's output too, smoothing costs a Mul and only the budget asks for it."""
+    source = _layernorm_linears(tmp_path / "m.onnx", residual=residual)
+    out = tmp_path / "int8.onnx"
+    result = _int8(source, out)
+    report = result.reports[0]
+    rows = report.tables["Linears"]
+    assert [r["int8"] for r in rows] == ["yes", "yes"]
+    assert result.comparison.passed  # run in onnxruntime against the source
+    variant = load_model(out)
+    assert op_count(variant, "Mul") == 0
+    if residual:
+        assert not any(n.startswith("smoothing folded") for n in report.notes)
+        assert all(r["smoothing"] == "-" for r in rows)  # within the budget unsmoothed: no Mul asked for
+    else:
+        assert "smoothing folded into LayerNorms (no run-time cost) for 2 Linears" in report.notes
+        assert all(r["smoothing"].startswith("alpha") for r in rows)
+        ln = next(n for n in variant.graph if n.op_type == "LayerNormalization")
+        assert ln.inputs[1].name != "gamma"  # its scale carries the smoothing now

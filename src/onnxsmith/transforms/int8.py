@@ -347,38 +347,43 @@ class Int8(Transform):
     ):
         """(Linears int8, tables int8, Convs int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
         offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}
+        # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered.
+        free = {n: offered[n] for n in _folding(candidates) if n in offered}
         names = [linear.name for linear in candidates]
         every = set(names) | set(tables) | set(conv_plans)
 
-        def open_probe(forms: dict) -> SensitivityProbe:
+        def open_probe(alphas: dict) -> SensitivityProbe:
+            forms = {n: (smoothing[n][alphas[n]] if n in alphas else None) for n in names}
             return SensitivityProbe(path, context.feeds, forms, set(tables), conv_plans)
 
         context.progress(
             f"int8: a probe with {len(names)} switchable Linears, {len(tables)} tables and {len(conv_plans)} Convs"
         )
-        probe = open_probe({n: None for n in names})
+        probe = open_probe(free)
         runs = 0  # of the probes closed before the search's
         try:
-            alphas: dict[str, float] = {}
+            alphas: dict[str, float] = dict(free)
             everything = None
-            if offered:
+            if free:
+                report.notes.append(f"smoothing folded into LayerNorms (no run-time cost) for {len(free)} Linears")
+            if len(offered) > len(free):
                 plain = everything = probe.error(every)
                 if plain > budget:
-                    # Smoothing where it was offered: measured in a second probe, kept if it helps.
+                    # Smoothing that costs a Mul, where it was offered: measured in a second probe, kept if it helps.
                     probe.close()
                     runs += probe.runs
-                    probe = open_probe({n: (smoothing[n][offered[n]] if n in offered else None) for n in names})
+                    probe = open_probe(offered)
                     smoothed = probe.error(every)
                     report.notes.append(
-                        f"smoothing offered for {len(offered)} Linears: everything int8 {plain:.2e} unsmoothed, "
-                        f"{smoothed:.2e} smoothed"
+                        f"smoothing offered for {len(offered) - len(free)} more Linears (a Mul each input): "
+                        f"everything int8 {plain:.2e} without, {smoothed:.2e} with it"
                     )
                     if smoothed < plain:
-                        alphas, everything = offered, smoothed
+                        alphas, everything = dict(offered), smoothed
                     else:
                         probe.close()
                         runs += probe.runs
-                        probe = open_probe({n: None for n in names})
+                        probe = open_probe(free)
             groups: dict[str, list[str]] = {}
             if tables:
                 groups["embedding tables"] = list(tables)
@@ -438,6 +443,16 @@ class Int8(Transform):
         report.stats["measured_output_error"] = measured
         report.stats["end_to_end_runs"] = runs
         return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), alphas
+
+
+def _folding(candidates) -> set[str]:
+    """The candidates whose input's smoothing folds into a LayerNorm when every candidate reading it goes int8."""
+    return {
+        r.name
+        for x, readers in by_input(candidates).items()
+        if smoothing_folds(x, [r.node for r in readers])
+        for r in readers
+    }
 
 
 def _drop_smoothing(probe, context, candidates, chosen, alphas, decisions, budget, runs_left, measured):
