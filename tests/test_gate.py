@@ -217,7 +217,7 @@ def test_a_refused_variant_is_accepted_with_the_options_it_names(detector, tmp_p
         tmp_path / "v.onnx",
         steps,
         feeds=feeds,
-        **{k[2:].replace("-", "_"): float(v) for k, v in options.items()},
+        gate=GateOptions(**{k[2:].replace("-", "_"): float(v) for k, v in options.items()}),
     )
     assert result.comparison.passed and (tmp_path / "v.onnx").exists()
     assert set(result.comparison.bounds.explicit) == {k[2:].replace("-", "_") for k in options}

@@ -53,7 +53,7 @@ from onnxsmith.release.bench import PROVIDERS, BenchRun, BenchSettings, bench_mo
 from onnxsmith.release.extract import make_piece
 from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
 from onnxsmith.release.validate import TaskRun, Validation, check_gates
-from onnxsmith.release.variant import SourceInfo, StagedVariant, make_variant
+from onnxsmith.release.variant import SourceInfo, StagedVariant, Staging, Verification, make_variant
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import (
     DEFAULT_SEED,
@@ -68,6 +68,7 @@ from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
 from onnxsmith.verify.compare import Comparison, compare_models
+from onnxsmith.verify.gate import GateOptions
 
 #: What a call takes where a model is meant.
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
@@ -305,6 +306,35 @@ class QuantizedFolder(_Staged):
 
 
 # ---------------------------------------------------------------------------------------------
+# What a call runs the models on and judges them by
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifySettings:
+    """How a call runs a model and its variant and judges them: the keywords every verifying call takes.
+
+    The input sets: ``feeds`` (see the module doc), else ``samples`` random sets from the model's
+    input spec seeded from ``seed`` and sized by ``shape``. The gate's bounds: ``min_cosine``,
+    ``rtol``, ``atol`` (None: from the number format the two differ in, docs/gate.md).
+    """
+
+    feeds: Feeds | None = None
+    samples: int = 4
+    seed: int = DEFAULT_SEED
+    shape: Shape | None = None
+    min_cosine: float | None = None
+    rtol: float | None = None
+    atol: float | None = None
+
+    @property
+    def gate(self) -> GateOptions:
+        return GateOptions(min_cosine=self.min_cosine, rtol=self.rtol, atol=self.atol)
+
+    def input_sets(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
+        return _input_sets(model, self.feeds, samples=self.samples, seed=self.seed, shape=self.shape)
+
+
+# ---------------------------------------------------------------------------------------------
 # Calls
 
 
@@ -346,35 +376,25 @@ def transform(
     model: ModelLike,
     name: str,
     *,
-    feeds: Feeds | None = None,
     samples: int = 4,
-    seed: int = DEFAULT_SEED,
-    shape: Shape | None = None,
-    min_cosine: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
     external_data: bool | None = None,
     out: str | os.PathLike | None = None,
     progress: Progress = _quiet,
-    **options,
+    **keywords,
 ) -> Variant:
     """Apply the transform ``name`` to ``model`` and verify it like ``onnxsmith NAME`` does.
 
-    ``min_cosine``/``rtol``/``atol``: the gate's bounds (default: from the number format the variant
-    differs in, docs/gate.md; a transform with its own ``min_cosine`` option, int8, takes it as that
-    option). ``external_data``:
-    True forces a data file beside the .onnx, None decides by size. ``out``: where :meth:`Variant.save`
-    writes by default; checked before any work, and the variant is staged beside it.
+    ``keywords``: the transform's options and :class:`VerifySettings`' fields (``feeds``, ``seed``,
+    ``shape``; ``min_cosine``/``rtol``/``atol``, the gate's bounds, default: from the number format
+    the variant differs in, docs/gate.md; a transform with its own ``min_cosine`` option, int8,
+    takes it as that option). ``external_data``: True forces a data file beside the .onnx, None
+    decides by size. ``out``: where :meth:`Variant.save` writes by default; checked before any
+    work, and the variant is staged beside it.
     """
     transform_cls = type(get_transform(name))
-    if min_cosine is not None and "min_cosine" in {f.name for f in dataclasses.fields(transform_cls.Options)}:
-        options, min_cosine = {**options, "min_cosine": min_cosine}, None
-    settings = _options(transform_cls.Options, options, name, _TRANSFORM_PARAMETERS)
-    bounds = {"min_cosine": min_cosine, "rtol": rtol, "atol": atol}
-    with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
-        staged = make_variant(
-            path, [(name, settings)], **bounds, external_data=external_data, progress=progress, **made_from
-        )
+    verify, settings = _arguments(name, keywords, samples, _TRANSFORM_PARAMETERS, transform_cls.Options)
+    with _prepared(model, verify, out=out, external_data=external_data) as (path, verification, staging):
+        staged = make_variant(path, [(name, settings)], verification, staging, progress)
     return Variant(staged)
 
 
@@ -383,38 +403,25 @@ def extract(
     *,
     outputs: Sequence[str],
     inputs: Sequence[str] | None = None,
-    feeds: Feeds | None = None,
     samples: int = 2,
-    seed: int = DEFAULT_SEED,
-    shape: Shape | None = None,
-    min_cosine: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
     external_data: bool | None = None,
     out: str | os.PathLike | None = None,
     progress: Progress = _quiet,
+    **keywords,
 ) -> Piece:
     """The subgraph between the tensors ``inputs`` and ``outputs`` as a model of its own (``onnxsmith extract``).
 
     ``inputs`` None: the source's inputs that the outputs read. Verified on the source's own
     values of the cut tensors (``feeds`` are the source's inputs), by the gate's bounds
-    (``min_cosine``/``rtol``/``atol``: default from the piece's number formats). ``external_data``
-    None: as the source keeps its weights.
+    (``min_cosine``/``rtol``/``atol``: default from the piece's number formats); ``keywords``:
+    :class:`VerifySettings`' fields. ``external_data`` None: as the source keeps its weights.
     """
     if isinstance(outputs, str) or (inputs is not None and isinstance(inputs, str)):
         raise UsageError("extract(): inputs and outputs are lists of tensor names")
+    verify, _ = _arguments("extract", keywords, samples, _EXTRACT_PARAMETERS)
     cut = (None if inputs is None else list(inputs), list(outputs))
-    with _prepared(model, out, feeds, samples=samples, seed=seed, shape=shape) as (path, made_from):
-        staged = make_piece(
-            path,
-            *cut,
-            min_cosine=min_cosine,
-            rtol=rtol,
-            atol=atol,
-            external_data=external_data,
-            progress=progress,
-            **made_from,
-        )
+    with _prepared(model, verify, out=out, external_data=external_data) as (path, verification, staging):
+        staged = make_piece(path, *cut, verification, staging, progress)
     return Piece(staged)
 
 
@@ -456,26 +463,30 @@ def compare(
     reference: ModelLike | Variant,
     candidate: ModelLike | Variant,
     *,
-    feeds: Feeds | None = None,
     samples: int = 1,
-    seed: int = DEFAULT_SEED,
-    shape: Shape | None = None,
-    min_cosine: float | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
     fp16_mode: str = "auto",
+    **keywords,
 ) -> Comparison:
     """Run both on the same inputs and judge every output with the gate every command uses (``onnxsmith compare``).
 
-    ``min_cosine``/``rtol``/``atol``: its bounds (default: from the number format the two differ
+    ``keywords``: :class:`VerifySettings`' fields: the inputs (``feeds``, ``seed``, ``shape``) and the
+    gate's bounds (``min_cosine``/``rtol``/``atol``, default: from the number format the two differ
     in, docs/gate.md); ``comparison.verdict()`` says why it failed, in one line.
     ``fp16_mode``: "auto" runs a model with fp16 tensors storage-faithfully (as a GPU holds
     them); "native" as onnxruntime's CPU provider runs it. ``comparison.passed`` is the verdict.
     """
+    verify, _ = _arguments("compare", keywords, samples, _COMPARE_PARAMETERS)
     with _Source(reference) as ref, _Source(candidate) as cand:
-        input_sets = _input_sets(load_model(ref.path), feeds, samples=samples, seed=seed, shape=shape)
+        input_sets = verify.input_sets(load_model(ref.path))
+        gate = verify.gate
         comparison = compare_models(
-            ref.path, cand.path, input_sets, min_cosine=min_cosine, rtol=rtol, atol=atol, fp16_mode=fp16_mode
+            ref.path,
+            cand.path,
+            input_sets,
+            min_cosine=gate.min_cosine,
+            rtol=gate.rtol,
+            atol=gate.atol,
+            fp16_mode=fp16_mode,
         )
     return dataclasses.replace(comparison, reference=ref.name, candidate=cand.name)
 
@@ -681,53 +692,50 @@ def card(release: str | os.PathLike, *, recipe: str | os.PathLike | None = None)
 # Arguments
 
 #: Each call's own keywords (shown beside the options when one is unknown).
-_TRANSFORM_PARAMETERS = (
-    "feeds",
-    "samples",
-    "seed",
-    "shape",
-    "min_cosine",
-    "rtol",
-    "atol",
-    "external_data",
-    "out",
-    "progress",
-)
+_VERIFY_PARAMETERS = tuple(f.name for f in dataclasses.fields(VerifySettings))
+_TRANSFORM_PARAMETERS = (*_VERIFY_PARAMETERS, "external_data", "out", "progress")
+_EXTRACT_PARAMETERS = ("outputs", "inputs", *_TRANSFORM_PARAMETERS)
+_COMPARE_PARAMETERS = (*_VERIFY_PARAMETERS, "fp16_mode")
 _QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "progress")
 _VALIDATE_PARAMETERS = ("task", "gates", "fp16_mode", "progress")
 _PREDICT_PARAMETERS = ("task", "box", "fp16_mode")
 
 
 def _options(options_cls, given: dict[str, Any], call: str, parameters: tuple[str, ...]):
-    known = [f.name for f in dataclasses.fields(options_cls)]
+    known = [f.name for f in dataclasses.fields(options_cls)] if options_cls is not None else []
     unknown = sorted(k for k in given if k.replace("-", "_") not in known)
     if unknown:
+        options = f"options: {', '.join(known)}; " if known else ""
         raise UnknownKeyword(
-            f"onnxsmith.{call}() got an unknown keyword '{unknown[0]}' (options: {', '.join(known)}; "
-            f"parameters: {', '.join(parameters)})"
+            f"onnxsmith.{call}() got an unknown keyword '{unknown[0]}' ({options}parameters: {', '.join(parameters)})"
         )
-    return opts.build(options_cls, given, where=f"onnxsmith.{call}()")
+    return opts.build(options_cls, given, where=f"onnxsmith.{call}()") if options_cls is not None else None
+
+
+def _arguments(call: str, keywords: dict[str, Any], samples: int, parameters: tuple[str, ...], options_cls=None):
+    """A verifying call's keywords split: its :class:`VerifySettings` and its transform's options
+    (a name that is both, int8's ``min_cosine``, is the transform's option: it hands it the gate)."""
+    own = {f.name for f in dataclasses.fields(options_cls)} if options_cls is not None else set()
+    verify = {k: v for k, v in keywords.items() if k in _VERIFY_PARAMETERS and k.replace("-", "_") not in own}
+    options = {k: v for k, v in keywords.items() if k not in verify}
+    return VerifySettings(samples=samples, **verify), _options(options_cls, options, call, parameters)
 
 
 @contextlib.contextmanager
 def _prepared(
-    model: ModelLike,
-    out: str | os.PathLike | None,
-    feeds: Feeds | None,
-    *,
-    samples: int,
-    seed: int,
-    shape: Shape | None,
-) -> Iterator[tuple[Path, dict[str, Any]]]:
+    model: ModelLike, verify: VerifySettings, *, out: str | os.PathLike | None, external_data: bool | None
+) -> Iterator[tuple[Path, Verification, Staging]]:
     """The source as a file, ``out`` checked before any work, and what the variant is made from:
-    the input sets to calibrate and verify on, the output, what the provenance says of the source."""
+    the input sets to calibrate and verify on and the gate's bounds; where it is staged and what
+    the provenance says of the source."""
     with _Source(model, out) as source:
         loaded = load_model(source.path)
         if out is not None:
             _check_outputs([out], protect=source_files(loaded, source.path))
-        input_sets = _input_sets(loaded, feeds, samples=samples, seed=seed, shape=shape)
+        verification = Verification(verify.input_sets(loaded), gate=verify.gate)
         del loaded
-        yield source.path, {"feeds": input_sets, "output": out, "source_name": source.name, "origin": source.origin}
+        output = None if out is None else Path(out)
+        yield source.path, verification, Staging(output, external_data, source.name, source.origin)
 
 
 def _input_sets(

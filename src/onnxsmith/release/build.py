@@ -62,6 +62,7 @@ from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.sizing import inputs_that_run
+from onnxsmith.verify.gate import GateOptions
 
 FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
@@ -385,9 +386,7 @@ def _make_variant(
             target,
             steps,
             feeds=feeds,
-            atol=variant.atol,
-            rtol=variant.rtol,
-            min_cosine=variant.min_cosine,
+            gate=GateOptions(min_cosine=variant.min_cosine, rtol=variant.rtol, atol=variant.atol),
             progress=progress,
         )
     except GateFailed as err:

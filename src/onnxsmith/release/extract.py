@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from onnxsmith.release.variant import (
     SourceInfo,
     StagedVariant,
     Staging,
+    Verification,
     commit_verified,
     count_nodes,
     staged_variant,
@@ -77,14 +77,20 @@ class ExtractResult:
 
 
 def extract_piece(
-    source: str | os.PathLike, output: str | os.PathLike, inputs: list[str] | None, outputs: list[str], **keywords
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    inputs: list[str] | None,
+    outputs: list[str],
+    *,
+    progress: Progress = _quiet,
+    **verification,
 ) -> ExtractResult:
     """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
 
-    ``keywords`` are :func:`make_piece`'s (``feeds``, ``min_cosine``, ``rtol``, ``atol``, ``external_data``, ...).
+    ``verification``: the fields of :class:`~onnxsmith.release.variant.Verification` (``feeds``, ``gate``).
     Raises :class:`GateFailed` (nothing written) when the piece's outputs differ from the source's.
     """
-    piece = make_piece(source, inputs, outputs, output=output, **keywords)
+    piece = make_piece(source, inputs, outputs, Verification(**verification), Staging(Path(output)), progress)
     return extract_result(piece, commit_verified(piece, output))
 
 
@@ -109,25 +115,19 @@ def make_piece(
     source: str | os.PathLike,
     inputs: list[str] | None,
     outputs: list[str],
-    *,
-    feeds: list[dict[str, np.ndarray]],
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-    external_data: bool | None = None,
-    output: str | os.PathLike | None = None,
-    stage_in: str | os.PathLike | None = None,
-    source_name: str | None = None,
-    origin: str | None = None,
+    verification: Verification,
+    staging: Staging,
     progress: Progress = _quiet,
 ) -> StagedVariant:
     """Cut, stage and verify the piece; commit nothing (see :func:`~onnxsmith.release.variant.make_variant`).
 
-    Its one step report ("extract") holds the cut, the notes, and in ``stats`` the
-    initializers kept, what was typed by running and the piece's inputs and outputs.
+    ``verification.feeds`` are the source's inputs; the piece is judged on the source's values of
+    the cut tensors (``gate_feeds`` are not used). Its one step report ("extract") holds the cut,
+    the notes, and in ``stats`` the initializers kept, what was typed by running and the piece's
+    inputs and outputs. ``staging.external_data`` None: as the source keeps its weights.
     """
     source = Path(source)
-    output = None if output is None else Path(output)
+    output = staging.output
     progress(f"loading {source.name}")
     model = load_model(source)
     protect = source_files(model, source)
@@ -142,8 +142,7 @@ def make_piece(
     infer_types(model)  # static types for the cut tensors
 
     progress("running the source with the cut tensors exposed")
-    near = [output.parent if output is not None else Path(stage_in or tempfile.gettempdir()), source.parent]
-    values = _source_values(model, cut.inputs + cut.outputs, feeds, near=near)
+    values = _source_values(model, cut.inputs + cut.outputs, verification.feeds, near=[staging.folder, source.parent])
 
     static = all(isinstance(d, int) for v in model.graph.inputs if v.shape is not None for d in v.shape)
     extract = ExtractPass(inputs, outputs, observed=values, static_dims=static)(model)
@@ -166,15 +165,15 @@ def make_piece(
         "typed_by_running": extract.typed_by_running,
         "io": {"inputs": _io(piece.graph.inputs), "outputs": _io(piece.graph.outputs)},
     }
-    if external_data is None and _has_data_files(model, source):
-        external_data = True  # keep the source's layout: weights beside the model, mapped, not parsed
-    info = SourceInfo.of(source, protect, sha256_file(source), source_name, origin)
+    if staging.external_data is None and _has_data_files(model, source):
+        # keep the source's layout: weights beside the model, mapped, not parsed
+        staging = dataclasses.replace(staging, external_data=True)
+    info = SourceInfo.of(source, protect, sha256_file(source), staging.source_name, staging.origin)
     name = output.name if output is not None else f"{Path(info.name).stem}_piece.onnx"
     progress(f"writing {name}")
-    staging = Staging(output, stage_in, external_data, protect)
-    with staging.stage(piece, name, info.provenance([report])) as (folder, staged):
+    with staging.stage(piece, name, info.provenance([report]), protect) as (folder, staged):
         progress("verifying the piece against the source")
-        gate = GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol)
+        gate = verification.gate
         comparison = _verify(staged.path, piece, cut.inputs, cut.outputs, values, gate, output or Path(name))
         comparison = dataclasses.replace(comparison, reference=f"{info.name} (cut tensors exposed)", candidate=name)
         failure = None

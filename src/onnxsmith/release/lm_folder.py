@@ -38,7 +38,7 @@ from onnxsmith.io.files import (
 )
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
-from onnxsmith.release.variant import StagedVariant, VariantResult, make_variant
+from onnxsmith.release.variant import StagedVariant, Staging, VariantResult, Verification, make_variant
 from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm import FOLDER_FILES
 from onnxsmith.transforms.quantize import Quantize, QuantizeOptions, prepare
@@ -204,10 +204,8 @@ def stage_folder(
             variant = make_variant(
                 source,
                 [(Quantize.name, variant_options)],
-                feeds=feeds,
-                output=tmp / "onnx" / file_name,
-                source_name=source_name,
-                origin=origin,
+                Verification(feeds),
+                Staging(tmp / "onnx" / file_name, source_name=source_name, origin=origin),
                 progress=lambda message, f=file_name: progress(f"{f}: {message}"),
             )
             try:

@@ -134,14 +134,19 @@ def count_nodes(model: ir.Model) -> int:
 
 
 def produce_variant(
-    source: str | os.PathLike, output: str | os.PathLike, steps: list[tuple[str, Any]], **keywords
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    steps: list[tuple[str, Any]],
+    *,
+    progress: Progress = _quiet,
+    **verification,
 ) -> VariantResult:
     """Apply ``steps`` ((transform name, options) pairs) to ``source`` and write a verified ``output``.
 
-    ``keywords`` are :func:`make_variant`'s (``feeds``, ``gate_feeds``, ``min_cosine``, ...). Raises
+    ``verification``: the fields of :class:`Verification` (``feeds``, ``gate_feeds``, ``gate``). Raises
     :class:`GateFailed` (nothing written) when an output is non-finite or outside the gate's bounds.
     """
-    variant = make_variant(source, steps, output=output, **keywords)
+    variant = make_variant(source, steps, Verification(**verification), Staging(Path(output)), progress)
     return variant.result(commit_verified(variant, output))
 
 
@@ -157,22 +162,51 @@ def commit_verified(variant: StagedVariant, output: str | os.PathLike) -> list[F
 
 
 @dataclass(frozen=True)
-class Staging:
-    """Where and how a variant is staged: beside ``output`` when it is known, else in ``stage_in``
-    (default: the system's temporary folder); ``protect``: the files its source reads."""
+class Verification:
+    """What a variant is calibrated and judged on, and the bounds it must meet.
 
-    output: Path | None
-    stage_in: str | os.PathLike | None
-    external_data: bool | None
-    protect: list[Path]
+    ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the variant
+    is judged on; ``gate``: the bounds a user set (the others follow the number format the
+    variant differs in, :mod:`onnxsmith.verify.gate`).
+    """
+
+    feeds: list[dict[str, np.ndarray]]
+    gate_feeds: list[dict[str, np.ndarray]] | None = None
+    gate: GateOptions = dataclasses.field(default_factory=GateOptions)
+
+    @property
+    def judged_on(self) -> list[dict[str, np.ndarray]]:
+        return self.gate_feeds or self.feeds
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where a variant is staged and what its files say of their source.
+
+    ``output``: the destination, when known: checked before any work, and the variant is
+    staged beside it (a commit is a rename); else it is staged in the system's temporary
+    folder. ``external_data``: True forces a data file, None decides by size. ``source_name``
+    and ``origin``: what the provenance says of a source given in memory (the file read is
+    then its private copy).
+    """
+
+    output: Path | None = None
+    external_data: bool | None = None
+    source_name: str | None = None
+    origin: str | None = None
+
+    @property
+    def folder(self) -> Path:
+        """Where the private staging folder goes."""
+        return self.output.parent if self.output is not None else Path(tempfile.gettempdir())
 
     @contextlib.contextmanager
-    def stage(self, model: ir.Model, name: str, provenance: Provenance) -> Iterator[tuple[PrivateFolder, StagedModel]]:
+    def stage(
+        self, model: ir.Model, name: str, provenance: Provenance, protect: list[Path]
+    ) -> Iterator[tuple[PrivateFolder, StagedModel]]:
         """``model`` written as ``name`` in a new private folder, removed if the block raises (else the
-        variant's to remove)."""
-        folder = PrivateFolder(
-            self.output.parent if self.output is not None else self.stage_in or tempfile.gettempdir()
-        )
+        variant's to remove); ``protect``: the files its source reads."""
+        folder = PrivateFolder(self.folder)
         try:
             staged = stage_model(
                 model,
@@ -180,7 +214,7 @@ class Staging:
                 name,
                 provenance=provenance,
                 external_data=self.external_data,
-                protect=self.protect,
+                protect=protect,
                 final=self.output,
             )
             yield folder, staged
@@ -216,32 +250,14 @@ def staged_variant(
 def make_variant(
     source: str | os.PathLike,
     steps: list[tuple[str, Any]],
-    *,
-    feeds: list[dict[str, np.ndarray]],
-    gate_feeds: list[dict[str, np.ndarray]] | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-    external_data: bool | None = None,
-    output: str | os.PathLike | None = None,
-    stage_in: str | os.PathLike | None = None,
-    source_name: str | None = None,
-    origin: str | None = None,
+    verification: Verification,
+    staging: Staging,
     progress: Progress = _quiet,
 ) -> StagedVariant:
-    """Apply ``steps`` to ``source``, stage the result and judge it; commit nothing.
-
-    ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the
-    variant is judged on; ``atol``, ``rtol``, ``min_cosine`` set the gate's bounds
-    (default: from the number format the variant differs in, :mod:`onnxsmith.verify.gate`).
-
-    ``output``: the destination, when known: checked before any work, and the variant is
-    staged beside it (a commit is a rename). Else it is staged in ``stage_in`` (default:
-    the system's temporary folder). ``source_name`` and ``origin``: what the provenance
-    says of a source given in memory (``source`` is then its private copy).
-    """
+    """Apply ``steps`` to ``source``, stage the result as ``staging`` says and judge it as
+    ``verification`` says; commit nothing."""
     source = Path(source)
-    output = None if output is None else Path(output)
+    output = staging.output
     progress(f"loading {source.name}")
     model = load_model(source)
     source_formats = formats_of(model)  # before the transforms change it
@@ -253,23 +269,22 @@ def make_variant(
     with ThreadPoolExecutor(max_workers=1) as hashing:
         source_sha256 = hashing.submit(sha256_file, source)
         nodes_before = count_nodes(model)
-        context = TransformContext(source_path=source, feeds=feeds, save=save_model, progress=progress)
+        context = TransformContext(source_path=source, feeds=verification.feeds, save=save_model, progress=progress)
         reports, settings, judge = _apply_steps(model, steps, context, progress)
         nodes_after = count_nodes(model)
-        info = SourceInfo.of(source, protect, source_sha256.result(), source_name, origin)
-    bounds = _gate_options(settings, GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol))
+        info = SourceInfo.of(source, protect, source_sha256.result(), staging.source_name, staging.origin)
+    bounds = _gate_options(settings, verification.gate)
 
     name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
     what = " + ".join(name for name, _ in steps) or "re-saved"
-    staging = Staging(output, stage_in, external_data, protect)
     while True:
         progress(f"writing {name}")
-        with staging.stage(model, name, info.provenance(reports)) as (folder, staged):
+        with staging.stage(model, name, info.provenance(reports), protect) as (folder, staged):
             del model  # judged from its file: the weights are not held while the gate runs
             progress("verifying against the source")
-            comparison = _judge(judge, context, source, staged.path, gate_feeds, bounds, source_formats)
+            comparison = _judge(judge, context, source, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
-            failure = None if comparison.passed else _gate_message(comparison, staged.path, gate_feeds or feeds)
+            failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
             variant = staged_variant(
                 info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
             )
@@ -282,7 +297,7 @@ def make_variant(
         model = load_model(source)
         context = TransformContext(
             source_path=source,
-            feeds=feeds,
+            feeds=verification.feeds,
             save=save_model,
             progress=progress,
             judge=functools.partial(severity, bounds=comparison.bounds),
@@ -334,24 +349,24 @@ def _judge(
     context: TransformContext,
     source: Path,
     candidate: Path,
-    gate_feeds: list[dict[str, np.ndarray]] | None,
+    verification: Verification,
     bounds: GateOptions,
     source_formats: frozenset[NumberFormat],
 ) -> Comparison:
     """The gate: the named task's (``Transform.gate_task``), else the one gate on every output.
 
     The source is not run again when a step computed its outputs on the calibration
-    feeds and the gate runs on those same feeds (``gate_feeds`` None).
+    feeds and the gate runs on those same feeds (no ``gate_feeds``).
     """
     if judge is not None:
         transform, options = judge
         task = get_task(transform.gate_task)
-        return task.gate(source, candidate, gate_feeds or context.feeds, **transform.gate_settings(options))
-    reference = context.reference if gate_feeds is None else None
+        return task.gate(source, candidate, verification.judged_on, **transform.gate_settings(options))
+    reference = context.reference if verification.gate_feeds is None else None
     return compare_models(
         source,
         candidate,
-        gate_feeds or context.feeds,
+        verification.judged_on,
         min_cosine=bounds.min_cosine,
         rtol=bounds.rtol,
         atol=bounds.atol,
