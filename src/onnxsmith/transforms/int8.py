@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -41,6 +42,7 @@ from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.passes.quantize_linears import (
+    Linear,
     LinearPlan,
     QuantizeLinearsPass,
     by_input,
@@ -48,7 +50,7 @@ from onnxsmith.passes.quantize_linears import (
     smoothing_factors,
     smoothing_folds,
 )
-from onnxsmith.passes.quantize_tables import QuantizeTablesPass, find_tables
+from onnxsmith.passes.quantize_tables import QuantizeTablesPass, Table, find_tables
 from onnxsmith.rules.batchnorm import batchnorm_rules
 from onnxsmith.runtime.int8_measure import (
     InputStats,
@@ -211,6 +213,20 @@ class ConvDecision:
         }
 
 
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the end-to-end search chooses from, as measured on the model at ``path``: the candidate
+    Linears (with their smoothing factors per alpha), tables and Convs, and every decision so far."""
+
+    path: Path
+    candidates: list[Linear]
+    tables: dict[str, Table]
+    conv_plans: dict[str, ConvPlan]
+    smoothing: dict[str, dict]
+    decisions: dict[str, Decision]
+    conv_decisions: dict[str, ConvDecision]
+
+
 @register
 class Int8(Transform):
     name = "int8"
@@ -280,19 +296,8 @@ class Int8(Transform):
                     conv_decisions[name].reason = "no end-to-end search"
                 alphas = {}
             else:
-                chosen, chosen_tables, chosen_convs, alphas = self._search(
-                    path,
-                    context,
-                    candidates,
-                    tables,
-                    conv_plans,
-                    smoothing,
-                    decisions,
-                    conv_decisions,
-                    budget,
-                    options,
-                    report,
-                )
+                space = SearchSpace(path, candidates, tables, conv_plans, smoothing, decisions, conv_decisions)
+                chosen, chosen_tables, chosen_convs, alphas = self._search(space, context, budget, options, report)
         plan = {}
         for name in chosen:
             d = decisions[name]
@@ -331,21 +336,10 @@ class Int8(Transform):
             chosen.add(linear.name)
         return chosen
 
-    def _search(
-        self,
-        path,
-        context,
-        candidates,
-        tables,
-        conv_plans,
-        smoothing,
-        decisions,
-        conv_decisions,
-        budget,
-        options,
-        report,
-    ):
+    def _search(self, space: SearchSpace, context, budget, options, report):
         """(Linears int8, tables int8, Convs int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
+        path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
+        smoothing, decisions, conv_decisions = space.smoothing, space.decisions, space.conv_decisions
         offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}
         # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered.
         free = {n: offered[n] for n in _folding(candidates) if n in offered}
