@@ -24,7 +24,7 @@ the sequences, so it is judged at as many positions as the source.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -109,18 +109,10 @@ class LMComparison(Comparison):
         )
 
     def to_json(self) -> dict:
-        data = super().to_json()
-        data.update(
-            positions=self.positions,
-            mean_kl=self.mean_kl,
-            max_kl=self.max_kl,
-            top1=self.top1,
-            entropy=self.entropy,
-            gate=self.gate,
-            problems=self.problems,
-            passed=self.passed,
-        )
-        return data
+        """A comparison's JSON with the LM gate's own fields (its ``gate`` in place of the one gate's bounds)."""
+        inherited = {f.name for f in fields(Comparison)}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in inherited}
+        return {**super().to_json(), **own}
 
 
 def compare_lm(
