@@ -15,10 +15,11 @@ could be, a file is not a model, or an option is wrong.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from onnxsmith import api
-from onnxsmith.cli.common import err, out, session_config
+from onnxsmith.cli.common import err, flag_keywords, out, session_config
 from onnxsmith.cli.release_tables import bench_table
 from onnxsmith.core.errors import Incomplete, InputError
 from onnxsmith.io.files import write_text_atomic
@@ -62,28 +63,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = session_config(args.session_config)
-    settings = {
-        "batches": args.batch,
-        "provider": args.provider,
-        "runs": args.runs,
-        "warmup": args.warmup,
-        "threads": args.threads,
-        "shape": args.shape or [],
-    }
     api.check_outputs([args.json, args.plot], sources=args.models)  # a file that is no model: exit 2
     with err.status("") as status:
-        run = api.bench(
-            args.models,
-            batch=args.batch,
-            provider=args.provider,
-            runs=args.runs,
-            warmup=args.warmup,
-            threads=args.threads,
-            shape=args.shape,
-            session_config=config,
-            progress=status.update,
-        )
+        config = session_config(args.session_config)
+        run = api.bench(args.models, **flag_keywords(args, api.bench, session_config=config, progress=status.update))
     if not run.results:
         only = run.failures[0] if len(run.failures) == 1 else None
         raise InputError(only.reason, only.path) if only else InputError(run.shortfall())
@@ -91,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     for note in run.notes():
         out.print(note, markup=False, soft_wrap=True)
     if args.json:
-        write_text_atomic(args.json, json.dumps({"settings": settings, **run.to_json()}, indent=1) + "\n")
+        write_text_atomic(
+            args.json, json.dumps({"settings": dataclasses.asdict(run.settings), **run.to_json()}, indent=1) + "\n"
+        )
     if args.plot:
         from onnxsmith.release import plots  # matplotlib: only when plotting
 

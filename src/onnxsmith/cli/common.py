@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from rich.console import Console
 
 from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.runtime.inputs import DEFAULT_SEED
+from onnxsmith.runtime.runner import FP16_MODES
 
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
 out = Console(highlight=False, soft_wrap=False, width=200)
@@ -28,20 +30,42 @@ def made_and_saved(make: Callable[[Callable[[str], None]], Any], output: str | N
     return made
 
 
-def add_input_options(parser: argparse.ArgumentParser, *, samples: int = 1) -> None:
-    group = parser.add_argument_group("inputs the models are run on")
+def flag_keywords(args: argparse.Namespace, call: Callable, **given) -> dict[str, Any]:
+    """The keywords of ``call`` (an api call) that a command's flags give: each keyword-only parameter
+    from the flag of the same name (``--max-windows`` is ``max_windows=``), ``given`` in place of any."""
+    names = [p.name for p in inspect.signature(call).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    return {**{name: getattr(args, name) for name in names if hasattr(args, name)}, **given}
+
+
+def add_input_options(
+    parser: argparse.ArgumentParser,
+    *,
+    samples: int = 1,
+    title: str = "inputs the models are run on",
+    arrays_flag: str = "--inputs",
+    calib: bool = True,
+) -> None:
+    """The API's ``feeds``, ``samples``, ``seed``, ``shape`` as flags (read back by :func:`input_keywords`).
+
+    ``arrays_flag``: the flag naming an .npz of input arrays (``extract`` has ``--inputs`` for tensor
+    names); ``calib``: also ``--calib``, real data to calibrate and verify on.
+    """
+    group = parser.add_argument_group(title)
     group.add_argument(
         "--shape",
         action="append",
         metavar="NAME:D0,D1|DIM=N",
         help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
     )
-    group.add_argument("--inputs", metavar="NPZ", help="run on these arrays (named like the model's inputs)")
     group.add_argument(
-        "--calib",
-        metavar="DIR|NPZ",
-        help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files (one input set each)",
+        arrays_flag, dest="feeds", metavar="NPZ", help="run on these arrays (named like the model's inputs)"
     )
+    if calib:
+        group.add_argument(
+            "--calib",
+            metavar="DIR|NPZ",
+            help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files (one input set each)",
+        )
     group.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
     group.add_argument(
         "--samples",
@@ -81,12 +105,36 @@ def gate_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset())
 
 def input_keywords(args: argparse.Namespace) -> dict:
     """The API's ``feeds``, ``samples``, ``seed``, ``shape`` from :func:`add_input_options`' flags."""
-    feeds = args.inputs
+    feeds = args.feeds
     if getattr(args, "calib", None):
-        if args.inputs:
+        if args.feeds:
             raise UsageError("--calib and --inputs both name the inputs; give one")
         feeds = args.calib
     return {"feeds": feeds, "samples": args.samples, "seed": args.seed, "shape": args.shape}
+
+
+def add_fp16_mode_option(parser: argparse.ArgumentParser) -> None:
+    """``--fp16-mode``: how a model with fp16 tensors is run (the API's ``fp16_mode``)."""
+    parser.add_argument(
+        "--fp16-mode",
+        choices=FP16_MODES,
+        default="auto",
+        help="auto: models with fp16 tensors run storage-faithfully (every fp16 tensor really rounded "
+        "to fp16, as a GPU holds it); native: as onnxruntime's CPU provider runs them, which upcasts "
+        "and hides fp16 overflow",
+    )
+
+
+def add_verify_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] = frozenset(), **inputs) -> None:
+    """The flags of the API's ``VerifySettings``: the inputs the models are run on
+    (:func:`add_input_options`, ``inputs`` its keywords) and the gate's bounds (:func:`add_gate_options`)."""
+    add_input_options(parser, **inputs)
+    add_gate_options(parser, taken=taken)
+
+
+def verify_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset()) -> dict:
+    """The API's ``VerifySettings`` keywords from :func:`add_verify_options`' flags."""
+    return {**input_keywords(args), **gate_keywords(args, taken)}
 
 
 def session_config(items: list[str] | None) -> dict[str, str]:

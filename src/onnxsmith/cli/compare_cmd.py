@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from onnxsmith import api
-from onnxsmith.cli.common import add_gate_options, add_input_options, gate_keywords, input_keywords, out, print_json
+from onnxsmith.cli.common import add_fp16_mode_option, add_verify_options, out, print_json, verify_keywords
 from onnxsmith.cli.render import comparison_table
-from onnxsmith.runtime.runner import FP16_MODES
 
 
 def register(subparsers) -> None:
@@ -18,16 +17,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("reference", help="the model taken as right (usually the source)")
     parser.add_argument("candidate", help="the model checked against it")
-    add_input_options(parser)
-    add_gate_options(parser)
-    parser.add_argument(
-        "--fp16-mode",
-        choices=FP16_MODES,
-        default="auto",
-        help="auto: models with fp16 tensors run storage-faithfully (every fp16 tensor really rounded "
-        "to fp16, as a GPU holds it); native: as onnxruntime's CPU provider runs them, which upcasts "
-        "and hides fp16 overflow",
-    )
+    add_verify_options(parser)
+    add_fp16_mode_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
@@ -36,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
     comparison = api.compare(
         args.reference,
         args.candidate,
-        **input_keywords(args),
-        **gate_keywords(args),
+        **verify_keywords(args),
         fp16_mode=args.fp16_mode,
     )
     if args.json:

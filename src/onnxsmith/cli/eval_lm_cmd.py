@@ -14,7 +14,7 @@ import json
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import err, out, print_json, session_config
+from onnxsmith.cli.common import err, flag_keywords, out, print_json, session_config
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.tasks.lm import DEFAULT_WINDOW
 
@@ -54,16 +54,8 @@ def run(args: argparse.Namespace) -> int:
     config = session_config(args.session_config)
     api.check_outputs([args.report], sources=args.models)
     with err.status("") as status:
-        scored = api.eval_lm(
-            args.models,
-            args.text,
-            tokenizer=args.tokenizer,
-            window=args.window,
-            max_windows=args.max_windows,
-            threads=args.threads,
-            session_config=config,
-            progress=status.update,
-        )
+        keywords = flag_keywords(args, api.eval_lm, session_config=config, progress=status.update)
+        scored = api.eval_lm(args.models, args.text, **keywords)
     result = scored.to_json()
     if args.report:
         write_text_atomic(args.report, json.dumps(result, indent=2) + "\n")

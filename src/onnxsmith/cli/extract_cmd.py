@@ -9,11 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import add_gate_options, gate_keywords, made_and_saved, out
+from onnxsmith.cli.common import add_verify_options, made_and_saved, out, verify_keywords
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline
 from onnxsmith.io.files import human_bytes
-from onnxsmith.runtime.inputs import DEFAULT_SEED
 
 
 def _names(text: str) -> list[str]:
@@ -36,17 +35,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--outputs", type=_names, required=True, metavar="C,D", help="tensors that become the piece's outputs"
     )
-    data = parser.add_argument_group("inputs the source is run on (to verify the piece and type what inference cannot)")
-    data.add_argument(
-        "--shape",
-        action="append",
-        metavar="NAME:D0,D1|DIM=N",
-        help="shape of a source input with symbolic dims (repeatable), or a size for a named dim",
+    add_verify_options(
+        parser,
+        samples=2,
+        title="inputs the source is run on (to verify the piece and type what inference cannot)",
+        arrays_flag="--input-data",
+        calib=False,
     )
-    data.add_argument("--input-data", metavar="NPZ", help="run on these arrays (named like the source's inputs)")
-    data.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
-    data.add_argument("--samples", type=int, default=2, help="how many random input sets (default %(default)s)")
-    add_gate_options(parser)
     parser.add_argument(
         "--external-data",
         action=argparse.BooleanOptionalAction,
@@ -64,11 +59,7 @@ def run(args: argparse.Namespace) -> int:
             args.source,
             inputs=args.inputs,
             outputs=args.outputs,
-            feeds=args.input_data,
-            samples=args.samples,
-            seed=args.seed,
-            shape=args.shape,
-            **gate_keywords(args),
+            **verify_keywords(args),
             external_data=args.external_data,
             out=args.output,
             progress=progress,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 
 from onnxsmith import api
-from onnxsmith.cli.common import out, print_json
+from onnxsmith.cli.common import add_fp16_mode_option, out, print_json
 from onnxsmith.cli.task_args import add_task_arguments, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
-from onnxsmith.runtime.runner import FP16_MODES
 from onnxsmith.tasks import get_task
 
 
@@ -19,12 +18,7 @@ def register(subparsers) -> None:
     parser.add_argument("image", help="the image")
     parser.add_argument("--box", metavar="X,Y,W,H", help="the face in the image (default: the image is a face crop)")
     add_task_arguments(parser)
-    parser.add_argument(
-        "--fp16-mode",
-        choices=FP16_MODES,
-        default="auto",
-        help="auto: a model with fp16 tensors runs storage-faithfully; native: as onnxruntime runs it",
-    )
+    add_fp16_mode_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 

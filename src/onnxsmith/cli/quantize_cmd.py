@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import made_and_saved, out
+from onnxsmith.cli.common import flag_keywords, made_and_saved, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline, rows_table
 from onnxsmith.core import options as opts
@@ -51,11 +51,7 @@ def run(args: argparse.Namespace) -> int:
         lambda progress: api.quantize(
             args.source,
             **opts.to_json(options),
-            gate_samples=args.gate_samples,
-            gate_length=args.gate_length,
-            seed=args.seed,
-            out=args.output,
-            progress=progress,
+            **flag_keywords(args, api.quantize, out=args.output, progress=progress),
         ),
         args.output,
     )

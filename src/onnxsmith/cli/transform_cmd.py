@@ -15,14 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
-from onnxsmith.cli.common import (
-    add_gate_options,
-    add_input_options,
-    gate_keywords,
-    input_keywords,
-    made_and_saved,
-    out,
-)
+from onnxsmith.cli.common import add_verify_options, made_and_saved, out, verify_keywords
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
 from onnxsmith.core.transform import Transform
@@ -34,8 +27,7 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     parser.add_argument("source", help="the source .onnx model (never modified)")
     parser.add_argument("output", help="where to write the variant")
     opts.add_arguments(parser, transform_cls.Options)
-    add_input_options(parser, samples=samples)
-    add_gate_options(parser, taken=_own_options(transform_cls))
+    add_verify_options(parser, samples=samples, taken=_own_options(transform_cls))
     parser.add_argument(
         "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
     )
@@ -56,8 +48,7 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
             args.source,
             transform_cls.name,
             **opts.to_json(options),
-            **input_keywords(args),
-            **gate_keywords(args, taken=_own_options(transform_cls)),
+            **verify_keywords(args, taken=_own_options(transform_cls)),
             external_data=True if args.external_data else None,
             out=args.output,
             progress=progress,

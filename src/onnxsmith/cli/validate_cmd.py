@@ -11,12 +11,11 @@ import argparse
 import json
 
 from onnxsmith import api
-from onnxsmith.cli.common import err, out
+from onnxsmith.cli.common import add_fp16_mode_option, err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.runtime.runner import FP16_MODES
 from onnxsmith.tasks import get_task
 
 
@@ -33,12 +32,7 @@ def register(subparsers) -> None:
         metavar="METRIC=BOUND",
         help="bound a metric (repeatable; replaces the task's default for that metric)",
     )
-    parser.add_argument(
-        "--fp16-mode",
-        choices=FP16_MODES,
-        default="auto",
-        help="auto: models with fp16 tensors run storage-faithfully; native: as onnxruntime's CPU runs them",
-    )
+    add_fp16_mode_option(parser)
     parser.add_argument("--json", metavar="FILE", help="also write the metrics and per-sample rows as JSON")
     parser.add_argument("--details", action="store_true", help="print one row per sample")
     parser.set_defaults(func=run)

@@ -92,6 +92,8 @@ class BenchFailure:
 class BenchRun:
     """What :func:`bench_models` measured, and what it could not."""
 
+    #: What was asked: batch sizes, provider, runs, ...
+    settings: BenchSettings
     results: list[BenchResult] = field(default_factory=list)
     failures: list[BenchFailure] = field(default_factory=list)
 
@@ -161,7 +163,7 @@ def bench_models(
             raise UsageError(
                 "onnxruntime opens only files whose names are UTF-8; rename it to benchmark it", path
             ) from None
-    run = BenchRun()
+    run = BenchRun(settings)
     with tempfile.TemporaryDirectory(prefix="onnxsmith-bench-") as tmp:
         for i, (name, path, config) in enumerate(models):
             progress(f"benchmarking {name}: batch {', '.join(map(str, settings.batches))}")
