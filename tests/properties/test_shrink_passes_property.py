@@ -16,8 +16,8 @@ import pytest
 from hypothesis import event, given
 
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.irutil.walk import constant_tensors
-from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass, _constants
+from onnxsmith.irutil.walk import constant_tensors, rewritable_constants
+from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
 from tests.support.check import assert_same_outputs
@@ -69,7 +69,7 @@ def test_deduplication_keeps_outputs_and_leaves_no_twins(case):
     assert_same_outputs(case.model, after, case.feeds)
     for graph in model.graphs():
         seen = defaultdict(list)
-        for value in _constants(graph):
+        for value in rewritable_constants(graph):
             tensor = ir.convenience.get_const_tensor(value)
             seen[(tensor.dtype, tuple(tensor.shape), tensor.tobytes())].append(value.name)
         twins = [names for names in seen.values() if len(names) > 1]

@@ -67,14 +67,25 @@ class ConstantTensor:
 def constant_tensors(model: ir.Model) -> Iterator[ConstantTensor]:
     """Initializers and Constant-node tensors of every graph (PP-OCR keeps all its weights in Constants)."""
     for graph in model.graphs():
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                yield ConstantTensor(value, value.const_value, None)
-        for node in graph:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                attr = node.attributes.get("value")
-                if attr is not None and attr.type == ir.AttributeType.TENSOR:
-                    yield ConstantTensor(node.outputs[0], attr.value, node)
+        yield from graph_constants(graph)
+
+
+def graph_constants(graph: ir.Graph) -> Iterator[ConstantTensor]:
+    """Initializers and Constant-node tensors of one graph."""
+    for value in graph.initializers.values():
+        if value.const_value is not None:
+            yield ConstantTensor(value, value.const_value, None)
+    for node in graph:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            attr = node.attributes.get("value")
+            if attr is not None and attr.type == ir.AttributeType.TENSOR:
+                yield ConstantTensor(node.outputs[0], attr.value, node)
+
+
+def rewritable_constants(graph: ir.Graph) -> list[ir.Value]:
+    """The graph's constants a pass may replace or re-store: not graph inputs (a user may feed them)
+    or outputs (their names and types are the model's interface)."""
+    return [c.value for c in graph_constants(graph) if not c.value.is_graph_input() and not c.value.is_graph_output()]
 
 
 def const_array(value: ir.Value | None):

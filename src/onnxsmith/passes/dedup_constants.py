@@ -22,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.walk import rewritable_constants
 
 
 @dataclass
@@ -51,49 +52,42 @@ class DeduplicateConstantsPass(ir.passes.InPlacePass):
     """Replace constants that equal an earlier one (same dtype, shape and bytes) by it."""
 
     def call(self, model: ir.Model) -> DedupResult:
-        self._result = DedupResult(model, False)  # filled while the pass runs
-        for graph in model.graphs():
-            self._dedup_graph(graph)
-        self._result.modified = bool(self._result.removed)
-        return self._result
-
-    def _dedup_graph(self, graph: ir.Graph) -> None:
-        by_shape: dict[tuple, list[ir.Value]] = defaultdict(list)
-        for value in _constants(graph):
-            tensor = ir.convenience.get_const_tensor(value)
-            by_shape[(tensor.dtype, tuple(tensor.shape))].append(value)
-        for candidates in by_shape.values():
-            if len(candidates) < 2:
-                continue  # unique shape: never read
-            kept: dict[str, list[ir.Value]] = {}
-            for value in candidates:
-                digest = _sha256(ir.convenience.get_const_tensor(value))
-                twin = next((k for k in kept.get(digest, []) if _same_bytes(k, value)), None)
-                if twin is None:
-                    kept.setdefault(digest, []).append(value)
-                    continue
-                self._replace(graph, value, twin)
-
-    def _replace(self, graph: ir.Graph, duplicate: ir.Value, kept: ir.Value) -> None:
-        nbytes = ir.convenience.get_const_tensor(duplicate).nbytes
-        name = duplicate.name or "?"
-        producer = duplicate.producer()
-        duplicate.replace_all_uses_with(kept)
-        if producer is None:
-            graph.initializers.pop(duplicate.name)
-        else:
-            name = node_label(producer)
-            graph.remove(producer, safe=True)
-        self._result.removed.append(Duplicate(name, kept.name or "?", nbytes))
+        removed = [duplicate for graph in model.graphs() for duplicate in _deduplicate(graph)]
+        return DedupResult(model, bool(removed), removed)
 
 
-def _constants(graph: ir.Graph) -> list[ir.Value]:
-    """The graph's constants that may be merged: not graph inputs (overridable) or outputs."""
-    values = [v for v in graph.initializers.values() if v.const_value is not None]
-    for node in graph:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes:
-            values.append(node.outputs[0])
-    return [v for v in values if not v.is_graph_input() and not v.is_graph_output()]
+def _deduplicate(graph: ir.Graph) -> list[Duplicate]:
+    """Each constant of ``graph`` that equals an earlier one replaced by it; what was removed."""
+    removed = []
+    by_shape: dict[tuple, list[ir.Value]] = defaultdict(list)
+    for value in rewritable_constants(graph):
+        tensor = ir.convenience.get_const_tensor(value)
+        by_shape[(tensor.dtype, tuple(tensor.shape))].append(value)
+    for candidates in by_shape.values():
+        if len(candidates) < 2:
+            continue  # unique shape: never read
+        kept: dict[str, list[ir.Value]] = {}
+        for value in candidates:
+            digest = _sha256(ir.convenience.get_const_tensor(value))
+            twin = next((k for k in kept.get(digest, []) if _same_bytes(k, value)), None)
+            if twin is None:
+                kept.setdefault(digest, []).append(value)
+                continue
+            removed.append(_replace(graph, value, twin))
+    return removed
+
+
+def _replace(graph: ir.Graph, duplicate: ir.Value, kept: ir.Value) -> Duplicate:
+    nbytes = ir.convenience.get_const_tensor(duplicate).nbytes
+    name = duplicate.name or "?"
+    producer = duplicate.producer()
+    duplicate.replace_all_uses_with(kept)
+    if producer is None:
+        graph.initializers.pop(duplicate.name)
+    else:
+        name = node_label(producer)
+        graph.remove(producer, safe=True)
+    return Duplicate(name, kept.name or "?", nbytes)
 
 
 def _sha256(tensor: ir.TensorProtocol) -> str:

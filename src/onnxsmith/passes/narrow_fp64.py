@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.irutil.walk import rewritable_constants
+
 FLOAT = ir.DataType.FLOAT
 DOUBLE = ir.DataType.DOUBLE
 
@@ -36,47 +38,38 @@ class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
     """Store double constants read only through a conversion to float32 as float32."""
 
     def call(self, model: ir.Model) -> NarrowFp64Result:
-        self._result = NarrowFp64Result(model, False)  # filled while the pass runs
+        narrowed = []
         for graph in model.graphs():
-            for value in _double_constants(graph):
+            for value in rewritable_constants(graph):
                 uses = list(value.uses())
-                if uses and all(_converts_to_float(use.node, use.idx) for use in uses):
-                    self._narrow(graph, value, [use.node for use in uses])
-        self._result.modified = bool(self._result.narrowed)
-        return self._result
-
-    def _narrow(self, graph: ir.Graph, value: ir.Value, casts: list[ir.Node]) -> None:
-        tensor = ir.convenience.get_const_tensor(value)
-        nbytes = tensor.nbytes
-        with np.errstate(over="ignore"):  # beyond fp32's range is inf, as the Cast made it
-            narrowed = ir.tensor(tensor.numpy().astype(np.float32), name=value.name)
-        producer = value.producer()
-        if producer is None:
-            value.const_value = narrowed
-        else:  # a Constant node
-            producer.attributes["value"] = ir.AttrTensor("value", narrowed)
-        value.dtype = FLOAT
-        removed = 0
-        for cast in dict.fromkeys(casts):  # a node reading it twice is one node
-            out = cast.outputs[0]
-            if out.is_graph_output():
-                continue  # keeps its name: now a float -> float Cast
-            out.replace_all_uses_with(value)
-            cast.graph.remove(cast, safe=True)
-            removed += 1
-        self._result.narrowed.append(NarrowedConstant(value.name or "?", nbytes, removed))
+                if ir.convenience.get_const_tensor(value).dtype != DOUBLE or not uses:
+                    continue
+                if all(_converts_to_float(use.node, use.idx) for use in uses):
+                    narrowed.append(_narrow(value, [use.node for use in uses]))
+        return NarrowFp64Result(model, bool(narrowed), narrowed)
 
 
-def _double_constants(graph: ir.Graph) -> list[ir.Value]:
-    values = [v for v in graph.initializers.values() if v.const_value is not None]
-    for node in graph:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and "value" in node.attributes:
-            values.append(node.outputs[0])
-    return [
-        v
-        for v in values
-        if ir.convenience.get_const_tensor(v).dtype == DOUBLE and not v.is_graph_input() and not v.is_graph_output()
-    ]
+def _narrow(value: ir.Value, casts: list[ir.Node]) -> NarrowedConstant:
+    """``value`` stored as float32 and the conversions ``casts`` of it removed (where their outputs are not the graph's)."""
+    tensor = ir.convenience.get_const_tensor(value)
+    nbytes = tensor.nbytes
+    with np.errstate(over="ignore"):  # beyond fp32's range is inf, as the Cast made it
+        narrowed = ir.tensor(tensor.numpy().astype(np.float32), name=value.name)
+    producer = value.producer()
+    if producer is None:
+        value.const_value = narrowed
+    else:  # a Constant node
+        producer.attributes["value"] = ir.AttrTensor("value", narrowed)
+    value.dtype = FLOAT
+    removed = 0
+    for cast in dict.fromkeys(casts):  # a node reading it twice is one node
+        out = cast.outputs[0]
+        if out.is_graph_output():
+            continue  # keeps its name: now a float -> float Cast
+        out.replace_all_uses_with(value)
+        cast.graph.remove(cast, safe=True)
+        removed += 1
+    return NarrowedConstant(value.name or "?", nbytes, removed)
 
 
 def _converts_to_float(node: ir.Node, slot: int) -> bool:
