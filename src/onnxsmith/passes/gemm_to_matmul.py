@@ -37,16 +37,15 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
     """Rewrite every Gemm of every graph as MatMul (+ Add); see the module doc."""
 
     def call(self, model: ir.Model) -> GemmToMatMulResult:
-        self._result = GemmToMatMulResult(model, False)  # filled while the pass runs
+        rewritten = 0
         for graph in model.graphs():
             transposed: dict[ir.Value, ir.Value] = {}
             names = FreshNames(graph)
             for node in list(graph):
                 if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
                     self._rewrite(graph, node, transposed, names)
-                    self._result.rewritten += 1
-        self._result.modified = bool(self._result.rewritten)
-        return self._result
+                    rewritten += 1
+        return GemmToMatMulResult(model, rewritten > 0, rewritten)
 
     def _rewrite(self, graph: ir.Graph, gemm: ir.Node, transposed: dict[ir.Value, ir.Value], names: FreshNames) -> None:
         a, b = gemm.inputs[0], gemm.inputs[1]

@@ -36,11 +36,11 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
     """Replace every computed Reshape target of the main graph that the analysis knows (see the module doc)."""
 
     def call(self, model: ir.Model) -> ReshapeTargetsResult:
-        self._result = ReshapeTargetsResult(model, False)  # filled while the pass runs
         graph = model.graph
         shapes = SymbolicShapes(graph)
         constants: dict[tuple[int, ...], ir.Value] = {}
         names = FreshNames(graph)
+        replaced = 0
         for node in graph:
             if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
                 continue
@@ -54,9 +54,8 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
                 array = np.array(literal, dtype=np.int64)
                 constants[literal] = add_initializer(graph, names(f"{node.name or 'Reshape'}/target"), array)
             node.replace_input_with(1, constants[literal])
-            self._result.replaced += 1
-        self._result.modified = bool(self._result.replaced)
-        return self._result
+            replaced += 1
+        return ReshapeTargetsResult(model, replaced > 0, replaced)
 
 
 def constant_target(shapes: SymbolicShapes, reshape: ir.Node) -> tuple[int, ...] | None:

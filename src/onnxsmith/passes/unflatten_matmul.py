@@ -36,17 +36,16 @@ class UnflattenMatMulPass(ir.passes.InPlacePass):
     """Remove the Reshape pair around every MatMul (+ bias Add) that broadcasts without it (see the module doc)."""
 
     def call(self, model: ir.Model) -> UnflattenResult:
-        self._result = UnflattenResult(model, False)  # filled while the pass runs
         graph = model.graph
         shapes = SymbolicShapes(graph)
+        rewritten = 0
         for matmul in list(graph):
             if matmul.op_type == "MatMul" and matmul.domain in ("", "ai.onnx") and matmul.graph is graph:
                 match = _match(graph, shapes, matmul)
                 if match is not None:
                     _rewrite(graph, shapes, *match)
-                    self._result.rewritten += 1
-        self._result.modified = bool(self._result.rewritten)
-        return self._result
+                    rewritten += 1
+        return UnflattenResult(model, rewritten > 0, rewritten)
 
 
 def _only_reader(graph: ir.Graph, value: ir.Value) -> ir.Node | None:
