@@ -17,6 +17,12 @@ def all_nodes(model_or_graph: ir.Model | ir.Graph) -> Iterator[ir.Node]:
 
 def reachable(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir.Value]]) -> set[ir.Value]:
     """``values`` and every value reached from them by repeating ``step`` (a value's next ones)."""
+    return set(visit(values, step))
+
+
+def visit(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir.Value]]) -> Iterator[ir.Value]:
+    """What :func:`reachable` reaches, each value once, depth first, lazily: ``step`` is taken from a
+    value only when the next one is asked for, so a caller that has its answer ends the walk."""
     seen: set[ir.Value] = set()
     pending = list(values)
     while pending:
@@ -24,8 +30,8 @@ def reachable(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir
         if value in seen:
             continue
         seen.add(value)
+        yield value
         pending.extend(step(value))
-    return seen
 
 
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:

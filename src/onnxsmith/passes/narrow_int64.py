@@ -37,6 +37,7 @@ from onnxsmith.analysis.intervals import VALUE_MOVING, Bounds, Interval, fits_in
 from onnxsmith.irutil.casts import cast_node, insert_after_producer
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.unionfind import UnionFind
+from onnxsmith.irutil.walk import visit
 
 INT64 = ir.DataType.INT64
 INT32 = ir.DataType.INT32
@@ -394,21 +395,20 @@ def _savings(region: Region) -> tuple[int, int]:
 
 def _constant_only(value: ir.Value) -> bool:
     """Whether ``value`` is computed from constants alone (no graph input, no outer scope)."""
-    seen: set[ir.Value] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        if v.is_graph_input():
-            return False
-        if _is_constant(v):
-            continue
-        producer = v.producer()
-        if producer is None or any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in producer.attributes.values()
-        ):
-            return False
-        stack.extend(i for i in producer.inputs if i is not None)
-    return True
+    return all(_is_constant(v) or _computed_inside(v) for v in visit([value], _operands))
+
+
+def _computed_inside(value: ir.Value) -> bool:
+    """Whether a node of the graph computes ``value`` from its inputs alone (it has no subgraph)."""
+    producer = value.producer()
+    return producer is not None and not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in producer.attributes.values()
+    )
+
+
+def _operands(value: ir.Value) -> list[ir.Value]:
+    """What ``value`` is computed from (nothing for a constant or a graph input: the walk ends there)."""
+    producer = value.producer()
+    if _is_constant(value) or producer is None:
+        return []
+    return [i for i in producer.inputs if i is not None]
