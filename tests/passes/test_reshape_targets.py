@@ -28,8 +28,8 @@ def test_shape_chains_become_constants(tmp_path, which):
     computed, nodes = _computed_targets(model), len(list(model.graph))
     targets = ConstantReshapeTargetsPass()(model)
     RemoveUnusedNodesPass()(model)
-    assert targets.replaced == computed - _computed_targets(model) > 0
-    assert len(list(model.graph)) < nodes - 2 * targets.replaced  # their Shape/Gather/Concat chains died
+    assert targets.rewritten == computed - _computed_targets(model) > 0
+    assert len(list(model.graph)) < nodes - 2 * targets.rewritten  # their Shape/Gather/Concat chains died
     for node in model.graph:
         target = const_array(node.inputs[1]) if node.op_type == "Reshape" else None
         if target is not None:

@@ -16,27 +16,19 @@ The Gemm's output value keeps its name, so nothing downstream changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.walk import const_array
-
-
-@dataclass
-class GemmToMatMulResult(ir.passes.PassResult):
-    """What :class:`GemmToMatMulPass` did: how many Gemms it rewrote."""
-
-    rewritten: int = 0
+from onnxsmith.passes import Rewritten
 
 
 class GemmToMatMulPass(ir.passes.InPlacePass):
     """Rewrite every Gemm of every graph as MatMul (+ Add); see the module doc."""
 
-    def call(self, model: ir.Model) -> GemmToMatMulResult:
+    def call(self, model: ir.Model) -> Rewritten:
         rewritten = 0
         for graph in model.graphs():
             transposed: dict[ir.Value, ir.Value] = {}
@@ -45,7 +37,7 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
                 if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
                     self._rewrite(graph, node, transposed, names)
                     rewritten += 1
-        return GemmToMatMulResult(model, rewritten > 0, rewritten)
+        return Rewritten(model, rewritten > 0, rewritten)
 
     def _rewrite(self, graph: ir.Graph, gemm: ir.Node, transposed: dict[ir.Value, ir.Value], names: FreshNames) -> None:
         a, b = gemm.inputs[0], gemm.inputs[1]

@@ -15,27 +15,19 @@ keeps its target unless it is made of integers only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
-
-
-@dataclass
-class ReshapeTargetsResult(ir.passes.PassResult):
-    """What :class:`ConstantReshapeTargetsPass` did: how many targets it made constant."""
-
-    replaced: int = 0
+from onnxsmith.passes import Rewritten
 
 
 class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
     """Replace every computed Reshape target of the main graph that the analysis knows (see the module doc)."""
 
-    def call(self, model: ir.Model) -> ReshapeTargetsResult:
+    def call(self, model: ir.Model) -> Rewritten:
         graph = model.graph
         shapes = SymbolicShapes(graph)
         constants: dict[tuple[int, ...], ir.Value] = {}
@@ -55,7 +47,7 @@ class ConstantReshapeTargetsPass(ir.passes.InPlacePass):
                 constants[literal] = add_initializer(graph, names(f"{node.name or 'Reshape'}/target"), array)
             node.replace_input_with(1, constants[literal])
             replaced += 1
-        return ReshapeTargetsResult(model, replaced > 0, replaced)
+        return Rewritten(model, replaced > 0, replaced)
 
 
 def constant_target(shapes: SymbolicShapes, reshape: ir.Node) -> tuple[int, ...] | None:

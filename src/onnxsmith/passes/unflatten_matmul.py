@@ -18,24 +18,16 @@ each removed node is a kernel launch per token (~2 us in onnxruntime-web's WASM)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import onnx_ir as ir
 
 from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
-
-
-@dataclass
-class UnflattenResult(ir.passes.PassResult):
-    """What :class:`UnflattenMatMulPass` did: how many Reshape pairs it removed."""
-
-    rewritten: int = 0
+from onnxsmith.passes import Rewritten
 
 
 class UnflattenMatMulPass(ir.passes.InPlacePass):
     """Remove the Reshape pair around every MatMul (+ bias Add) that broadcasts without it (see the module doc)."""
 
-    def call(self, model: ir.Model) -> UnflattenResult:
+    def call(self, model: ir.Model) -> Rewritten:
         graph = model.graph
         shapes = SymbolicShapes(graph)
         rewritten = 0
@@ -45,7 +37,7 @@ class UnflattenMatMulPass(ir.passes.InPlacePass):
                 if match is not None:
                     _rewrite(graph, shapes, *match)
                     rewritten += 1
-        return UnflattenResult(model, rewritten > 0, rewritten)
+        return Rewritten(model, rewritten > 0, rewritten)
 
 
 def _only_reader(graph: ir.Graph, value: ir.Value) -> ir.Node | None:

@@ -302,7 +302,7 @@ def prepare(model: ir.Model, options: QuantizeOptions, source) -> tuple[LMHead |
         targets = ConstantReshapeTargetsPass()(model)
         RemoveUnusedNodesPass()(model)
         infer_types(model)
-        prepared.unflattened, prepared.reshape_targets = unflatten.rewritten, targets.replaced
+        prepared.unflattened, prepared.reshape_targets = unflatten.rewritten, targets.rewritten
     prepared.nodes = count_nodes(model)
     try:
         head = find_lm_head(model)
