@@ -33,8 +33,9 @@ from onnxsmith.runtime.rounding_probe import RoundingProbe
 
 #: At most this many groups are measured one by one (the work is bounded by it).
 MAX_GROUPS = 16
-#: The tensors left low must measure within this share of the gate's bounds: the probe rounds
-#: what the candidate stores but not its weights, so the choice keeps a margin for them.
+#: The tensors left low must measure within this share of the gate's bounds: the probe rounds what
+#: the candidate stores (Constant nodes' weights included) but not its initializers, so the choice
+#: keeps a margin for them.
 TARGET = 0.5
 
 

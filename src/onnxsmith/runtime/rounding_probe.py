@@ -6,7 +6,8 @@ probe answers that in one session: on a copy of the model, each probed tensor pa
 through ``Where(switch, Cast<fp32>(Cast<fp16>(t)), t)``, one boolean input per group of
 tensors, so :meth:`RoundingProbe.run` gives the outputs with any set of groups rounded as
 fp16 storage rounds them (the gate's storage-faithful emulation does the same: compute in
-fp32, round what is stored) and the rest exact. Weights are not rounded here.
+fp32, round what is stored) and the rest exact. A weight held in a Constant node is a node's
+output and can be probed; initializers are not rounded here.
 """
 
 from __future__ import annotations
