@@ -6,8 +6,10 @@ on the command line and ``field_name = ...`` in a recipe; ``help`` and
 
     @dataclass
     class Options:
-        block_size: int = field(default=32, metadata={"help": "weights per quantization block"})
-        scheme: str = field(default="q4", metadata={"choices": ["q4", "q8"]})
+        block_size: int = option(32, "weights per quantization block")
+        scheme: str = option("q4", "the number format", choices=["q4", "q8"])
+
+(:func:`option` is ``dataclasses.field`` with that metadata.)
 
 Booleans become ``--flag / --no-flag``; ``X | None = None`` means "decide
 automatically" and is shown as such.
@@ -22,6 +24,12 @@ import typing
 from typing import Any
 
 from onnxsmith.core.errors import UsageError
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, default_factory=dataclasses.MISSING, choices=None):
+    """A field of an ``Options`` dataclass: its default, its help text and, where fixed, its choices."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 def _base_type(annotation) -> tuple[type, bool]:

@@ -23,6 +23,7 @@ import onnx_ir as ir
 from PIL import Image, UnidentifiedImageError
 
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.options import option
 from onnxsmith.runtime.inputs import input_specs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.widerface import padded_box, read_boxes
@@ -46,12 +47,12 @@ class FaceAgeOptions:
             "path": True,
         },
     )
-    min_face: int = field(default=32, metadata={"help": "skip faces whose box is narrower or shorter (px)"})
-    limit: int | None = field(default=None, metadata={"help": "use at most this many faces (in file order)"})
-    padding: float = field(default=0.1, metadata={"help": "crop margin on each side, as a fraction of the box"})
-    batch_size: int = field(default=8, metadata={"help": "faces per inference run"})
-    age_output: str = field(default="age_logits", metadata={"help": "output holding the CORAL age logits"})
-    gender_output: str = field(default="gender_logits", metadata={"help": "output holding the gender logits"})
+    min_face: int = option(32, "skip faces whose box is narrower or shorter (px)")
+    limit: int | None = option(None, "use at most this many faces (in file order)")
+    padding: float = option(0.1, "crop margin on each side, as a fraction of the box")
+    batch_size: int = option(8, "faces per inference run")
+    age_output: str = option("age_logits", "output holding the CORAL age logits")
+    gender_output: str = option("gender_logits", "output holding the gender logits")
 
     def validate(self) -> None:
         if self.min_face < 0:

@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.options import option
 from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
@@ -34,20 +35,12 @@ class GenericOptions:
         default=None,
         metadata={"help": "an .npz of inputs, or a folder of them (default: seeded random inputs)", "path": True},
     )
-    samples: int = field(default=4, metadata={"help": "random input sets when there is no data"})
-    seed: int = field(default=DEFAULT_SEED, metadata={"help": "seed of the random inputs"})
-    shape: list[str] = field(
-        default_factory=list, metadata={"help": "NAME:D0,D1 or DIM=N for inputs with symbolic dims"}
-    )
-    min_cosine: float | None = field(
-        default=None, metadata={"help": "the gate: every float output's cosine to the source's at least this"}
-    )
-    rtol: float | None = field(
-        default=None, metadata={"help": "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value"}
-    )
-    atol: float | None = field(
-        default=None, metadata={"help": "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|"}
-    )
+    samples: int = option(4, "random input sets when there is no data")
+    seed: int = option(DEFAULT_SEED, "seed of the random inputs")
+    shape: list[str] = option(help="NAME:D0,D1 or DIM=N for inputs with symbolic dims", default_factory=list)
+    min_cosine: float | None = option(None, "the gate: every float output's cosine to the source's at least this")
+    rtol: float | None = option(None, "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value")
+    atol: float | None = option(None, "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|")
 
     def validate(self) -> None:
         if self.samples < 1:

@@ -27,14 +27,14 @@ with the tensors the refusal is measured to come from kept fp32
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx_ir as ir
 
 from onnxsmith.analysis.precision_policy import DEFAULT_HEADROOM
 from onnxsmith.analysis.type_rules import opset_of, signature
 from onnxsmith.core.errors import InputError, UsageError
-from onnxsmith.core.options import to_json
+from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES, forget_inferred_types, infer_types, typed_values
@@ -50,33 +50,26 @@ DTYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
 @dataclass
 class Options:
-    keep_io_types: bool = field(default=True, metadata={"help": "keep the model's float inputs and outputs fp32"})
-    headroom: float = field(
-        default=DEFAULT_HEADROOM,
-        metadata={"help": "keep fp32 every tensor whose measured max |x| is over 65,504 / headroom"},
+    keep_io_types: bool = option(True, "keep the model's float inputs and outputs fp32")
+    headroom: float = option(
+        DEFAULT_HEADROOM, "keep fp32 every tensor whose measured max |x| is over 65,504 / headroom"
     )
-    rescale_residual: bool | None = field(
-        default=None,
-        metadata={
-            "help": "carry an overflowing pre-LN residual stream scaled by a power of two so it and "
-            "what writes it fit fp16 (automatic: when the stream is carried in fp16)"
-        },
+    rescale_residual: bool | None = option(
+        None,
+        "carry an overflowing pre-LN residual stream scaled by a power of two so it and "
+        "what writes it fit fp16 (automatic: when the stream is carried in fp16)",
     )
-    residual_fp32: bool = field(
-        default=True,
-        metadata={
-            "help": "keep an overflowing residual stream, and the branch that writes its massive "
-            "activation, fp32 end to end (more accurate than carrying it rescaled in fp16)"
-        },
+    residual_fp32: bool = option(
+        True,
+        "keep an overflowing residual stream, and the branch that writes its massive "
+        "activation, fp32 end to end (more accurate than carrying it rescaled in fp16)",
     )
-    small_fp32: bool = field(
-        default=True,
-        metadata={
-            "help": "keep fp32 the nodes whose tensors are tiny next to the largest activation "
-            "(a readout on the pooled token): fp16 saves nothing there"
-        },
+    small_fp32: bool = option(
+        True,
+        "keep fp32 the nodes whose tensors are tiny next to the largest activation "
+        "(a readout on the pooled token): fp16 saves nothing there",
     )
-    dtype: str = field(default="fp16", metadata={"choices": list(DTYPES), "help": "the low-precision type"})
+    dtype: str = option("fp16", "the low-precision type", choices=list(DTYPES))
 
     def validate(self) -> None:
         if not self.headroom >= 1.0:

@@ -24,7 +24,7 @@ The result is verified against the source before it is written (produce_variant)
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -38,6 +38,7 @@ from onnxscript.rewriter import RewritePass, RewriteRuleSet
 
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
+from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
 from onnxsmith.irutil.walk import all_nodes
@@ -113,25 +114,18 @@ class Fuse(Transform):
 
     @dataclass
     class Options:
-        precision: str = field(
-            default="fp32",
-            metadata={
-                "choices": ["fp32", "fp16"],
-                "help": "fp16: MatMul, attention, RoPE and BiasGelu in fp16, residual stream and LayerNorms fp32; "
-                "fp32: the same graph in fp32 (for CPU)",
-            },
+        precision: str = option(
+            "fp32",
+            "fp16: MatMul, attention, RoPE and BiasGelu in fp16, residual stream and LayerNorms fp32; "
+            "fp32: the same graph in fp32 (for CPU)",
+            choices=["fp32", "fp16"],
         )
-        static_dims: list[str] = field(
+        static_dims: list[str] = option(
+            help="symbolic input dims to fix at the size of the inputs given with --shape (e.g. height,width); "
+            "every other dim stays dynamic",
             default_factory=list,
-            metadata={
-                "help": "symbolic input dims to fix at the size of the inputs given with --shape (e.g. height,width); "
-                "every other dim stays dynamic"
-            },
         )
-        prune_rows: bool = field(
-            default=True,
-            metadata={"help": "compute only the token rows the outputs read (the CLS row of the last block)"},
-        )
+        prune_rows: bool = option(True, "compute only the token rows the outputs read (the CLS row of the last block)")
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))

@@ -38,7 +38,7 @@ from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedN
 
 from onnxsmith.analysis.int8_policy import Selection, roles, search
 from onnxsmith.core.errors import InputError
-from onnxsmith.core.options import to_json
+from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.passes.quantize_linears import (
@@ -77,42 +77,28 @@ MIN_CONV_DEPTH = 128
 
 @dataclass
 class Options:
-    error_budget: float | None = field(
-        default=None,
-        metadata={
-            "help": "relative output error (||Δ|| / ||source||, worst output) the int8 parts may cause together on "
-            "the calibration inputs (default: 0.3 of what the gate allows, 0.03 for --min-cosine 0.995)"
-        },
+    error_budget: float | None = option(
+        None,
+        "relative output error (||Δ|| / ||source||, worst output) the int8 parts may cause together on "
+        "the calibration inputs (default: 0.3 of what the gate allows, 0.03 for --min-cosine 0.995)",
     )
-    max_runs: int = field(
-        default=24,
-        metadata={"help": "end-to-end runs of the calibration inputs the search may take (more only to trim)"},
+    max_runs: int = option(24, "end-to-end runs of the calibration inputs the search may take (more only to trim)")
+    smooth_gain: float = option(
+        0.25, "offer smoothing (SmoothQuant) for an input when it cuts its Linears' error by this share"
     )
-    smooth_gain: float = field(
-        default=0.25,
-        metadata={"help": "offer smoothing (SmoothQuant) for an input when it cuts its Linears' error by this share"},
+    tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
+    convs: bool = option(
+        False,
+        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
+        "ranges: give real inputs (--inputs), random ones give scales real data overflows",
     )
-    tables: bool = field(
-        default=True, metadata={"help": "store embedding tables (read by Gather) in int8, one scale per row"}
+    sensitivity: bool = option(
+        True, "measure the outputs' error and keep fp32 what --error-budget needs (else: all int8)"
     )
-    convs: bool = field(
-        default=False,
-        metadata={
-            "help": "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
-            "ranges: give real inputs (--inputs), random ones give scales real data overflows"
-        },
+    max_layer_error: float = option(
+        0.1, "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"
     )
-    sensitivity: bool = field(
-        default=True,
-        metadata={"help": "measure the outputs' error and keep fp32 what --error-budget needs (else: all int8)"},
-    )
-    max_layer_error: float = field(
-        default=0.1,
-        metadata={"help": "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"},
-    )
-    min_cosine: float = field(
-        default=0.995, metadata={"help": "the gate: every output's cosine to the source's at least this"}
-    )
+    min_cosine: float = option(0.995, "the gate: every output's cosine to the source's at least this")
 
     def validate(self) -> None:
         if self.error_budget is not None and not self.error_budget > 0:

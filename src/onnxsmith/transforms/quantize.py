@@ -30,7 +30,7 @@ What a runtime does with the ``qdq`` format depends on its session options:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
@@ -39,6 +39,7 @@ from onnxscript.version_converter import ConvertVersionPass
 from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import InputError
+from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
@@ -81,67 +82,41 @@ TARGETS = {
 
 @dataclass
 class QuantizeOptions:
-    scheme: str = field(default="q4", metadata={"help": "weight bits of the body", "choices": ["q4", "q8"]})
-    block_size: int = field(
-        default=32, metadata={"help": "weights per quantization block along K (power of two, >= 16)"}
+    scheme: str = option("q4", "weight bits of the body", choices=["q4", "q8"])
+    block_size: int = option(32, "weights per quantization block along K (power of two, >= 16)")
+    symmetric: bool = option(False, "symmetric blocks (no zero points)")
+    format: str = option(
+        "qdq",
+        "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
+        choices=list(FORMATS),
     )
-    symmetric: bool = field(default=False, metadata={"help": "symmetric blocks (no zero points)"})
-    format: str = field(
-        default="qdq",
-        metadata={
-            "help": "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
-            "choices": list(FORMATS),
-        },
+    accuracy_level: int | None = option(
+        None, "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8", choices=[0, 1, 2, 3, 4]
     )
-    accuracy_level: int | None = field(
-        default=None,
-        metadata={
-            "help": "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8",
-            "choices": [0, 1, 2, 3, 4],
-        },
+    head: str = option(
+        "int8", "LM head (and embedding): int8 per token, q4 blocks (ablation), keep", choices=list(HEAD_MODES)
     )
-    head: str = field(
-        default="int8",
-        metadata={
-            "help": "LM head (and embedding): int8 per token, q4 blocks (ablation), keep",
-            "choices": list(HEAD_MODES),
-        },
+    lookups: str = option(
+        "auto",
+        "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
+        "folds a transposed copy for the head), auto: rows for a model without a KV cache",
+        choices=["auto", *LOOKUPS],
     )
-    lookups: str = field(
-        default="auto",
-        metadata={
-            "help": "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
-            "folds a transposed copy for the head), auto: rows for a model without a KV cache",
-            "choices": ["auto", *LOOKUPS],
-        },
+    uneven: str = option(
+        "int8", "a weight whose K is not a multiple of the block: int8 per column, or keep it", choices=list(UNEVEN)
     )
-    uneven: str = field(
-        default="int8",
-        metadata={
-            "help": "a weight whose K is not a multiple of the block: int8 per column, or keep it",
-            "choices": list(UNEVEN),
-        },
+    last_token: bool = option(True, "compute the logits of the last position only")
+    simplify: bool = option(
+        True,
+        "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
+        "computed Reshape targets)",
     )
-    last_token: bool = field(default=True, metadata={"help": "compute the logits of the last position only"})
-    simplify: bool = field(
-        default=True,
-        metadata={
-            "help": "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
-            "computed Reshape targets)"
-        },
-    )
-    gemv_head: bool = field(
-        default=True,
-        metadata={
-            "help": "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
-        },
+    gemv_head: bool = option(
+        True, "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
     )
     # The defaults are the lm gate's (tasks/lm/gate.py DEFAULT_MAX_KL, DEFAULT_MIN_TOP1).
-    max_kl: float = field(
-        default=0.1,
-        metadata={"help": "gate: mean KL(source || variant) of next-token distributions, nats"},
-    )
-    min_top1: float = field(default=0.8, metadata={"help": "gate: top-1 agreement with the source"})
+    max_kl: float = option(0.1, "gate: mean KL(source || variant) of next-token distributions, nats")
+    min_top1: float = option(0.8, "gate: top-1 agreement with the source")
 
     @property
     def bits(self) -> int:

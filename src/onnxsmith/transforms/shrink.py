@@ -22,13 +22,14 @@ breakdowns from the same analysis ``inspect`` uses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
+from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.io.files import human_bytes
 from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
@@ -68,18 +69,16 @@ class Shrink(Transform):
 
     @dataclass
     class Options:
-        max_fold_growth: str = field(
-            default="4KB",
-            metadata={
-                "help": "a folded constant may add at most this much to the file, less the constants that die "
-                "with it (e.g. 0, 64KB, 1MB); what would add more (a dequantised int8 weight, a copy of a "
-                "shared weight, a broadcast table) stays computed at run time"
-            },
+        max_fold_growth: str = option(
+            "4KB",
+            "a folded constant may add at most this much to the file, less the constants that die "
+            "with it (e.g. 0, 64KB, 1MB); what would add more (a dequantised int8 weight, a copy of a "
+            "shared weight, a broadcast table) stays computed at run time",
         )
-        fold: bool = field(default=True, metadata={"help": "fold constant subexpressions (with the growth guard)"})
-        narrow_int64: bool = field(default=True, metadata={"help": "store/compute int64 indices that fit as int32"})
-        narrow_fp64: bool = field(default=True, metadata={"help": "store fp64 constants read as fp32 as fp32"})
-        dedup: bool = field(default=True, metadata={"help": "store identical constants once"})
+        fold: bool = option(True, "fold constant subexpressions (with the growth guard)")
+        narrow_int64: bool = option(True, "store/compute int64 indices that fit as int32")
+        narrow_fp64: bool = option(True, "store fp64 constants read as fp32 as fp32")
+        dedup: bool = option(True, "store identical constants once")
 
         def validate(self) -> None:
             parse_bytes(self.max_fold_growth)

@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core.errors import UsageError
+from onnxsmith.core.options import option
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.lm import scoring as lm
 from onnxsmith.tasks.lm.feeding import lm_feeds
@@ -35,9 +36,9 @@ class LMOptions:
     tokenizer: str | None = field(
         default=None, metadata={"help": "tokenizer.json (default: the source's model folder's)", "path": True}
     )
-    window: int = field(default=lm.DEFAULT_WINDOW, metadata={"help": "tokens per scored window"})
-    max_windows: int | None = field(default=16, metadata={"help": "score at most this many windows"})
-    batch: int = field(default=4, metadata={"help": "windows per inference run"})
+    window: int = option(lm.DEFAULT_WINDOW, "tokens per scored window")
+    max_windows: int | None = option(16, "score at most this many windows")
+    batch: int = option(4, "windows per inference run")
 
     def validate(self) -> None:
         if self.window < 2 or self.batch < 1 or (self.max_windows is not None and self.max_windows < 1):
