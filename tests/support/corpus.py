@@ -131,7 +131,36 @@ def _feed(feed, rng):
         return np.zeros(feed.shape, feed.dtype)
     if feed.kind == "ones":
         return np.ones(feed.shape, feed.dtype)
+    if feed.kind == "text":
+        return _text_page(feed, rng)
     return np.full(feed.shape, feed.low, feed.dtype)
+
+
+def _text_page(feed, rng):
+    """A page of rendered lines of random words (see :class:`Feed`), one per batch element."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    batch, _, height, width = feed.shape
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    pages = []
+    for _ in range(batch):
+        paper, ink = rng.integers(170, 256, 3), rng.integers(0, 90, 3)
+        page = Image.new("RGB", (width, height), tuple(int(v) for v in paper))
+        draw = ImageDraw.Draw(page)
+        y = int(rng.integers(2, 12))
+        while y < height - 16:
+            size = int(rng.integers(14, 32))
+            words = [
+                "".join(rng.choice(list(letters), int(rng.integers(2, 9)))) for _ in range(int(rng.integers(1, 5)))
+            ]
+            font = ImageFont.load_default(size=size)
+            draw.text(
+                (int(rng.integers(0, width // 4)), y), " ".join(words), fill=tuple(int(v) for v in ink), font=font
+            )
+            y += size + int(rng.integers(6, 24))
+        pages.append(np.asarray(page, np.float32).transpose(2, 0, 1))
+    return (np.stack(pages) / 255 * (feed.high - feed.low) + feed.low).astype(feed.dtype)
 
 
 def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:
