@@ -256,6 +256,35 @@ def test_a_weight_fp16_cannot_hold_stays_fp32_with_its_reader(save_proto, tmp_pa
     assert_pass_preserves_outputs(source, model, tmp_path, atol=1e-12, rtol=1e-4)
 
 
+def test_store_low_weights_are_widened_for_kept_nodes_only(save_proto, tmp_path):
+    # 'w' is read by a node kept fp32 only: stored fp16, widened by a Cast. 's' is also a Resize's scales,
+    # which take fp32 only and compute sizes: it stays exactly as it is, although store_low names it.
+    rng = np.random.default_rng(9)
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["m0"], name="scale_w"),
+        helper.make_node("Mul", ["m0", "s"], ["m"], name="scale_s"),
+        helper.make_node("Resize", ["m", "", "s"], ["y"], name="resize", mode="linear"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 1, 1.7, 2.3], np.float32), "s"),
+        ],
+    )
+    source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    keep = {"m0": "asked", "m": "asked"}
+    model, conversion = _convert(source, keep_fp32=keep, store_low={"w": "test", "s": "test"})
+    w, s = model.graph.initializers["w"], model.graph.initializers["s"]
+    assert w.dtype == F16 and [u.op_type for u, _ in w.uses()] == ["Cast"]
+    assert s.dtype == F32 and conversion.weights_fp32["s"][2] == "writes 'm': asked"
+    assert set(conversion.weights_cast_at_load) == {"w"}
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=1e-3, rtol=1e-3)
+
+
 def _contrib_model() -> onnx.ModelProto:
     """x -> SkipLayerNormalization(x, skip, gamma, beta) -> BiasGelu(., b) -> MatMul: com.microsoft fusions."""
     rng = np.random.default_rng(5)

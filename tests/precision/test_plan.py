@@ -294,8 +294,8 @@ def test_recurrent_weights_stay_stored_low_only_if_rounding_them_moves_the_outpu
     close = {"y": reference["y"] + 10 * 2.0**-13}  # within 2^-11 of the range (10)
     far = {"y": reference["y"] + 10 * 2.0**-9}
     plan = decide(_lstm(), [], Settings(small_fp32=False))
-    check_store_low(plan, reference, close)
+    check_store_low(plan, plan.store_low_groups[0], reference, close)
     assert set(plan.store_low) == {"W", "R", "B"} and "stored fp16" in plan.store_low_checked[0]
     plan = decide(_lstm(), [], Settings(small_fp32=False))
-    check_store_low(plan, reference, far)
+    check_store_low(plan, plan.store_low_groups[0], reference, far)
     assert plan.store_low == {} and "kept fp32: rounding them to fp16 moved output 'y' by" in plan.store_low_checked[0]

@@ -6,6 +6,7 @@ import pytest
 
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.types import infer_types
+from onnxsmith.precision.report import weight_bytes_by_type
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.runtime.runner import FAITHFUL
@@ -135,3 +136,46 @@ def test_lstm_weights_that_rounding_moves_too_much_stay_fp32_and_the_headline_sa
     why = result.headline[2]
     assert "stay fp32: LSTM policy" in why and "rounding them to fp16 moved output" in why, result.headline
     assert any(n.startswith("8 recurrent weights kept fp32: rounding them") for n in result.reports[0].notes)
+
+
+def _weight_storage(model: ir.Model, node: ir.Node | str) -> tuple[str, str]:
+    """(what ``node`` (or the node so named) reads its weight as, how that weight is stored): a Cast in
+    between widens it."""
+    if isinstance(node, str):
+        node = next(n for n in model.graph if n.name == node)
+    read = node.inputs[1]
+    producer = read.producer()
+    stored = producer.inputs[0] if producer is not None and producer.op_type == "Cast" else read
+    return str(read.dtype), str(stored.dtype)
+
+
+def test_ppocr_v6_det_weights_with_dead_channels_are_stored_fp16(tmp_path):
+    """Issue 11 class 4: PP-OCRv6 det came out at 0.64x. Its head's 1x1 convs hold trained weights whose dead
+    output channels are ~1e-7..1e-22 (conv2d_161.w_0: 52 % of its values below 2^-20): kept fp32 as "constant
+    out of range", though fp16 moves them by 2e-4 as a whole. The conv reading conv2d_165.w_0 computes fp32 (its
+    output underflows fp16), and so do the squeeze-excite gates (small tensors): their weights are stored fp16."""
+    source = real_model("ppocr_v6_det")
+    result, variant = _fp16(source, tmp_path, shapes={"x": (1, 3, 320, 320)})
+    infer_types(variant)
+    assert _weight_storage(variant, "Conv.50") == ("FLOAT16", "FLOAT16")  # reads conv2d_161.w_0
+    kept = result.reports[0].tables["fp32 islands"]
+    assert any(row["kept for"] == "underflow" and "fp16 578 KB (Cast at load)" in row["weights"] for row in kept), kept
+    assert any(row["kept for"] == "small tensors" and "(Cast at load)" in row["weights"] for row in kept), kept
+    notes = result.reports[0].notes
+    assert any("weights of nodes kept fp32 for their tensors (small or out of range) stored fp16" in n for n in notes)
+    assert len(result.headline) == 2, result.headline  # about half: nothing to explain
+    assert (tmp_path / "out.onnx").stat().st_size <= 0.52 * source.stat().st_size
+
+
+def test_ppocr_cls_squeeze_excite_convs_compute_fp32_from_fp16_weights(tmp_path):
+    """Issue 11 class 4: PP-OCR's MobileNetV3 direction classifier came out at 0.61x: its squeeze-excite
+    gates (8..200 elements) stay fp32 by the cost rule, and their weights stayed fp32 with them."""
+    source = real_model("ppocr_cls_mobile")
+    _, variant = _fp16(source, tmp_path, shapes={"x": (1, 3, 48, 192)})
+    infer_types(variant)
+    kept = [n for n in variant.graph if n.op_type == "Conv" and n.outputs[0].dtype == ir.DataType.FLOAT]
+    assert kept and ("FLOAT", "FLOAT16") in {_weight_storage(variant, node) for node in kept}
+    # What stays fp32 are the gates' biases and weights too small to be worth a Cast (under 512 bytes each).
+    weights = weight_bytes_by_type(variant)
+    assert weights["float"] < 0.01 * weights["float16"], weights
+    assert (tmp_path / "out.onnx").stat().st_size <= 0.56 * source.stat().st_size

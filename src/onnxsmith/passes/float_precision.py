@@ -29,7 +29,8 @@ Which node computes in which precision is decided before anything changes
 Weights (initializers, Constant nodes, in subgraphs too) read only by converted
 inputs are stored in the low type — converted lazily, from the memory map, when
 the model is written; a weight also read in fp32 stays fp32 and is cast where
-read in low precision. A Cast is inserted wherever a value's storage and its
+read in low precision, unless ``store_low`` names it (stored low, widened where
+read in fp32). A Cast is inserted wherever a value's storage and its
 reader's type differ, one per value and type, right after the value's producer.
 The graph's inputs and outputs keep fp32 unless ``keep_io_types`` is False.
 """
@@ -37,7 +38,7 @@ The graph's inputs and outputs keep fp32 unless ``keep_io_types`` is False.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -120,8 +121,10 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
     ``keep_fp32`` maps tensor names to the reason they stay fp32. ``policy`` returns
     why a node must stay fp32 regardless (default: the accumulating reductions).
     ``store_low`` names weights to store in the low type even where they are read in
-    fp32 (a recurrent cell's, kept fp32 for its arithmetic): a Cast widens them as the
-    model loads. Its result (:class:`PrecisionResult`) says what was done.
+    fp32 (a recurrent cell's, or a node's kept fp32 for its arithmetic): a Cast widens
+    them as the model loads — where every fp32 read is a kept node's input that would
+    otherwise be converted (never shape or index arithmetic, never an fp32-only input).
+    Its result (:class:`PrecisionResult`) says what was done.
     """
 
     def __init__(
@@ -422,7 +425,12 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                     if safe:  # else its readers were kept fp32, and needs would not be {low}
                         self._store_low(value)
                     continue
-                if safe and needs and value.name in self.store_low and not value.is_graph_output():
+                if (
+                    safe
+                    and value.name in self.store_low
+                    and not value.is_graph_output()
+                    and self._widened_only_for_kept_nodes(value)
+                ):
                     saved = self._store_low(value)
                     self._result.weights_cast_at_load[value.name] = saved
                     continue
@@ -453,6 +461,20 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
     def _why_fp32(self, value: ir.Value) -> tuple[str, str]:
         """(node, why) for a weight read in fp32: the first fp32 node that reads it and its reason
         (through data movement and arithmetic on weights, which follow their readers)."""
+        for label, why, _ in self._fp32_reads(value):
+            return label, why
+        return "", "a graph output" if value.is_graph_output() else "read in fp32"
+
+    def _widened_only_for_kept_nodes(self, value: ir.Value) -> bool:
+        """Whether every fp32 read of weight ``value`` is a node kept fp32 reading it where it would read the
+        low type if it were converted: stored low and widened by a Cast, nothing else reads it changed (no
+        shape or index arithmetic, no input that takes fp32 only)."""
+        return all(kept for _, _, kept in self._fp32_reads(value))
+
+    def _fp32_reads(self, value: ir.Value) -> Iterator[tuple[str, str, bool]]:
+        """(node, why, kept) for each node reading weight ``value`` in fp32, through data movement and
+        arithmetic on weights (which follow their readers); ``kept``: a node kept fp32 reading it through
+        an input the conversion would otherwise change."""
         pending, seen = [value], set()
         while pending:
             current = pending.pop(0)
@@ -462,15 +484,15 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 seen.add(user)
                 label = node_label(user)
                 if label in self._result.kept:
-                    return label, self._result.kept[label]
+                    yield label, self._result.kept[label], index in self._slots[user].inputs
+                    continue
                 category = self._category.get(user.outputs[0]) if user.outputs else None
                 if category == SHAPE or any(out in self._exact for out in user.outputs):
-                    return label, "shape or index arithmetic"
-                if category == CONST:
+                    yield label, "shape or index arithmetic", False
+                elif category == CONST:
                     pending.extend(out for out in user.outputs if self._orig(out) == F32)
-                    continue
-                return label, f"{user.op_type} reads it in fp32 (type rules)"
-        return "", "a graph output" if value.is_graph_output() else "read in fp32"
+                else:
+                    yield label, f"{user.op_type} reads it in fp32 (type rules)", False
 
     def _insert_casts(self) -> None:
         pending: dict[tuple[ir.Value, ir.DataType], list[tuple[ir.Node, int]]] = {}

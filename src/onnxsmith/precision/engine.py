@@ -29,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import TensorRange
+from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.core.transform import ReferenceOutputs, TransformContext
 from onnxsmith.io.files import staging_dir
 from onnxsmith.io.load import load_model
@@ -36,7 +37,15 @@ from onnxsmith.irutil.tensors import lazy_tensor
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import constant_tensors
 from onnxsmith.precision.apply import Applied, apply_plan, rescale_streams
-from onnxsmith.precision.plan import Plan, Settings, StreamDecision, check_store_low, decide, decide_streams
+from onnxsmith.precision.plan import (
+    Plan,
+    Settings,
+    StreamDecision,
+    check_store_low,
+    decide,
+    decide_streams,
+    weights_converted_anyway,
+)
 from onnxsmith.precision.repair import Judge, Repair, keep_exact
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.fp16_storage import has_fp16
@@ -163,24 +172,32 @@ def convert(
         infer_types(model)
     streams = decide_streams(model, ranges, settings)
     plan = decide(model, ranges, settings, streams, keep_fp32=keep)
-    _check_store_low(plan, measurement)
+    _check_store_low(model, plan, measurement)
     rescale_streams(model, streams)
     # Rescaling changed constants and attributes only: the types inferred above still hold.
     return PrecisionRecord(ranges, plan, apply_plan(model, plan, infer=False), repair)
 
 
-def _check_store_low(plan: Plan, measurement: Measurement | None) -> None:
-    if not plan.store_low:
+def _check_store_low(model: ir.Model, plan: Plan, measurement: Measurement | None) -> None:
+    """Measure each group of weights the plan would store low although they are read in fp32 (one run
+    each with those weights rounded; one more for a compared group over the budget), and decide."""
+    if not plan.store_low_groups:
         return
-    if measurement is None:
-        plan.store_low_checked.append(
-            f"{len(plan.store_low)} recurrent weights kept fp32 (their rounding not measured)"
-        )
-        plan.store_low = {}
-        return
-    check_store_low(
-        plan, measurement.outputs, measurement.outputs_with_weights_rounded(plan.store_low, plan.settings.dtype)
-    )
+    dtype = plan.settings.dtype
+    for group in plan.store_low_groups:
+        if measurement is None:
+            group.refused = "their rounding not measured"
+            plan.store_low_checked.append(f"{len(group.weights)} {group.what} kept fp32 ({group.refused})")
+            continue
+
+        def others() -> dict[str, np.ndarray]:
+            try:
+                return measurement.outputs_with_weights_rounded(weights_converted_anyway(model, plan), dtype)
+            except OnnxsmithError:  # rounded, a constant computing sizes or indices made the model fail
+                return {}
+
+        rounded = measurement.outputs_with_weights_rounded(group.weights, dtype)
+        check_store_low(plan, group, measurement.outputs, rounded, others if group.compared else None)
 
 
 def rescale_streams_for_fusion(model: ir.Model, ranges: list[TensorRange]) -> list[StreamDecision]:
@@ -207,5 +224,5 @@ def convert_fused(model: ir.Model, measurement: Measurement, judge: Judge | None
         repair = keep_exact(measurement.path, measurement.feeds, settings.dtype, judge, convert_copy)
         keep = repair.keep_fp32
     plan = decide(model, measurement.ranges, settings, keep_fp32=keep)
-    _check_store_low(plan, measurement)
+    _check_store_low(model, plan, measurement)
     return PrecisionRecord(measurement.ranges, plan, apply_plan(model, plan), repair)

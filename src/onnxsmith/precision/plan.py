@@ -20,6 +20,7 @@ is data: a :class:`Settings`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +37,12 @@ from onnxsmith.analysis.precision_policy import (
     constant_names,
     policy_reason,
     unsafe_activations,
+    unsafe_constant,
     weights_read,
 )
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES
-from onnxsmith.irutil.walk import const_array
+from onnxsmith.irutil.walk import const_array, constant_tensors
 from onnxsmith.passes.residual_rescale import ResidualStream, choose_scale, find_residual_streams
 
 #: How a node computing a massive activation is kept (the islands table groups on it).
@@ -112,8 +114,9 @@ class Plan:
     node_reasons: dict[ir.Node, str] = field(default_factory=dict)
     #: tensors the cost rule found small, with the numbers (the islands table shows them)
     small: dict[str, str] = field(default_factory=dict)
-    #: weights stored in the low type although read in fp32, widened by a Cast at load -> why
-    store_low: dict[str, str] = field(default_factory=dict)
+    #: weights read in fp32 that may be stored in the low type, widened by a Cast at load, in groups
+    #: each measured on its own (:func:`check_store_low`)
+    store_low_groups: list[StoreLow] = field(default_factory=list)
     #: what measuring those weights rounded showed, one line each (why some are kept fp32 after all)
     store_low_checked: list[str] = field(default_factory=list)
     #: why the recurrent weights stay fp32 after all, when measuring them rounded refused them ("" if not)
@@ -123,6 +126,30 @@ class Plan:
     def scaled(self) -> dict[str, float]:
         """Measured tensors the plan carries scaled, with the factor."""
         return {v.name: d.scale for d in self.streams if d.scale != 1.0 for v in d.stream.scaled}
+
+    @property
+    def store_low(self) -> dict[str, str]:
+        """Weights stored in the low type although read in fp32 (no measurement refused them) -> why."""
+        return {
+            name: why for group in self.store_low_groups if not group.refused for name, why in group.weights.items()
+        }
+
+
+@dataclass
+class StoreLow:
+    """Weights read in fp32 that may be stored in the low type and widened by a Cast as the model loads.
+
+    onnxruntime folds ``Cast(weight)`` into an fp32 weight when it loads the model: the node computes
+    exactly as before, from the weight rounded once, as every converted weight is; the file keeps
+    the low type. Measured before it is done (:func:`check_store_low`).
+    """
+
+    what: str  # how the report counts them: "recurrent weights", ...
+    weights: dict[str, str]  # weight -> the node that reads it in fp32
+    #: Also accepted when rounding them moves the outputs by at most a quarter of what rounding the weights
+    #: converted anyway does (:data:`STORE_LOW_SHARE`), not only within the fixed budget.
+    compared: bool = False
+    refused: str = ""  # why measuring them refused them ("" while they are stored low)
 
 
 def decide_streams(model: ir.Model, ranges: list[TensorRange], settings: Settings) -> list[StreamDecision]:
@@ -203,12 +230,63 @@ def decide(
                 plan.node_reasons[node] = reason
             else:
                 rest.append(node)
+    small_nodes: dict[ir.Node, str] = {}
     if settings.small_fp32:
         small = SmallNodes(model, ranges)
         plan.small = small.tensors
-        plan.node_reasons.update(small.decide(rest))
-    plan.store_low = _recurrent_weights(model)
+        small_nodes = small.decide(rest)
+        plan.node_reasons.update(small_nodes)
+    recurrent = _recurrent_weights(model)
+    kept_for_tensors = _weights_of_nodes_kept_for_tensors(model, plan, small_nodes, exclude=recurrent)
+    for group in (
+        StoreLow(RECURRENT_WEIGHTS, recurrent),
+        StoreLow(KEPT_FOR_TENSORS, kept_for_tensors, compared=True),
+    ):
+        if group.weights:
+            plan.store_low_groups.append(group)
     return plan
+
+
+#: How the report counts the weights stored low, by the group they were measured in.
+RECURRENT_WEIGHTS = "recurrent weights"
+KEPT_FOR_TENSORS = "weights of nodes kept fp32 for their tensors (small or out of range)"
+#: A weight smaller than this is not worth a Cast (one node, about 100 bytes of the file).
+STORE_LOW_MIN_BYTES = 512
+
+
+def _weights_of_nodes_kept_for_tensors(
+    model: ir.Model, plan: Plan, small_nodes: dict[ir.Node, str], exclude: Collection[str]
+) -> dict[str, str]:
+    """The weights of nodes kept fp32 for their tensors, not their weights: by the cost rule (tiny
+    tensors) or because they write or read a tensor measured out of the low type's range. fp32
+    keeps their arithmetic from rounding; their weights are rounded once, like every converted one.
+
+    Nodes kept for a residual stream (its writers' accuracy) or by the caller keep their weights.
+    """
+    nodes = dict(small_nodes)
+    for node in model.graph:
+        for value in [*node.inputs, *node.outputs]:
+            if value is not None and value.name in plan.unsafe:
+                nodes.setdefault(node, f"{'writes' if value.producer() is node else 'reads'} '{value.name}'")
+                break
+    stream = {name for d in plan.streams for name in d.keep_fp32}
+    computed = computed_from_constants(model.graph)
+    found: dict[str, str] = {}
+    for node, why in nodes.items():
+        if any(v is not None and v.name in stream for v in [*node.inputs, *node.outputs]):
+            continue
+        for weight in sorted(weights_read(node, computed), key=lambda v: v.name):
+            tensor = weight.const_value if weight.is_initializer() else ir.convenience.get_const_tensor(weight)
+            if (
+                tensor is None
+                or tensor.dtype != ir.DataType.FLOAT
+                or tensor.nbytes < STORE_LOW_MIN_BYTES
+                or weight.name in exclude
+                or weight.name in plan.keep_fp32
+            ):
+                continue
+            found.setdefault(weight.name, f"a weight of {node.op_type} '{node_label(node)}' ({why})")
+    return found
 
 
 def _recurrent_weights(model: ir.Model) -> dict[str, str]:
@@ -231,40 +309,103 @@ def _recurrent_weights(model: ir.Model) -> dict[str, str]:
     return found
 
 
+def weights_converted_anyway(model: ir.Model, plan: Plan) -> set[str]:
+    """The fp32 weights of :data:`STORE_LOW_MIN_BYTES` or more that the conversion rounds to the low type
+    whatever is decided about storing others low: those that no node the plan keeps fp32 reads, not kept
+    fp32 themselves, that the low type can hold (what a ``compared`` :class:`StoreLow` group is measured
+    against)."""
+    kept = set(plan.node_reasons)
+    for node in model.graph:
+        if any(v is not None and v.name in plan.keep_fp32 for v in [*node.inputs, *node.outputs]):
+            kept.add(node)
+    computed = computed_from_constants(model.graph)
+    excluded = {w.name for node in kept for w in weights_read(node, computed)}
+    excluded |= {name for group in plan.store_low_groups for name in group.weights} | set(plan.keep_fp32)
+    found = set()
+    for const in constant_tensors(model):
+        name, tensor = const.value.name, const.tensor
+        if tensor.dtype != ir.DataType.FLOAT or tensor.nbytes < STORE_LOW_MIN_BYTES or name in excluded:
+            continue
+        if unsafe_constant(tensor, plan.settings.limits) is None:
+            found.add(name)
+    return found
+
+
 #: Rounding weights to the low type is accepted when it moves no output by more than this share
 #: of the output's largest |value| (fp16's unit roundoff, 2**-11): less than storing the output
 #: itself in fp16 would.
 STORE_LOW_BUDGET = {ir.DataType.FLOAT16: 2.0**-11, ir.DataType.BFLOAT16: 2.0**-8}
 
 
-def check_store_low(plan: Plan, reference: dict[str, np.ndarray], rounded: dict[str, np.ndarray]) -> None:
-    """Keep the plan's ``store_low`` weights only if rounding them moved the outputs less than the budget.
+#: Weights of nodes kept fp32 for their tensors are also stored low when rounding them moves the
+#: outputs by at most this share of what rounding the weights converted anyway does: their rounding
+#: then adds about 3 % to the weights' own (sqrt(1 + 1/16)).
+STORE_LOW_SHARE = 0.25
+
+
+def check_store_low(
+    plan: Plan,
+    group: StoreLow,
+    reference: dict[str, np.ndarray],
+    rounded: dict[str, np.ndarray],
+    others: Callable[[], dict[str, np.ndarray]] | None = None,
+) -> None:
+    """Keep ``group``'s weights stored low only if rounding them moved the outputs little enough.
 
     ``reference``: the outputs measured on the calibration inputs; ``rounded``: the same with the
-    ``store_low`` weights rounded to the low type (and nothing else changed).
+    group's weights rounded to the low type (and nothing else changed). ``others``: for a ``compared``
+    group over the budget, the outputs with the weights converted anyway rounded instead (measured
+    only when called).
     """
+    low = low_name(plan.settings.dtype)
     budget = STORE_LOW_BUDGET[plan.settings.dtype]
-    worst = ""
+    share, name, moved, scale = _moved(reference, rounded)
+    count = f"{len(group.weights)} {group.what}"
+    if share <= budget:
+        plan.store_low_checked.append(
+            f"{count} stored {low}, widened by a Cast at load "
+            f"(rounding them moved no output by more than {budget:.2g} of its range)"
+        )
+        return
+    compared = ""
+    if group.compared and others is not None and np.isfinite(share):
+        baseline = _moved(reference, others())[0]
+        if np.isfinite(baseline) and share <= STORE_LOW_SHARE * baseline:
+            plan.store_low_checked.append(
+                f"{count} stored {low}, widened by a Cast at load (rounding them moved the outputs by "
+                f"{share:.2g} of their range, under a quarter of the {baseline:.2g} that rounding the "
+                f"weights converted anyway does)"
+            )
+            return
+        compared = f"; rounding the weights converted anyway moves them by {baseline:.2g} of their range"
+    group.refused = (
+        f"rounding them to {low} moved output '{name}' by {moved:.3g} "
+        f"(> {budget:.2g} x its largest |value| {scale:.3g}){compared}"
+    )
+    plan.store_low_checked.append(f"{count} kept fp32: {group.refused}")
+    if group.what == RECURRENT_WEIGHTS:
+        plan.store_low_refused = group.refused
+
+
+def _moved(reference: dict[str, np.ndarray], rounded: dict[str, np.ndarray]) -> tuple[float, str, float, float]:
+    """The output that moved most as a share of its largest |value|: (share, its name, how far, that
+    largest |value|); share and how far are inf where it went non-finite."""
+    worst = (0.0, "", 0.0, 0.0)
     for name, ref in reference.items():
         if name not in rounded or ref.dtype.kind != "f":
             continue
         ref64, got64 = ref.astype(np.float64), rounded[name].astype(np.float64)
         finite = np.isfinite(ref64)
-        scale = float(np.abs(ref64[finite]).max()) if finite.any() else 0.0
-        moved = float(np.abs(got64 - ref64)[finite].max()) if finite.any() else 0.0
-        if not np.isfinite(got64[finite]).all() or moved > budget * scale:
-            worst = f"moved output '{name}' by {moved:.3g} (> {budget:.2g} x its largest |value| {scale:.3g})"
-            break
-    count = len(plan.store_low)
-    if worst:
-        plan.store_low_refused = f"rounding them to {low_name(plan.settings.dtype)} {worst}"
-        plan.store_low_checked.append(f"{count} recurrent weights kept fp32: {plan.store_low_refused}")
-        plan.store_low = {}
-    else:
-        plan.store_low_checked.append(
-            f"{count} recurrent weights stored {low_name(plan.settings.dtype)}, widened by a Cast at load "
-            f"(rounding them moved no output by more than {budget:.2g} of its range)"
-        )
+        if not finite.any():
+            continue
+        scale = float(np.abs(ref64[finite]).max())
+        if not np.isfinite(got64[finite]).all():
+            return float("inf"), name, float("inf"), scale
+        moved = float(np.abs(got64 - ref64)[finite].max())
+        share = moved / scale if scale else (float("inf") if moved else 0.0)
+        if share > worst[0]:
+            worst = (share, name, moved, scale)
+    return worst
 
 
 def low_name(dtype: ir.DataType) -> str:

@@ -238,6 +238,7 @@ def islands_table(record: PrecisionRecord) -> list[dict]:
                 "ops": ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
                 "measured": measured,
                 "tensor": tensor,
+                "weights": _island_weights(record, nodes),
                 "_peak": peak,
             }
         )
@@ -245,3 +246,28 @@ def islands_table(record: PrecisionRecord) -> list[dict]:
     for row in rows:
         del row["_peak"]
     return rows
+
+
+def _island_weights(record: PrecisionRecord, nodes: list[ir.Node]) -> str:
+    """How the weights an island's nodes read are stored: "fp32 1.1 MB", "fp16 24 KB (Cast at load)", "-"."""
+    precision = record.precision
+    fp32, low = {}, {}
+    for node in nodes:
+        for value in node.inputs:
+            if value is None:
+                continue
+            producer = value.producer()
+            if producer is not None and producer.op_type == "Cast" and producer.inputs:
+                value = producer.inputs[0]  # a weight stored low, widened where it is read
+            if value.name in precision.weights_cast_at_load:
+                low[value.name] = precision.weights_cast_at_load[value.name]  # the bytes saved: what is stored
+            elif value.name in precision.weights_fp32:
+                fp32[value.name] = precision.weights_fp32[value.name][0]
+    parts = [f"fp32 {_size(sum(fp32.values()))}"] if fp32 else []
+    if low:
+        parts.append(f"{low_name(precision.dtype)} {_size(sum(low.values()))} (Cast at load)")
+    return ", ".join(parts) or "-"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB" if n >= 2**10 else f"{n} B"
