@@ -119,8 +119,6 @@ class Plan:
     store_low_groups: list[StoreLow] = field(default_factory=list)
     #: what measuring those weights rounded showed, one line each (why some are kept fp32 after all)
     store_low_checked: list[str] = field(default_factory=list)
-    #: why the recurrent weights stay fp32 after all, when measuring them rounded refused them ("" if not)
-    store_low_refused: str = ""
 
     @property
     def scaled(self) -> dict[str, float]:
@@ -383,8 +381,6 @@ def check_store_low(
         f"(> {budget:.2g} x its largest |value| {scale:.3g}){compared}"
     )
     plan.store_low_checked.append(f"{count} kept fp32: {group.refused}")
-    if group.what == RECURRENT_WEIGHTS:
-        plan.store_low_refused = group.refused
 
 
 def _moved(reference: dict[str, np.ndarray], rounded: dict[str, np.ndarray]) -> tuple[float, str, float, float]:

@@ -10,7 +10,6 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.precision_policy import RECURRENT_OPS
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.unionfind import UnionFind
 from onnxsmith.irutil.walk import constant_tensors
@@ -113,12 +112,13 @@ def why_not_more(record: PrecisionRecord, before: dict[str, int], after: dict[st
         if dtype != "float" and nbytes >= total / 100
     ]
     readers = {node_label(n): n for n in record.precision.kept_nodes}
+    # Measured: why weights that could have been stored low although read in fp32 were not.
+    refused = {name: g.refused for g in record.plan.store_low_groups if g.refused for name in g.weights}
     groups: dict[str, list] = {}
-    for nbytes, reader, why in record.precision.weights_fp32.values():
+    for name, (nbytes, reader, why) in record.precision.weights_fp32.items():
         node = readers.get(reader)
         kind = island_kind(record, node) if node is not None else why
-        if node is not None and node.op_type in RECURRENT_OPS and record.plan.store_low_refused:
-            why = record.plan.store_low_refused  # measured: why its weights are not stored low either
+        why = refused.get(name, why)
         group = groups.setdefault(kind, [0, 0, reader, why])
         group[0] += nbytes
         group[1] += 1
