@@ -250,6 +250,8 @@ RECURRENT_WEIGHTS = "recurrent weights"
 KEPT_FOR_TENSORS = "weights of nodes kept fp32 for their tensors (small or out of range)"
 #: A weight smaller than this is not worth a Cast (one node, about 100 bytes of the file).
 STORE_LOW_MIN_BYTES = 512
+#: ... and the group, at least this share of the model's fp32 weight bytes (else it is not measured).
+STORE_LOW_MIN_SHARE = 1 / 100
 
 
 def _weights_of_nodes_kept_for_tensors(
@@ -270,6 +272,7 @@ def _weights_of_nodes_kept_for_tensors(
     stream = {name for d in plan.streams for name in d.keep_fp32}
     computed = computed_from_constants(model.graph)
     found: dict[str, str] = {}
+    size = 0
     for node, why in nodes.items():
         if any(v is not None and v.name in stream for v in [*node.inputs, *node.outputs]):
             continue
@@ -283,8 +286,12 @@ def _weights_of_nodes_kept_for_tensors(
                 or weight.name in plan.keep_fp32
             ):
                 continue
-            found.setdefault(weight.name, f"a weight of {node.op_type} '{node_label(node)}' ({why})")
-    return found
+            if weight.name not in found:
+                found[weight.name] = f"a weight of {node.op_type} '{node_label(node)}' ({why})"
+                size += tensor.nbytes
+    # Under 1 % of the weights they cannot change the file's size: not worth measuring (a run of the model).
+    total = sum(c.tensor.nbytes for c in constant_tensors(model) if c.tensor.dtype == ir.DataType.FLOAT)
+    return found if size >= STORE_LOW_MIN_SHARE * total else {}
 
 
 def _recurrent_weights(model: ir.Model) -> dict[str, str]:
