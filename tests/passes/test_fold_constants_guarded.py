@@ -123,3 +123,27 @@ def test_a_shared_weight_is_not_copied(save_proto, tmp_path):
     model = load_model(source)
     FoldConstantsGuardedPass(max_growth=1 << 20)(model)
     assert _ops(model) == ["MatMul"] * 3 and _stored_bytes(model) == 2 * 256 * 256 * 4
+
+
+def test_a_weight_stored_fp16_and_widened_where_read_in_fp32_stays_so(save_proto, tmp_path):
+    # fp16's weights of nodes computing in fp32: Cast(fp16 weight) -> fp32. Folded, each would store the weight
+    # fp32 again (+1 KB here, well within the 4 KB limit, yet the file only grows): it stays a Cast.
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "widened",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256])],
+        [numpy_helper.from_array(rng.standard_normal(256).astype(np.float16), "w16")],
+    )
+    source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = load_model(source)
+    fold = FoldConstantsGuardedPass()(model)
+    assert _ops(model) == ["Cast", "Mul"] and _stored_bytes(model) == 512
+    [refused] = fold.refused
+    assert "(FLOAT16 -> FLOAT); it stays a Cast" in refused.reason
+    assert_pass_preserves_outputs(source, model, tmp_path, atol=0, rtol=0)

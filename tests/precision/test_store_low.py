@@ -19,6 +19,7 @@ from onnxsmith.precision.plan import KEPT_FOR_TENSORS, STORE_LOW_BUDGET, Setting
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.transforms.fp16 import Options
+from onnxsmith.transforms.shrink import Shrink
 from tests.support.check import assert_pass_preserves_outputs
 
 F16 = ir.DataType.FLOAT16
@@ -87,6 +88,13 @@ def test_squeeze_excite_weights_are_stored_fp16_and_computed_fp32(save_proto, tm
     # Every weight in fp16: the file is half the source's, and computes what the source does.
     assert out.stat().st_size <= 0.51 * source.stat().st_size
     assert_pass_preserves_outputs(source, out, tmp_path, feeds=feeds, atol=2e-2, rtol=2e-2)
+    # shrink folds nothing back: Cast(fp16 weight) folded would store the weight fp32 again.
+    shrunk = tmp_path / "shrunk.onnx"
+    produce_variant(out, shrunk, [("shrink", Shrink.Options())], feeds=feeds)
+    shrunk_model = load_model(shrunk)
+    infer_types(shrunk_model)
+    assert _widened(shrunk_model, "se1") == (F32, F16)
+    assert shrunk.stat().st_size <= out.stat().st_size
     # Without the cost rule the same nodes compute in fp16: the fp32 arithmetic is what the Cast buys.
     plain = tmp_path / "plain.onnx"
     produce_variant(source, plain, [("fp16", Options(small_fp32=False))], feeds=feeds)

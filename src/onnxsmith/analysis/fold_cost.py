@@ -11,7 +11,9 @@ stay shared because the same rule sees all of these as bytes added to the file.
 
 :func:`fold_cost` measures a fold (what it would store, what it frees, what it reads);
 :func:`fold_refusal` is the rule: a fold may add at most ``limit`` bytes (what it
-stores, less the constants only the replaced nodes read). The default limit,
+stores, less the constants only the replaced nodes read), and a weight stored narrow and
+widened by a Cast where it is read (fp16's weights of nodes computing in fp32) stays so
+whatever the limit: the precision engine chose that storage. The default limit,
 :data:`SMALL_FOLD`, lets shape vectors, scalars and small tables fold; a caller asked for
 more (``shrink --max-fold-growth``) passes more. A table made from shapes and scalars
 alone (:attr:`FoldCost.generated`: RoPE angles, masks, position ids) may have a limit of
@@ -27,6 +29,8 @@ import onnx_ir as ir
 
 #: A fold may add this many bytes by default: shape vectors, scalars, small index tables.
 SMALL_FOLD = 4096
+#: How :func:`fold_refusal` begins when the fold would widen a weight stored narrow.
+WIDENED_REFUSAL = "it would store a weight stored narrow widened"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class FoldCost:
     stored: int  # what the folded constant(s) would store
     freed: int  # constants read only by the nodes the fold removes
     read: int  # every constant the removed nodes read (freed or still read elsewhere)
+    #: a weight stored narrow that a removed Cast widens ("FLOAT16 -> FLOAT"), "" if none
+    widened: str = ""
 
     @property
     def growth(self) -> int:
@@ -64,8 +70,10 @@ def fold_cost(replaced: Iterable[ir.Value], stored: int) -> FoldCost:
         dead.add(node)
         pending.extend(v.producer() for v in node.inputs if v is not None and v.producer() is not None)
     read = freed = 0
+    widened = ""
     seen: set[ir.Value] = set()
     for node in dead:
+        widened = widened or _widening(node)
         for value in node.inputs:
             if value is None or value in seen:
                 continue
@@ -80,7 +88,7 @@ def fold_cost(replaced: Iterable[ir.Value], stored: int) -> FoldCost:
                     freed += nbytes
             elif producer in dead:  # a Constant node that dies
                 freed += nbytes
-    return FoldCost(stored=stored, freed=freed, read=read)
+    return FoldCost(stored=stored, freed=freed, read=read, widened=widened)
 
 
 def fold_refusal(cost: FoldCost, limit: int = SMALL_FOLD, *, generated_limit: int | None = None) -> str | None:
@@ -89,6 +97,8 @@ def fold_refusal(cost: FoldCost, limit: int = SMALL_FOLD, *, generated_limit: in
     ``limit`` applies to every fold; ``generated_limit`` (default: ``limit``) instead to a
     table made from shapes and scalars alone.
     """
+    if cost.widened:  # the precision engine stored it narrow (read through a Cast in fp32): so it stays
+        return f"{WIDENED_REFUSAL} ({cost.widened}); it stays a Cast"
     if cost.generated and generated_limit is not None:
         limit = generated_limit
     if cost.growth <= limit:
@@ -98,6 +108,21 @@ def fold_refusal(cost: FoldCost, limit: int = SMALL_FOLD, *, generated_limit: in
     else:
         why = f"it would store a second copy of constants other nodes read ({cost.stored} bytes)"
     return f"{why}: +{cost.growth} bytes, over the {limit}-byte limit; it stays computed at run time"
+
+
+#: Float types by width: a Cast from a narrower to a wider one widens.
+_FLOAT_WIDTH = {ir.DataType.FLOAT16: 16, ir.DataType.BFLOAT16: 16, ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64}
+
+
+def _widening(node: ir.Node) -> str:
+    """ "FLOAT16 -> FLOAT" when ``node`` is a Cast widening a constant float weight, else ""."""
+    if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return ""
+    source = node.inputs[0]
+    to = ir.DataType(node.attributes.get_int("to", 0))
+    if _constant_bytes(source) is None or source.dtype not in _FLOAT_WIDTH or to not in _FLOAT_WIDTH:
+        return ""
+    return f"{source.dtype.name} -> {to.name}" if _FLOAT_WIDTH[to] > _FLOAT_WIDTH[source.dtype] else ""
 
 
 def _dies(node: ir.Node, replaced: set[ir.Value], dead: set[ir.Node]) -> bool:

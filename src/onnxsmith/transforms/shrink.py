@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxsmith.analysis.fold_cost import WIDENED_REFUSAL
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.options import option
@@ -199,7 +200,9 @@ def _why_not_more(after: ModelSummary, fold: GuardedFoldResult | None, narrow: N
             f"{human_bytes(floats)} of the {human_bytes(stored)} stored are float weights, which shrink keeps "
             "as they are (fp16 or quantize store them smaller)"
         )
-    big = [r for r in fold.refused if r.output_bytes is not None] if fold is not None else []
+    # Not the weights fp16 stores narrow and widens where read in fp32: folded they would only grow the file.
+    refused = fold.refused if fold is not None else []
+    big = [r for r in refused if r.output_bytes is not None and not r.reason.startswith(WIDENED_REFUSAL)]
     if big:
         lines.append(
             f"{len(big)} constant(s) stay computed at run time: folded they would store "
