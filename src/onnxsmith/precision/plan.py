@@ -12,6 +12,10 @@ the ranges measured on it (:mod:`onnxsmith.runtime.ranges`). What they decide:
   underflowing, the stream kept fp32, a fused graph's skip stream) and the nodes that
   compute in fp32 whatever the ranges (the op policy, the cost rule, a fused graph's
   normalisations and per-sample tail), each with its reason.
+* **Weights stored low though read in fp32** (:class:`StoreLow` groups, from :func:`decide`):
+  a recurrent cell's, and those of nodes kept fp32 for their tensors (small, or out of
+  range), widened by a Cast at load; each group kept only if rounding it is measured not to
+  matter (:func:`check_store_low`, the engine measuring).
 
 The rules themselves live in :mod:`onnxsmith.analysis.precision_policy`; :mod:`.apply`
 carries a plan out and :mod:`.report` shows it. What differs between ``fp16`` and ``fuse``
