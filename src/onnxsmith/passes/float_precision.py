@@ -466,15 +466,15 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         return "", "a graph output" if value.is_graph_output() else "read in fp32"
 
     def _widened_only_for_kept_nodes(self, value: ir.Value) -> bool:
-        """Whether every fp32 read of weight ``value`` is a node kept fp32 reading it where it would read the
-        low type if it were converted: stored low and widened by a Cast, nothing else reads it changed (no
-        shape or index arithmetic, no input that takes fp32 only)."""
-        return all(kept for _, _, kept in self._fp32_reads(value))
+        """Whether weight ``value`` may be stored low and widened by a Cast where it is read in fp32: no
+        read of it is exact (shape or index arithmetic, an input that takes fp32 only such as Resize's
+        scales), so its fp32 readers compute from it rounded once, as from any converted weight."""
+        return all(widenable for _, _, widenable in self._fp32_reads(value))
 
     def _fp32_reads(self, value: ir.Value) -> Iterator[tuple[str, str, bool]]:
-        """(node, why, kept) for each node reading weight ``value`` in fp32, through data movement and
-        arithmetic on weights (which follow their readers); ``kept``: a node kept fp32 reading it through
-        an input the conversion would otherwise change."""
+        """(node, why, widenable) for each node reading weight ``value`` in fp32, through data movement
+        and arithmetic on weights (which follow their readers); ``widenable``: what it reads is not
+        computed exactly (sizes, indices, an fp32-only input)."""
         pending, seen = [value], set()
         while pending:
             current = pending.pop(0)
@@ -484,15 +484,15 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                 seen.add(user)
                 label = node_label(user)
                 if label in self._result.kept:
-                    yield label, self._result.kept[label], index in self._slots[user].inputs
+                    yield label, self._result.kept[label], current not in self._exact
                     continue
                 category = self._category.get(user.outputs[0]) if user.outputs else None
                 if category == SHAPE or any(out in self._exact for out in user.outputs):
                     yield label, "shape or index arithmetic", False
-                elif category == CONST:
+                elif category == CONST or (user.op_type in MOVEMENT_OPS and user.domain in ("", "ai.onnx")):
                     pending.extend(out for out in user.outputs if self._orig(out) == F32)
                 else:
-                    yield label, f"{user.op_type} reads it in fp32 (type rules)", False
+                    yield label, f"{user.op_type} reads it in fp32 (type rules)", current not in self._exact
 
     def _insert_casts(self) -> None:
         pending: dict[tuple[ir.Value, ir.DataType], list[tuple[ir.Node, int]]] = {}
