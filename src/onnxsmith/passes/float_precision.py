@@ -122,8 +122,8 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
     why a node must stay fp32 regardless (default: the accumulating reductions).
     ``store_low`` names weights to store in the low type even where they are read in
     fp32 (a recurrent cell's, or a node's kept fp32 for its arithmetic): a Cast widens
-    them as the model loads — where every fp32 read is a kept node's input that would
-    otherwise be converted (never shape or index arithmetic, never an fp32-only input).
+    them as the model loads — where no read of them is exact (shape or index arithmetic,
+    an fp32-only input such as Resize's scales).
     Its result (:class:`PrecisionResult`) says what was done.
     """
 
