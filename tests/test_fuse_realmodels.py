@@ -101,26 +101,26 @@ def _bytes(path) -> int:
     return sum(p.stat().st_size for p in (path, path.with_name(path.name + ".data")) if p.exists())
 
 
+def _fused(tmp_path, name):
+    """(the real model's path, the model, its `fuse` variant) with fuse's defaults, verified on one random input."""
+    source = real_model(name)
+    model = load_model(source)
+    produce_variant(source, tmp_path / f"{name}.onnx", [("fuse", Fuse.Options())], feeds=[random_inputs(model, seed=0)])
+    return source, model, load_model(tmp_path / f"{name}.onnx")
+
+
 def test_minilm_int8_fuses_and_keeps_its_weights_int8(tmp_path):
     """fold_shapes stored every dequantised weight in fp32: 2.39x the source."""
-    source = real_model("minilm_int8")
-    model = load_model(source)
-    feeds = [random_inputs(model, seed=0)]
-    produce_variant(source, tmp_path / "int8.onnx", [("fuse", Fuse.Options())], feeds=feeds)
-    fused = load_model(tmp_path / "int8.onnx")
+    source, _, fused = _fused(tmp_path, "minilm_int8")
     assert op_count(fused, "MultiHeadAttention") == 6 and op_count(fused, "SkipLayerNormalization") == 12
     int8 = [v for v in fused.graph.initializers.values() if v.const_value.dtype == ir.DataType.INT8]
     assert len(int8) == 38  # every weight, the embeddings included
-    assert _bytes(tmp_path / "int8.onnx") <= _bytes(source)
+    assert _bytes(tmp_path / "minilm_int8.onnx") <= _bytes(source)
 
 
 def test_rxnmap_shared_weights_stay_shared(tmp_path):
     """Its blocks share weights (read through an Identity per reuse): fold_shapes stored copies, 1.10x."""
-    source = real_model("rxnmap")
-    model = load_model(source)
-    feeds = [random_inputs(model, seed=0)]
-    produce_variant(source, tmp_path / "rxnmap.onnx", [("fuse", Fuse.Options())], feeds=feeds)
-    fused = load_model(tmp_path / "rxnmap.onnx")
+    source, model, fused = _fused(tmp_path, "rxnmap")
     assert op_count(fused, "MultiHeadAttention") == 15
     big = [v.name for v in fused.graph.initializers.values() if v.const_value.nbytes >= 1 << 20]
     source_big = [v.name for v in model.graph.initializers.values() if v.const_value.nbytes >= 1 << 20]
