@@ -466,7 +466,7 @@ def _schema_keys(table, prefix=()) -> set[tuple[str, ...]]:
     from onnxsmith.release.recipe_schema import Table
 
     keys = set()
-    for node in table.keys:
+    for node in table.nodes:
         keys.add(prefix + (node.name,))
         if isinstance(node, Table):
             keys |= _schema_keys(node, prefix + (node.name,))

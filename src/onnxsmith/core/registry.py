@@ -15,10 +15,12 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Classes by their ``name`` attribute; ``kind`` is what an unknown name is called in errors."""
+    """Classes by their ``name`` attribute. ``kind`` is what an unknown name is called in errors and the
+    recipe key that names one; ``help`` says what such a name stands for (the recipe reference shows it)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, help: str) -> None:
         self.kind = kind
+        self.help = help
         self._classes: dict[str, type[T]] = {}
 
     def register(self, cls: type[T]) -> type[T]:

@@ -131,7 +131,7 @@ class Transform:
 
 
 #: Every transform, by name; filled by importing :mod:`onnxsmith.transforms`.
-TRANSFORMS: Registry[Transform] = Registry("pass")
+TRANSFORMS: Registry[Transform] = Registry("pass", "the transform (fp16, fuse, quantize, shrink, ...)")
 
 
 def register(cls: type[Transform]) -> type[Transform]:

@@ -27,11 +27,12 @@ from typing import Any
 
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import OnnxsmithError
+from onnxsmith.core.registry import Registry
 from onnxsmith.io.files import sha256_file
 from onnxsmith.runtime.inputs import parse_shape_options
 from onnxsmith.runtime.latency import PROVIDERS
-from onnxsmith.tasks import get_task
-from onnxsmith.transforms import get_transform
+from onnxsmith.tasks import TASKS
+from onnxsmith.transforms import TRANSFORMS
 
 KeyPath = tuple  # of str (keys) and int (array indices), as tomllib's result is indexed
 
@@ -76,12 +77,21 @@ class Key:
 
 @dataclass(frozen=True)
 class OptionsFrom:
-    """A table's other keys are the fields of an ``Options`` dataclass chosen by one of its keys' value."""
+    """A table's key that names a registered transform or task (``pass = "fp16"``, ``task = "lm"``); the
+    table's other keys are the fields of that class's ``Options`` dataclass."""
 
-    by: str  # the key naming it ("pass", "task")
-    lookup: Callable[[str], type]  # that name -> its Options dataclass (OnnxsmithError when unknown)
+    registry: Registry  # the key is its kind, documented by its help
+    named: str  # how problems name the options: the table's label, then this with the name for {}
     help: str  # for the docs: whose options these are and where they are listed
-    label: Callable[[str, str], str]  # (the table's label, the name) -> how problems name the options
+
+    @property
+    def key(self) -> Key:
+        kind = self.registry.kind
+        return Key(kind, str, self.registry.help, required=True, needs=f'{kind} = "NAME"')
+
+    def dataclass(self, name: str) -> type:
+        """The Options dataclass of the class ``name`` names (UsageError naming the known ones otherwise)."""
+        return self.registry.create(name).Options
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,11 @@ class Table:
     implied: bool = False  # absent, it is an empty table (its keys' defaults); otherwise None
     #: How problems name (an element of) it: (the enclosing label, the element's index, its values so far).
     label: Callable[[str, int | None, dict], str] | None = None
+
+    @property
+    def nodes(self) -> tuple[Key | Table, ...]:
+        """Its keys and tables, the key naming its options first."""
+        return ((self.options.key,) if self.options is not None else ()) + self.keys
 
 
 @dataclass
@@ -132,7 +147,7 @@ class _Checker:
         """``data`` checked as ``table``: ``label`` names the table in problems (or, when the table has a
         label function, the table around it)."""
         enclosing = label
-        own = {node.name: node for node in table.keys}
+        own = {node.name: node for node in table.nodes}
         values: dict = {}
         if table.label is not None:
             label = table.label(enclosing, index, values)
@@ -146,7 +161,7 @@ class _Checker:
                         if key
                         else f"unknown section or key '{name}' (a recipe has: {known})",
                     )
-        for node in table.keys:
+        for node in table.nodes:
             where = key + (node.name,)
             if node.name not in data:
                 if node.required:
@@ -189,7 +204,7 @@ class _Checker:
         return elements
 
     def unique(self, table: Table, item: dict, values: dict, earlier: list[dict], key: KeyPath, label: str) -> None:
-        for node in table.keys:
+        for node in table.nodes:
             if isinstance(node, Key) and node.unique and any(e[node.name] == values[node.name] for e in earlier):
                 where = key + (node.name,) if node.name in item else key
                 raise SchemaError(where, f"{label} {node.unique.format(values[node.name])}")
@@ -234,13 +249,13 @@ class _Checker:
         return resolved if many else resolved[0]
 
     def options(self, source: OptionsFrom, data: dict, own: dict, key: KeyPath, label: str, values: dict):
-        """The Options dataclass the table's ``by`` key names, built from the table's other keys."""
-        name = values[source.by]
+        """The Options dataclass the table's naming key names, built from the table's other keys."""
+        name = values[source.key.name]
         try:
-            cls = source.lookup(name)
+            cls = source.dataclass(name)
         except OnnxsmithError as err:
-            raise SchemaError(key + (source.by,), f"{label} {err.problem}") from None
-        label = source.label(label, name)
+            raise SchemaError(key + (source.key.name,), f"{label} {err.problem}") from None
+        label = f"{label.rstrip(':')} {source.named.format(name)}:"
         given = {k: v for k, v in data.items() if k not in own}
         for option, value in given.items():  # one at a time first: a problem is reported at its key's line
             try:
@@ -434,20 +449,10 @@ RECIPE = Table(
                     needs='steps = [{ pass = "...", ... }, ...]',
                     label=_step_label,
                     options=OptionsFrom(
-                        "pass",
-                        lambda name: get_transform(name).Options,
+                        TRANSFORMS,
+                        "({})",
                         "the options of the transform `pass` names: the same as its command-line flags "
                         "(`onnxsmith NAME --help`, docs/NAME.md)",
-                        lambda label, name: f"{label[:-1]} ({name}):",
-                    ),
-                    keys=(
-                        Key(
-                            "pass",
-                            str,
-                            "the transform (fp16, fuse, quantize, shrink, ...)",
-                            required=True,
-                            needs='pass = "NAME"',
-                        ),
                     ),
                 ),
                 Key(
@@ -466,20 +471,12 @@ RECIPE = Table(
             "How every variant is judged against the source on real data; a variant that fails a gate is "
             "not published.",
             options=OptionsFrom(
-                "task",
-                lambda name: get_task(name).Options,
+                TASKS,
+                "task {}",
                 "the options of the task `task` names: the same as `onnxsmith validate --task NAME`'s flags "
                 "(`data`, `boxes`, `text`, `shape`, ...)",
-                lambda label, name: f"{label} task {name}:",
             ),
             keys=(
-                Key(
-                    "task",
-                    str,
-                    "faceage, lm, generic: how inputs are made and outputs judged",
-                    required=True,
-                    needs='task = "NAME"',
-                ),
                 Key(
                     "gates",
                     dict[str, float],
@@ -558,7 +555,7 @@ RECIPE = Table(
 def reference(schema: Table = RECIPE) -> str:
     """The key reference of docs/recipe.md, in Markdown."""
     out: list[str] = []
-    for node in schema.keys:
+    for node in schema.nodes:
         _reference_table(node, f"`[[{node.name}]]`" if node.array else f"`[{node.name}]`", out)
     return "\n".join(out).rstrip() + "\n"
 
@@ -570,7 +567,7 @@ def _reference_table(table: Table, heading: str, out: list[str]) -> None:
     out += [f"### {heading} ({presence})", "", table.help, ""]
     out += ["| key | value | default | meaning |", "|---|---|---|---|"]
     nested = []
-    for node in table.keys:
+    for node in table.nodes:
         if isinstance(node, Table):
             nested.append(node)
             what = "array of tables" if node.array else "table"

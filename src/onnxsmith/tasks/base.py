@@ -156,7 +156,7 @@ class Task:
 
 
 #: Every task, by name; filled by importing :mod:`onnxsmith.tasks`.
-TASKS: Registry[Task] = Registry("task")
+TASKS: Registry[Task] = Registry("task", "faceage, lm, generic: how inputs are made and outputs judged")
 
 
 def register_task(cls: type[Task]) -> type[Task]:

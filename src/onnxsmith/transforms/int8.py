@@ -86,12 +86,6 @@ class Options:
     smooth_gain: float = option(
         0.25, "offer smoothing (SmoothQuant) for an input when it cuts its Linears' error by this share"
     )
-    tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
-    convs: bool = option(
-        False,
-        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
-        "ranges: give real inputs (--inputs), random ones give scales real data overflows",
-    )
     sensitivity: bool = option(
         True, "measure the outputs' error and keep fp32 what --error-budget needs (else: all int8)"
     )
@@ -99,6 +93,13 @@ class Options:
         0.1, "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"
     )
     min_cosine: float = option(0.995, "the gate: every output's cosine to the source's at least this")
+    # What goes int8 besides the Linears the search chooses.
+    tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
+    convs: bool = option(
+        False,
+        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
+        "ranges: give real inputs (--inputs), random ones give scales real data overflows",
+    )
 
     def validate(self) -> None:
         if self.error_budget is not None and not self.error_budget > 0:
