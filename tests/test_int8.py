@@ -21,6 +21,7 @@ from onnxsmith.tasks.faceage import FaceAge, FaceAgeOptions
 from onnxsmith.transforms.fuse import Fuse
 from onnxsmith.transforms.int8 import Int8
 from tests.conftest import assert_one_line_error
+from tests.support.check import ops_onnxruntime_runs
 from tests.support.fusion import FACEAGE, op_count
 from tests.support.realmodels import real_model
 from tests.support.release import EXAMPLE
@@ -96,6 +97,11 @@ def test_after_fuse_fp32_attention_stays_fused_with_int8_projections(tmp_path):
     assert op_count(variant, "MultiHeadAttention") == 4
     assert op_count(variant, "MatMulIntegerToFloat") >= 12
     assert result.comparison.passed
+    # What onnxruntime's CPU kernels run slower fused is taken apart (and not fused back when it loads the variant):
+    # the BiasGelus' biases are their int8 Linears' (but the last block's: fp32, one CLS row, fused back by it).
+    assert "8 SkipLayerNormalization -> Sum + LayerNormalization, 4 BiasGelu" in result.reports[-1].notes[-1]
+    ops = ops_onnxruntime_runs(tmp_path / "fused-int8.onnx", tmp_path / "ort-optimized.onnx")
+    assert "SkipLayerNormalization" not in ops and (ops.count("Gelu"), ops.count("BiasGelu")) == (4, 1)
 
 
 def test_without_sensitivity_every_measured_linear_goes_int8(tmp_path):
@@ -136,6 +142,11 @@ def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path
     smoothing_muls = [n for n in load_model(out).graph if n.op_type == "Mul" and n.name.endswith("_smooth_Mul")]
     assert len(smoothing_muls) == len(smoothed)  # one per smoothed input: each FFN input is read by one Linear
     assert report.stats["measured_output_error"] <= report.stats["error_budget"]
+    # onnxruntime fuses every residual Add + LayerNorm of the source into SkipLayerNormalization (slower on CPU);
+    # the variant's Adds before a LayerNorm are Sums it leaves alone.
+    assert ops_onnxruntime_runs(source, tmp_path / "source-ort.onnx").count("SkipLayerNormalization") == 7
+    ops = ops_onnxruntime_runs(out, tmp_path / "variant-ort.onnx")
+    assert "SkipLayerNormalization" not in ops and ops.count("LayerNormalization") == 7
     del model
 
 

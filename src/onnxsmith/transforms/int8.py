@@ -7,7 +7,9 @@ Every big table read only by Gathers (token and position embeddings) is a candid
 storage per row (passes/quantize_tables.py). Every Conv by a constant weight (not grouped:
 depthwise int8 measured no faster) is a candidate for QDQ that onnxruntime runs as QLinearConv,
 activation scales from the ranges measured on the calibration inputs (passes/quantize_convs.py).
-The choice is made from measurements on the
+Fused ops onnxruntime's CPU kernels run slower than their parts (SkipLayerNormalization, BiasGelu)
+are taken apart first, and an Add before a LayerNorm is written so that onnxruntime does not fuse it
+back at load time (passes/cpu_unfuse.py). The choice is made from measurements on the
 calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never from op types:
 
 1. **Cost**: a Linear that multiplies one vector per sample (a CLS readout, a classifier
@@ -40,6 +42,7 @@ from onnxsmith.analysis.int8_policy import Selection, roles, search
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.passes.quantize_linears import (
     Linear,
@@ -234,6 +237,11 @@ class Int8(Transform):
             context.model_is_source = False
         if options.convs and batchnorm_rules.apply_to_model(model):
             context.model_is_source = False  # measure the folded Convs that are quantized
+        # What onnxruntime's CPU kernels run slower fused (or would fuse at load time) is taken apart first: the
+        # Linears int8 finds then include the biases those ops held.
+        unfused = CpuUnfusePass()(model)
+        if unfused.modified:
+            context.model_is_source = False
         linears = find_linears(model)
         tables = {t.name: t for t in find_tables(model)} if options.tables else {}
         found_convs = find_convs(model)
@@ -301,6 +309,8 @@ class Int8(Transform):
         QuantizeConvsPass({name: conv_plans[name] for name in chosen_convs})(model)
         RemoveUnusedNodesPass()(model)
         _report(report, list(decisions.values()), tables, chosen_tables, list(conv_decisions.values()), budget)
+        if unfused.modified:
+            report.notes.append(unfused.note())
         if found_convs and not options.convs:
             report.notes[0] += (
                 f"; {len(found_convs)} Convs fp32 (--convs: QLinearConv with activation scales from the calibration "
