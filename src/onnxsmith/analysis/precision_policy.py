@@ -200,6 +200,8 @@ def unsafe_constant(tensor: ir.TensorProtocol, limits: Limits) -> str | None:
         if limits.min_normal is None:
             return None
         sample = flat if flat.size <= _SAMPLE_ABOVE else flat[:: flat.size // _SAMPLE_ABOVE]
+        if _rounding_bound_holds(sample, limits.min_normal):
+            return None
         error = rounding_error(sample)
         if error > CONSTANT_ROUNDING:
             return (
@@ -210,6 +212,21 @@ def unsafe_constant(tensor: ir.TensorProtocol, limits: Limits) -> str | None:
     finally:
         del array
         _release(tensor)
+
+
+def _rounding_bound_holds(values: np.ndarray, min_normal: float) -> bool:
+    """Whether ||fp16(values) - values|| / ||values|| <= CONSTANT_ROUNDING follows from the RMS alone.
+
+    fp16 rounds a normal value within u = 2^-11 of it and a smaller one within min_normal * u, so
+    ||Δ||^2 <= u^2 ||w||^2 + n (min_normal u)^2: the bound holds when the mean square is at least
+    (min_normal u)^2 / (CONSTANT_ROUNDING^2 - u^2), about (1e-6)^2. One dot product instead of
+    rounding a copy, for nearly every weight of a model (the ViT-L's 1.2 GB in a fraction of the time).
+    """
+    u = 2.0**-11
+    floor = (min_normal * u) ** 2 / (CONSTANT_ROUNDING**2 - u**2)
+    values = values.astype(np.float32, copy=False)
+    mean_square = float(np.dot(values, values)) / values.size
+    return bool(np.isfinite(mean_square)) and mean_square >= floor
 
 
 def rounding_error(values: np.ndarray) -> float:
