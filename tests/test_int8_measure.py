@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxsmith.io.load import load_model
-from onnxsmith.passes.quantize_linears import find_linears, smoothing_factors
+from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
 from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.runtime.int8_measure import SensitivityProbe, measure_inputs, unsmoothed_name
 from tests.support.fusion import FACEAGE
@@ -19,11 +19,11 @@ def test_a_smoothed_linears_unsmoothed_form_is_measured_in_the_same_probe():
     linears = [linear for linear in find_linears(model) if min(linear.kn()) >= 16]
     stats = measure_inputs(source, feeds)
     smoothed = {
-        linear.name: smoothing_factors(stats[linear.name].channel_absmax, [linear.weight_array()], 0.75)
+        linear.name: LinearPlan(smoothing_factors(stats[linear.name].channel_absmax, [linear.weight_array()], 0.75))
         for linear in linears
     }
     names = set(smoothed)
-    plain = SensitivityProbe(source, feeds, dict.fromkeys(names))
+    plain = SensitivityProbe(source, feeds, dict.fromkeys(names, LinearPlan()))
     both = SensitivityProbe(source, feeds, smoothed, unsmoothed=names)
     try:
         unsmoothed_error = plain.error(names)

@@ -17,6 +17,14 @@ shared by the Linears that read the same input with the same ``s``; where the in
 LayerNormalization's (or SkipLayerNormalization's) output that nothing else reads, the
 division is folded into its scale and bias instead, and no Mul remains (pre-LN blocks).
 
+An input channel with outliers far above every other channel's (a token-specific activation: a
+BERT's FFN unit that fires ~20 on CLS/SEP only) sets the per-tensor activation scale for all of
+them. Such channels can be kept *out* of the int8 product: the Mul zeroes them (its factor is 0
+there, folded into a LayerNorm like smoothing where it can be), their weight rows are zero in the
+int8 weight, and ``Gather(x, channels, axis=-1) @ W[channels]`` adds them back in fp32 (a [rows, k]
+by [k, N] product beside the int8 GEMM; LLM.int8()'s decomposition with the channels fixed from
+measured ranges).
+
 The pass only rewrites what its plan names (node -> :class:`LinearPlan`); which Linears go
 int8, and with what smoothing, is decided from measurements elsewhere. It never runs a model.
 A weight read by several planned Linears with the same smoothing is quantized once and shared.
@@ -135,24 +143,80 @@ def smoothing_factors(channel_absmax: np.ndarray, weights: list[np.ndarray], alp
     return np.clip(s, 1e-4, 1e4).astype(np.float32)
 
 
+#: At most this many outlier channels are kept out of an int8 product.
+MAX_OUTLIERS = 8
+#: ... and only if the rest's range is this many times smaller than the input's.
+OUTLIER_GAIN = 4.0
+
+
+def outlier_channels(channel_absmax: np.ndarray) -> tuple[int, ...]:
+    """The fewest input channels (largest first, at most MAX_OUTLIERS) whose removal brings the per-tensor range
+    within 2x of what removing MAX_OUTLIERS would: () unless that shrinks the range OUTLIER_GAIN times."""
+    x = np.asarray(channel_absmax, dtype=np.float64)
+    if x.size <= 2 * MAX_OUTLIERS:
+        return ()
+    order = np.argsort(-x, kind="stable")
+    peaks = x[order]
+    floor = peaks[MAX_OUTLIERS]
+    k = next(k for k in range(1, MAX_OUTLIERS + 1) if peaks[k] <= 2.0 * floor)
+    if not peaks[0] >= OUTLIER_GAIN * peaks[k]:
+        return ()
+    return tuple(sorted(int(c) for c in order[:k]))
+
+
 @dataclass(frozen=True)
 class LinearPlan:
-    """How one Linear goes int8: smoothing factors per input channel, or none."""
+    """How one Linear goes int8: smoothing factors per input channel (or none), and the input channels kept
+    out of the int8 product and multiplied in fp32 beside it (outliers; none by default)."""
 
     smoothing: np.ndarray | None = None
+    outliers: tuple[int, ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """Neither smoothing nor outliers: the input is quantized as it is."""
+        return self.smoothing is None and not self.outliers
+
+    def key(self) -> tuple:
+        """What makes two plans prepare an input (and its weights) the same way."""
+        return (None if self.smoothing is None else self.smoothing.tobytes(), self.outliers)
+
+    def input_factor(self, k: int) -> np.ndarray | None:
+        """The Mul's factor per input channel (1/s, 0 for an outlier channel), or None when nothing is done."""
+        if self.plain:
+            return None
+        factor = np.ones(k, np.float32) if self.smoothing is None else (1.0 / self.smoothing).astype(np.float32)
+        factor[list(self.outliers)] = 0.0
+        return factor
+
+    def int8_weight(self, w: np.ndarray) -> np.ndarray:
+        """The [K, N] weight the int8 product multiplies: rows times s, outlier rows zero."""
+        if self.smoothing is not None:
+            w = w * self.smoothing[:, None]
+        if self.outliers:
+            w = w.copy()
+            w[list(self.outliers)] = 0.0
+        return w
 
 
 @dataclass
 class Int8Nodes:
     """The nodes computing one Linear in int8: ``prepare`` (smoothing Mul, DynamicQuantizeLinear; they
-    read only the input and may already have been made for another Linear: then empty) and ``matmul``."""
+    read only the input and may already have been made for another Linear: then empty), ``matmul`` and
+    ``outliers`` (the outlier channels' fp32 product added to it; empty without outliers)."""
 
     prepare: list[ir.Node]
     matmul: ir.Node
+    outliers: list[ir.Node] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[ir.Node]:
+        """What computes the Linear's output from the prepared input, in order."""
+        return [self.matmul, *self.outliers]
 
     @property
     def output(self) -> ir.Value:
-        return self.matmul.outputs[0]
+        return self.nodes[-1].outputs[0]
 
 
 @dataclass
@@ -163,15 +227,16 @@ class Int8Builder(qz.NodeMaker):
     _inputs: dict = field(default_factory=dict)
     smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
 
-    def linear(self, linear: Linear, smoothing: np.ndarray | None) -> Int8Nodes:
+    def linear(self, linear: Linear, plan: LinearPlan) -> Int8Nodes:
         prepare: list[ir.Node] = []
-        key = (linear.input, None if smoothing is None else smoothing.tobytes())
+        key = (linear.input, plan.key())
         quantized = self._inputs.get(key)
         if quantized is None:
             x = linear.input
             label = x.name or linear.name
-            if smoothing is not None:
-                inverse = self._add(f"{label}_smooth", (1.0 / smoothing).astype(np.float32))
+            factor = plan.input_factor(linear.kn()[0])
+            if factor is not None:
+                inverse = self._add(f"{label}_smooth", factor)
                 mul = ir.node("Mul", [x, inverse], name=self.names(f"{label}_smooth_Mul"))
                 qz.typed(mul.outputs[0], self.names(f"{label}_smoothed"), ir.DataType.FLOAT, x.shape)
                 prepare.append(mul)
@@ -187,13 +252,10 @@ class Int8Builder(qz.NodeMaker):
                 qz.typed(out, self.names(f"{label}_{suffix}"), dtype, shape)
             prepare.append(dql)
             quantized = self._inputs[key] = dql.outputs
-        w_key = (linear.weight, key[1])
+        w_key = (linear.weight, plan.key())
         stored = self._weights.get(w_key)
         if stored is None:
-            w = linear.weight_array()
-            if smoothing is not None:
-                w = w * smoothing[:, None]
-            p = qz.quantize_per_channel_int8(w, axis=1)
+            p = qz.quantize_per_channel_int8(plan.int8_weight(linear.weight_array()), axis=1)
             stored = self._weights[w_key] = (
                 self._add(f"{linear.weight.name}_int8", p.q),
                 self._add(f"{linear.weight.name}_scale", p.scale.astype(np.float32)),
@@ -209,7 +271,24 @@ class Int8Builder(qz.NodeMaker):
             inputs.pop()
         matmul = ir.node("MatMulIntegerToFloat", inputs, domain=MS_DOMAIN, name=self.names(f"{linear.name}_int8"))
         qz.typed(matmul.outputs[0], self.names(f"{linear.output.name}_int8"), ir.DataType.FLOAT, linear.output.shape)
-        return Int8Nodes(prepare, matmul)
+        return Int8Nodes(prepare, matmul, self._outliers(linear, plan, matmul.outputs[0]))
+
+    def _outliers(self, linear: Linear, plan: LinearPlan, product: ir.Value) -> list[ir.Node]:
+        """``product + Gather(x, outliers, axis=-1) @ W[outliers]`` (fp32), or nothing without outliers."""
+        if not plan.outliers:
+            return []
+        label = linear.name
+        channels = self._add(f"{label}_outlier_channels", np.array(plan.outliers, dtype=np.int64))
+        rows = self._add(f"{linear.weight.name}_outlier_rows", linear.weight_array()[list(plan.outliers)])
+        gather = ir.node("Gather", [linear.input, channels], {"axis": -1}, name=self.names(f"{label}_outliers"))
+        qz.typed(gather.outputs[0], self.names(f"{label}_outlier_inputs"), ir.DataType.FLOAT, None)
+        matmul = ir.node("MatMul", [gather.outputs[0], rows], name=self.names(f"{label}_outliers_MatMul"))
+        qz.typed(matmul.outputs[0], self.names(f"{label}_outlier_product"), ir.DataType.FLOAT, None)
+        add = ir.node("Add", [product, matmul.outputs[0]], name=self.names(f"{label}_outliers_Add"))
+        qz.typed(
+            add.outputs[0], self.names(f"{linear.output.name}_int8_outliers"), ir.DataType.FLOAT, linear.output.shape
+        )
+        return [gather, matmul, add]
 
 
 class QuantizeLinearsResult(qz.QuantizedResult):
@@ -231,10 +310,10 @@ class QuantizeLinearsPass(ir.passes.InPlacePass):
             plan = self.plan.get(linear.name)
             if plan is None:
                 continue
-            made = build.linear(linear, plan.smoothing)
+            made = build.linear(linear, plan)
             if made.prepare:
                 insert_after_producer(graph, linear.input, made.prepare)
-            graph.insert_before(linear.node, made.matmul)
+            graph.insert_before(linear.node, made.nodes)
             name = linear.output.name
             linear.output.replace_all_uses_with(made.output, replace_graph_outputs=True)
             for old in (linear.bias_add, linear.node):

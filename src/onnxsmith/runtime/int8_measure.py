@@ -31,7 +31,7 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
 from onnxsmith.passes.quantize_convs import ConvBuilder, ConvPlan, find_convs
-from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, find_linears
+from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, LinearPlan, find_linears
 from onnxsmith.passes.quantize_tables import TableBuilder, find_tables
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
@@ -175,9 +175,9 @@ def measure_ranges(
 def measure_layer_errors(
     model_path: str | os.PathLike,
     feeds_list: list[dict[str, np.ndarray]],
-    forms: dict[str, dict[float | None, np.ndarray | None]],
-) -> dict[str, dict[float | None, float]]:
-    """Per Linear (by name) in ``forms``: its int8 error for each form (label -> smoothing factors or None)."""
+    forms: dict[str, dict[object, LinearPlan]],
+) -> dict[str, dict[object, float]]:
+    """Per Linear (by name) in ``forms``: its int8 error for each form (label -> :class:`LinearPlan`)."""
     model = _load(model_path)
     build = _Builder(model)
     graph = model.graph
@@ -200,11 +200,11 @@ def measure_layer_errors(
         )
         energy = build.node(block, "Add", [energy, floor])
         wanted[linear.name] = {}
-        for label, smoothing in forms[linear.name].items():
-            made = int8.linear(linear, smoothing)
+        for label, plan in forms[linear.name].items():
+            made = int8.linear(linear, plan)
             if made.prepare:
                 build.place_after(linear.input, made.prepare)
-            block.append(made.matmul)
+            block.extend(made.nodes)
             y_int8 = build.matrix(block, made.output, n)
             delta = build.reduce(block, "ReduceSumSquare", build.node(block, "Sub", [y_int8, y]), [0])
             error = build.node(block, "ReduceMean", [build.node(block, "Div", [delta, energy])], {"keepdims": 0})
@@ -255,7 +255,7 @@ def unsmoothed_name(linear: str) -> str:
 class SensitivityProbe:
     """One session where each candidate's int8 form is switched on or off by a boolean input.
 
-    Candidates: Linears (name -> smoothing factors or None), tables (initializer names) and
+    Candidates: Linears (name -> :class:`LinearPlan`), tables (initializer names) and
     Convs (name -> :class:`ConvPlan`). A smoothed Linear named in ``unsmoothed`` also has its
     unsmoothed int8 form, switched on as ``unsmoothed_name(name)`` (it wins over the smoothed one):
     what dropping its smoothing costs is measured in the same session.
@@ -264,7 +264,7 @@ class SensitivityProbe:
 
     model_path: str | os.PathLike
     feeds_list: list[dict[str, np.ndarray]]
-    linears: dict[str, np.ndarray | None]
+    linears: dict[str, LinearPlan]
     tables: set[str] = field(default_factory=set)
     convs: dict[str, ConvPlan] = field(default_factory=dict)
     unsmoothed: set[str] = field(default_factory=set)
@@ -279,18 +279,18 @@ class SensitivityProbe:
         for linear in find_linears(model):
             if linear.name not in self.linears:
                 continue
-            smoothing = self.linears[linear.name]
+            plan = self.linears[linear.name]
             forms = (
-                [(unsmoothed_name(linear.name), None)]
-                if smoothing is not None and linear.name in self.unsmoothed
+                [(unsmoothed_name(linear.name), LinearPlan())]
+                if not plan.plain and linear.name in self.unsmoothed
                 else []
             )
             # the first switch made is the outermost Where: the unsmoothed form wins when both are on
-            for switch, form in [*forms, (linear.name, smoothing)]:
+            for switch, form in [*forms, (linear.name, plan)]:
                 made = int8.linear(linear, form)
                 if made.prepare:
                     build.place_after(linear.input, made.prepare)
-                self._switch(build, switch, linear.output, [made.matmul])
+                self._switch(build, switch, linear.output, made.nodes)
         int8_convs = ConvBuilder(graph, build.names, build.opset)
         for conv in find_convs(model):
             if conv.name in self.convs:

@@ -50,6 +50,7 @@ from onnxsmith.passes.quantize_linears import (
     QuantizeLinearsPass,
     by_input,
     find_linears,
+    outlier_channels,
     smoothing_factors,
     smoothing_folds,
 )
@@ -66,6 +67,8 @@ from onnxsmith.runtime.int8_measure import (
 
 #: Smoothing strengths tried per input.
 ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
+#: The form label of an input's outlier channels kept out of the int8 product (passes/quantize_linears.py).
+OUTLIERS = "outliers"
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
 KERNEL_SPEEDUP = 4.0
 #: The default error budget's share of the relative output error the cosine gate allows.
@@ -131,9 +134,12 @@ class Decision:
     rows: int  # vectors multiplied per run on the calibration input
     outlier_ratio: float  # max / median of the input's per-channel max |x|
     role: str = ""
-    errors: dict = field(default_factory=dict)  # alpha (None: unsmoothed) -> measured per-layer error
-    offered: float | None = None  # the smoothing alpha offered, if any
-    alpha: float | None = None  # the smoothing used
+    # form (a smoothing alpha, OUTLIERS, None: plain) -> measured per-layer error
+    errors: dict = field(default_factory=dict)
+    offered: float | str | None = None  # the form offered (it cuts the input's error most, by the gain), if any
+    offered_smoothing: float | None = None  # the smoothing alpha offered (what folds into a LayerNorm), if any
+    form: float | str | None = None  # the form used: a smoothing alpha, OUTLIERS, or None (plain)
+    outliers: tuple[int, ...] = ()  # the input channels the OUTLIERS form keeps in fp32
     piece: str = ""  # the end-to-end measurement that decided it
     piece_error: float | None = None
     int8: bool = False
@@ -152,11 +158,20 @@ class Decision:
             "rows": self.rows,
             "input outlier ratio": round(self.outlier_ratio, 1),
             "layer error": "-" if plain is None else f"{plain:.4f}",
-            "smoothing": "-" if self.alpha is None else f"alpha {self.alpha:g} ({self.errors[self.alpha]:.4f})",
+            "smoothing": _form_text(self.form, self.outliers, self.errors),
             "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
             "int8": "yes" if self.int8 else "no",
             "why": self.reason,
         }
+
+
+def _form_text(form, outliers: tuple[int, ...], errors: dict) -> str:
+    if form is None:
+        return "-"
+    error = f" ({errors[form]:.4f})" if form in errors else ""
+    if form == OUTLIERS:
+        return f"channel(s) {', '.join(map(str, outliers))} fp32 beside it{error}"
+    return f"alpha {form:g}{error}"
 
 
 @dataclass
@@ -206,13 +221,14 @@ class ConvDecision:
 @dataclass(frozen=True)
 class SearchSpace:
     """What the end-to-end search chooses from, as measured on the model at ``path``: the candidate
-    Linears (with their smoothing factors per alpha), tables and Convs, and every decision so far."""
+    Linears (with their int8 forms: smoothed per alpha, outliers apart), tables and Convs, and every decision
+    so far."""
 
     path: Path
     candidates: list[Linear]
     tables: dict[str, Table]
     conv_plans: dict[str, ConvPlan]
-    smoothing: dict[str, dict]
+    forms: dict[str, dict]  # Linear -> form label -> LinearPlan
     decisions: dict[str, Decision]
     conv_decisions: dict[str, ConvDecision]
 
@@ -279,7 +295,7 @@ class Int8(Transform):
                 elif s.rows <= batch:
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
             candidates = [linear for linear in linears if not decisions[linear.name].reason]
-            smoothing = _offer_smoothing(path, context, candidates, stats, decisions, options.smooth_gain)
+            forms = _offer_forms(path, context, candidates, stats, decisions, options.smooth_gain)
             conv_decisions = _measure_convs(path, context, convs, model.opset_imports.get("", 1))
             for d in conv_decisions.values():
                 d.role = role[d.name]
@@ -289,16 +305,16 @@ class Int8(Transform):
                 chosen_tables, chosen_convs = set(tables), set(conv_plans)
                 for name in chosen_convs:
                     conv_decisions[name].reason = "no end-to-end search"
-                alphas = {}
+                used = {}
             else:
-                space = SearchSpace(path, candidates, tables, conv_plans, smoothing, decisions, conv_decisions)
-                chosen, chosen_tables, chosen_convs, alphas = self._search(space, context, budget, options, report)
+                space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions)
+                chosen, chosen_tables, chosen_convs, used = self._search(space, context, budget, options, report)
         plan = {}
         for name in chosen:
             d = decisions[name]
             d.int8 = True
-            d.alpha = alphas.get(name)
-            plan[name] = LinearPlan(smoothing[name][d.alpha] if d.alpha is not None else None)
+            d.form = used.get(name)
+            plan[name] = forms[name][d.form] if d.form is not None else LinearPlan()
         for name in chosen_convs:
             conv_decisions[name].int8 = True
         context.progress(
@@ -334,18 +350,20 @@ class Int8(Transform):
         return chosen
 
     def _search(self, space: SearchSpace, context, budget, options, report):
-        """(Linears int8, tables int8, Convs int8, smoothing alpha per smoothed Linear) from end-to-end measurements."""
+        """(Linears int8, tables int8, Convs int8, form per Linear not plain) from end-to-end measurements."""
         path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
-        smoothing, decisions, conv_decisions = space.smoothing, space.decisions, space.conv_decisions
-        offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}
-        # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered.
-        free = {n: offered[n] for n in _folding(candidates) if n in offered}
+        forms, decisions, conv_decisions = space.forms, space.decisions, space.conv_decisions
+        # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered. The other
+        # forms offered (smoothing elsewhere, outlier channels apart: a Mul, and a Gather and MatMul) if need be.
+        folding = _folding(candidates)
+        free = {n: a for n in folding if (a := decisions[n].offered_smoothing) is not None}
+        offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}  # includes the free ones
         names = [linear.name for linear in candidates]
         every = set(names) | set(tables) | set(conv_plans)
 
-        def open_probe(alphas: dict) -> SensitivityProbe:
-            forms = {n: (smoothing[n][alphas[n]] if n in alphas else None) for n in names}
-            return SensitivityProbe(path, context.feeds, forms, set(tables), conv_plans)
+        def open_probe(used: dict) -> SensitivityProbe:
+            plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in names}
+            return SensitivityProbe(path, context.feeds, plans, set(tables), conv_plans)
 
         context.progress(
             f"int8: a probe with {len(names)} switchable Linears, {len(tables)} tables and {len(conv_plans)} Convs"
@@ -353,11 +371,12 @@ class Int8(Transform):
         probe = open_probe(free)
         runs = 0  # of the probes closed before the search's
         try:
-            alphas: dict[str, float] = dict(free)
+            used: dict[str, float | str] = dict(free)
             everything = None
             if free:
                 report.notes.append(f"smoothing folded into LayerNorms (no run-time cost) for {len(free)} Linears")
-            if len(offered) > len(free):
+            costly = [n for n in offered if offered[n] != free.get(n)]
+            if costly:
                 plain = everything = probe.error(every)
                 if plain > budget:
                     # Smoothing that costs a Mul, where it was offered: measured in a second probe, kept if it helps.
@@ -366,11 +385,11 @@ class Int8(Transform):
                     probe = open_probe(offered)
                     smoothed = probe.error(every)
                     report.notes.append(
-                        f"smoothing offered for {len(offered) - len(free)} more Linears (a Mul each input): "
+                        f"smoothing or outliers apart offered for {len(costly)} more Linears (a Mul each input): "
                         f"everything int8 {plain:.2e} without, {smoothed:.2e} with it"
                     )
                     if smoothed < plain:
-                        alphas, everything = dict(offered), smoothed
+                        used, everything = dict(offered), smoothed
                     else:
                         probe.close()
                         runs += probe.runs
@@ -404,21 +423,21 @@ class Int8(Transform):
             runs += probe.runs
         _explain(selection, {**decisions, **{n: conv_decisions[n] for n in conv_plans}}, budget)
         chosen = selection.chosen
-        alphas = {n: a for n, a in alphas.items() if n in chosen}
+        used = {n: a for n, a in used.items() if n in chosen}
         measured, steps = selection.measured, list(selection.steps)
-        if alphas and runs < options.max_runs:
-            forms = {n: (smoothing[n][alphas[n]] if n in alphas else None) for n in chosen & set(names)}
+        if used and runs < options.max_runs:
+            plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen & set(names)}
             probe = SensitivityProbe(
                 path,
                 context.feeds,
-                forms,
+                plans,
                 chosen & set(tables),
                 {n: conv_plans[n] for n in chosen & set(conv_plans)},
-                unsmoothed=set(alphas),
+                unsmoothed=set(used),
             )
             try:
                 dropped, measured = _drop_smoothing(
-                    probe, context, candidates, chosen, alphas, decisions, budget, options.max_runs - runs, measured
+                    probe, context, candidates, chosen, used, decisions, budget, options.max_runs - runs, measured
                 )
             finally:
                 probe.close()
@@ -426,14 +445,14 @@ class Int8(Transform):
             for label, n_names, error in dropped:
                 steps.append(f"smoothing of {label} dropped: {error:.2e}")
                 for n in n_names:
-                    del alphas[n]
+                    del used[n]
         report.notes.append(
             f"end to end on the calibration inputs: relative output error {measured:.2e} "
             f"(budget {budget:g}; {runs} run(s): {'; '.join(steps)})"
         )
         report.stats["measured_output_error"] = measured
         report.stats["end_to_end_runs"] = runs
-        return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), alphas
+        return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used
 
 
 def _folding(candidates) -> set[str]:
@@ -446,15 +465,16 @@ def _folding(candidates) -> set[str]:
     }
 
 
-def _drop_smoothing(probe, context, candidates, chosen, alphas, decisions, budget, runs_left, measured):
+def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget, runs_left, measured):
     """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
     dropped where the outputs stay within ``budget`` without it, the least helpful first: one measured run per
     role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
     for each drop, the final measured error)."""
     units: dict[tuple, list] = {}
     for x, readers in by_input(candidates).items():
-        smoothed = [r for r in readers if r.name in alphas]
-        if not smoothed or smoothing_folds(x, [r.node for r in readers if r.name in chosen]):
+        smoothed = [r for r in readers if r.name in used]
+        apart = any(used[r.name] == OUTLIERS for r in smoothed)  # the Gather reads the input: no fold
+        if not smoothed or (not apart and smoothing_folds(x, [r.node for r in readers if r.name in chosen])):
             continue
         key = tuple(sorted({decisions[r.name].role.split(" #")[0] for r in smoothed}))
         units.setdefault(key, []).extend(smoothed)
@@ -463,7 +483,7 @@ def _drop_smoothing(probe, context, candidates, chosen, alphas, decisions, budge
         shares = []
         for r in linears:
             errors = decisions[r.name].errors
-            plain, smooth = errors.get(None), errors.get(alphas[r.name])
+            plain, smooth = errors.get(None), errors.get(used[r.name])
             shares.append(smooth / plain if plain and smooth is not None else 0.0)
         return float(np.mean(shares))
 
@@ -507,30 +527,43 @@ def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, Co
     return decisions
 
 
-def _offer_smoothing(path, context, candidates, stats, decisions, gain: float) -> dict:
-    """Per candidate: alpha -> its input's smoothing factors; measures the per-layer errors and sets
-    ``Decision.errors`` and ``.offered`` (the alpha that cuts the input's Linears' error by ``gain``)."""
+def _offer_forms(path, context, candidates, stats, decisions, gain: float) -> dict:
+    """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
+    outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
+    ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
+    ``.offered_smoothing`` (the same among the smoothing alphas)."""
     forms: dict[str, dict] = {}
-    smoothing: dict[str, dict] = {}
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
-        per_alpha = {a: smoothing_factors(stats[readers[0].name].channel_absmax, weights, a) for a in ALPHAS}
+        absmax = stats[readers[0].name].channel_absmax
+        per_input: dict = {None: LinearPlan()}
+        per_input.update({a: LinearPlan(smoothing_factors(absmax, weights, a)) for a in ALPHAS})
+        # Outliers apart where their fp32 product is small next to the input it reads: an output projection's
+        # [rows, N] with N <= K. (The product and its Add are two passes over [rows, N]: on MiniLM's FFN input
+        # projection, N = 4 K, they measured as slow as the int8 product itself.)
+        outliers = outlier_channels(absmax) if all(r.kn()[1] <= r.kn()[0] for r in readers) else ()
+        if outliers:
+            per_input[OUTLIERS] = LinearPlan(outliers=outliers)
         for r in readers:
-            smoothing[r.name] = per_alpha
-            forms[r.name] = {None: None, **per_alpha}
+            forms[r.name] = per_input
+            decisions[r.name].outliers = outliers
     if not forms:
-        return smoothing
-    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears ({1 + len(ALPHAS)} forms each)")
+        return forms
+    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, smoothed, outliers apart)")
     errors = measure_layer_errors(path, context.feeds, forms)
     for readers in by_input(candidates).values():
         for r in readers:
             decisions[r.name].errors = errors.get(r.name, {})
-        mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *ALPHAS)}
-        best = min(ALPHAS, key=lambda a: (mean[a], a))
-        if mean[best] < (1.0 - gain) * mean[None]:
-            for r in readers:
+        labels = [label for label in forms[readers[0].name] if label is not None]
+        mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *labels)}
+        best = min(labels, key=lambda a: (mean[a], str(a)))
+        smoothing = min(ALPHAS, key=lambda a: (mean[a], a))
+        for r in readers:
+            if mean[best] < (1.0 - gain) * mean[None]:
                 decisions[r.name].offered = best
-    return smoothing
+            if mean[smoothing] < (1.0 - gain) * mean[None]:
+                decisions[r.name].offered_smoothing = smoothing
+    return forms
 
 
 def _explain(selection: Selection, decisions: dict[str, Decision], budget: float) -> None:
@@ -585,7 +618,8 @@ def _report(
     int8 = [d for d in decisions if d.int8]
     flops = sum(d.flops for d in decisions) or 1
     share = sum(d.flops for d in int8) / flops
-    smoothed = [d for d in int8 if d.alpha is not None]
+    smoothed = [d for d in int8 if d.form is not None and d.form != OUTLIERS]
+    apart = [d for d in int8 if d.form == OUTLIERS]
     expected = 1.0 / ((1.0 - share) + share / KERNEL_SPEEDUP)
     kept = _kept(decisions)
     table_note = ""
@@ -599,6 +633,7 @@ def _report(
         f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
         f"run time), {share:.0%} of the Linears' multiply-adds"
         + (f"; {len(smoothed)} with smoothed inputs" if smoothed else "")
+        + (f"; {len(apart)} with their inputs' outlier channels in fp32 beside them" if apart else "")
         + (f"; fp32: {kept}" if kept else "")
         + table_note
         + _convs_note(convs),
