@@ -99,3 +99,18 @@ def test_left_alone_where_a_statistic_is_read_or_the_add_is_a_bias(tmp_path):
     result = CpuUnfusePass()(model)
     assert not result.modified
     assert op_count(model, "SkipLayerNormalization") == 1 and op_count(model, "Add") == 1
+
+
+def test_below_opset_8_an_add_stays_an_add(tmp_path):
+    """Sum broadcasts only from opset 8 (onnxruntime still runs its contrib LayerNormalization below 17)."""
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["s"]),
+        helper.make_node("LayerNormalization", ["s", "g", "beta"], ["y"], axis=-1),
+    ]
+    source = _save(tmp_path / "old.onnx", nodes, ["x", "r"], ["y"], {"g": (D,), "beta": (D,)})
+    proto = onnx.load(source)
+    proto.opset_import[0].version = 7
+    onnx.save(proto, source)
+    model = load_model(source)
+    assert not CpuUnfusePass()(model).modified and op_count(model, "Add") == 1
+    assert_pass_preserves_outputs(source, model, tmp_path)  # onnxruntime runs it as it was

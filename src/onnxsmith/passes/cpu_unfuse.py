@@ -27,6 +27,8 @@ from onnxsmith.irutil.names import FreshNames
 MS_DOMAIN = "com.microsoft"
 #: LayerNormalization is an ONNX op from this opset on.
 LAYER_NORM_OPSET = 17
+#: Sum broadcasts as Add does from this opset on.
+SUM_BROADCASTS_OPSET = 8
 #: com.microsoft SkipLayerNormalization's epsilon when the attribute is absent.
 SKIP_LAYER_NORM_EPSILON = 1e-12
 
@@ -101,8 +103,9 @@ class CpuUnfusePass(ir.passes.InPlacePass):
             elif _is_ms(node, "BiasGelu") and len(node.inputs) == 2:
                 self._bias_gelu(graph, node, names)
                 gelus += 1
+        broadcasting_sum = model.opset_imports.get("", 1) >= SUM_BROADCASTS_OPSET
         for node in list(graph):
-            if _is_onnx(node, "Add") and self._normalised_sum(node):
+            if broadcasting_sum and _is_onnx(node, "Add") and self._normalised_sum(node):
                 node.op_type = "Sum"
                 sums += 1
         return CpuUnfuseResult(model, skips, gelus, sums)
