@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.runtime.int8_measure import SensitivityProbe, measure_inputs, unsmoothed_name
+from onnxsmith.runtime.int8_measure import SensitivityProbe, input_grams, measure_inputs, unsmoothed_name
 from tests.support.fusion import FACEAGE
 
 
@@ -36,3 +38,35 @@ def test_a_smoothed_linears_unsmoothed_form_is_measured_in_the_same_probe():
     finally:
         plain.close()
         both.close()
+
+
+def test_input_grams_are_the_gram_matrices_of_each_linears_input_over_every_input_set(tmp_path):
+    """XᵀX of each Linear's input, rows over every input set, one per input (read by two Linears: once),
+    measured in groups of sessions when they do not fit ``max_bytes``."""
+    rng = np.random.default_rng(0)
+    w1, w2, w3 = (rng.standard_normal(shape).astype(np.float32) for shape in ((8, 16), (16, 4), (16, 4)))
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h0"], name="fc1"),
+            helper.make_node("Relu", ["h0"], ["h"]),
+            helper.make_node("MatMul", ["h", "W2"], ["y"], name="fc2"),
+            helper.make_node("MatMul", ["h", "W3"], ["z"], name="fc3"),
+        ],
+        "grams",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3, 4]) for n in ("y", "z")],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "W1"), (w2, "W2"), (w3, "W3"))],
+    )
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    feeds = [{"x": rng.standard_normal((b, 3, 8)).astype(np.float32)} for b in (2, 5)]
+    x = np.concatenate([f["x"].reshape(-1, 8) for f in feeds]).astype(np.float64)
+    h = np.maximum(x @ w1, 0)
+    for max_bytes in (1 << 20, 1):  # one session, or one per input
+        grams = dict(
+            (tuple(readers), gram) for readers, gram in input_grams(source, feeds, {"fc1", "fc2", "fc3"}, max_bytes)
+        )
+        assert set(grams) == {("fc1",), ("fc2", "fc3")}
+        np.testing.assert_allclose(grams["fc1",], x.T @ x, rtol=1e-5)
+        np.testing.assert_allclose(grams["fc2", "fc3"], h.T @ h, rtol=1e-4)
+    assert [readers for readers, _ in input_grams(source, feeds, {"fc3"})] == [["fc3"]]

@@ -168,3 +168,27 @@ def test_a_graph_without_constant_matmul_weights_is_unchanged(save_proto):
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
     pass_ = QuantizeWeightsPass()(model)
     assert not pass_.modified and pass_.quantized == 0
+
+
+def test_error_compensated_rounding_weighs_errors_by_the_inputs():
+    """GPTQ rounding of passes/quantization.py: the scales of rounding to nearest, int8 within ±127, and a
+    smaller ||X (w - w_int8)|| on inputs X like the calibration's; an input channel never seen is rounded to nearest."""
+    rng = np.random.default_rng(0)
+    k, n = 64, 32
+    mixing = rng.standard_normal((k, k)) * np.geomspace(10.0, 0.1, k)[:, None]
+    calibration = rng.standard_normal((1000, k)) @ mixing
+    calibration[:, 5] = 0.0  # a channel the calibration never saw
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
+    plain = qz.quantize_per_channel_int8(w, axis=1)
+    compensated = qz.quantize_columns_compensated(w, calibration.T @ calibration)
+    assert compensated.q.dtype == np.int8 and compensated.q.shape == w.shape and compensated.axis == 1
+    np.testing.assert_array_equal(compensated.scale, plain.scale)
+    assert np.abs(compensated.q.astype(int)).max() <= 127
+    np.testing.assert_array_equal(compensated.q[5], plain.q[5])
+    x = rng.standard_normal((500, k)) @ mixing
+    x[:, 5] = 0.0
+
+    def error(p):
+        return np.linalg.norm(x @ (w - qz.dequantize_per_channel(p))) / np.linalg.norm(x @ w)
+
+    assert 0 < error(compensated) < 0.7 * error(plain)

@@ -110,6 +110,42 @@ def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
     return PerChannel(q, scale, axis % w.ndim)
 
 
+def quantize_columns_compensated(
+    w: np.ndarray, gram: np.ndarray, damping: float = 0.01, block: int = 128
+) -> PerChannel:
+    """Symmetric int8 per output column of ``w`` [K, N] (the scales of :func:`quantize_per_channel_int8`),
+    rounded with error compensation (GPTQ, Frantar et al. 2022): rows are rounded in order and each row's
+    rounding error is spread over the rows not yet rounded, weighted by ``gram`` = XᵀX [K, K] of the
+    calibration inputs, so that ``||X (w - w_int8)||`` rather than ``||w - w_int8||`` is small.
+
+    ``damping`` (a share of the mean diagonal, added to it) keeps the inverse finite where the calibration
+    inputs do not span every direction. Input channels never seen (zero diagonal) are rounded as they are.
+    """
+    k, n = w.shape
+    plain = quantize_per_channel_int8(w, axis=1)
+    scale = np.where(plain.scale == 0, 1, plain.scale).astype(np.float64)
+    h = np.array(gram, dtype=np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    h[np.diag_indices(k)] += damping * float(np.mean(np.diag(h)))
+    try:
+        lower_inverse = np.linalg.inv(np.linalg.cholesky(h))
+        upper = np.linalg.cholesky(lower_inverse.T @ lower_inverse).T  # upperᵀ upper = h⁻¹
+    except np.linalg.LinAlgError:
+        return plain
+    work = w.astype(np.float64)  # rounded rows are replaced by what is left to compensate
+    q = np.zeros((k, n), dtype=np.float64)
+    for start in range(0, k, block):
+        stop = min(start + block, k)
+        rows, errors, u = work[start:stop].copy(), np.zeros((stop - start, n)), upper[start:stop, start:stop]
+        for i in range(stop - start):
+            q[start + i] = np.clip(np.rint(rows[i] / scale), -127, 127)
+            errors[i] = (rows[i] - q[start + i] * scale) / u[i, i]
+            rows[i:] -= u[i, i:, None] * errors[i]
+        work[stop:] -= upper[start:stop, stop:].T @ errors
+    return PerChannel(q.astype(np.int8), plain.scale, 1)
+
+
 def dequantize_per_channel(p: PerChannel) -> np.ndarray:
     shape = [1] * p.q.ndim
     shape[p.axis] = -1

@@ -1,6 +1,6 @@
 """What int8 does to a model, measured in onnxruntime with the kernels that will run it.
 
-Four measurements, each one session on an instrumented copy of the model (the copy is
+Five measurements, each one session on an instrumented copy of the model (the copy is
 never written; its Linears, tables and Convs are found by passes/quantize_linears.py,
 quantize_tables.py and quantize_convs.py, their int8 nodes made by the builders the passes use):
 
@@ -16,11 +16,14 @@ quantize_tables.py and quantize_convs.py, their int8 nodes made by the builders 
    boolean input picks one (``Where``), so one session answers "how far do the model's
    outputs move when *these* are int8", for any set. A per-layer error does not see what
    follows a layer (softmax amplifies an attention projection's error); this does.
+5. :func:`input_grams`: ``XᵀX`` of every Linear's input, what error-compensating rounding
+   (passes/quantization.quantize_columns_compensated) weighs the weights' rounding errors by.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +34,7 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
 from onnxsmith.passes.quantize_convs import ConvBuilder, ConvPlan, find_convs
-from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, LinearPlan, find_linears
+from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, Int8Form, LinearPlan, by_input, find_linears
 from onnxsmith.passes.quantize_tables import TableBuilder, find_tables
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
@@ -129,6 +132,58 @@ def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.
             k = max(int(peaks[x].size), 1)
             found[name] = InputStats(peaks[x], sizes[x], sizes[x] // k)
     return found
+
+
+def input_grams(
+    model_path: str | os.PathLike,
+    feeds_list: list[dict[str, np.ndarray]],
+    linears: set[str],
+    max_bytes: int = 512 << 20,
+) -> Iterator[tuple[list[str], np.ndarray]]:
+    """``XᵀX`` [K, K] of the input of the Linears named in ``linears`` (rows: every vector they multiply, over
+    every input set), one input at a time: (the Linears reading it, its Gram matrix). What error-compensating
+    rounding weighs a weight's rounding errors by. Inputs are measured in groups of at most ``max_bytes`` of
+    Gram matrices, a session each (a ViT-L's 97 inputs hold 1.8 GB of them)."""
+    model = _load(model_path)
+    groups = [
+        (x.name, readers[0].kn()[0], [r.name for r in readers])
+        for x, readers in by_input(r for r in find_linears(model) if r.name in linears).items()
+    ]
+    release_weights(model)
+    start = 0
+    while start < len(groups):
+        stop, size = start, 0
+        while stop < len(groups) and (stop == start or size + 4 * groups[stop][1] ** 2 <= max_bytes):
+            size += 4 * groups[stop][1] ** 2
+            stop += 1
+        yield from _grams(model_path, feeds_list, groups[start:stop])
+        start = stop
+
+
+def _grams(model_path, feeds_list, groups) -> Iterator[tuple[list[str], np.ndarray]]:
+    model = _load(model_path)
+    build = _Builder(model)
+    values = {v.name: v for node in model.graph for v in node.outputs} | {v.name: v for v in model.graph.inputs}
+    outputs = []
+    for x_name, k, _ in groups:
+        x = values[x_name]
+        block: list = []
+        rows = build.matrix(block, x, k)
+        gram = build.node(block, "MatMul", [build.node(block, "Transpose", [rows], {"perm": [1, 0]}), rows])
+        build.place_after(x, block)
+        model.graph.outputs.append(gram)
+        outputs.append(gram.name)
+    session = runner.open_session(model, options=runner.session_options(optimize=False), label=model_path)
+    sums = [np.zeros((k, k), np.float64) for _, k, _ in groups]
+    for feeds in feeds_list:
+        results = runner.run(session, adapt_feeds(feeds, model), outputs, label=model_path)
+        for total, name in zip(sums, outputs):
+            total += np.nan_to_num(np.asarray(results[name], dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        del results
+    del session
+    release_weights(model)
+    for (_, _, readers), total in zip(groups, sums):
+        yield readers, total
 
 
 @dataclass
@@ -258,7 +313,8 @@ class SensitivityProbe:
     Candidates: Linears (name -> :class:`LinearPlan`), tables (initializer names) and
     Convs (name -> :class:`ConvPlan`). A smoothed Linear named in ``unsmoothed`` also has its
     unsmoothed int8 form, switched on as ``unsmoothed_name(name)`` (it wins over the smoothed one):
-    what dropping its smoothing costs is measured in the same session.
+    what dropping its smoothing costs is measured in the same session. ``form``: the int8 Linears'
+    rounded weights and two-pass activations, as the rewrite will make them.
     ``error(names)`` runs the calibration inputs with those int8 and the rest fp32.
     """
 
@@ -268,6 +324,7 @@ class SensitivityProbe:
     tables: set[str] = field(default_factory=set)
     convs: dict[str, ConvPlan] = field(default_factory=dict)
     unsmoothed: set[str] = field(default_factory=set)
+    form: Int8Form = field(default_factory=Int8Form)  # rounded weights, two-pass activations
     runs: int = 0  # measurements made (the reference run not counted)
 
     def __post_init__(self) -> None:
@@ -275,7 +332,7 @@ class SensitivityProbe:
         build = _Builder(model)
         graph = model.graph
         self.switches: dict[str, str] = {}
-        int8 = Int8Builder(graph, build.names)
+        int8 = Int8Builder(graph, build.names, self.form)
         for linear in find_linears(model):
             if linear.name not in self.linears:
                 continue

@@ -22,6 +22,11 @@ calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never fro
    Everything at once first; if that is over ``--error-budget``, the search of
    analysis/int8_policy.py finds what must stay fp32 (roles, halves) within ``--max-runs``.
 
+Opt-in: ``--two-pass-activations`` (each Linear's activation quantized twice, ``x ≈ Q(x) + Q(x - Q(x))``:
+~100x less activation rounding error for a second int8 GEMM) and ``--compensate-rounding`` (int8 weights
+rounded with error compensation, GPTQ, from the Gram matrices of the Linears' inputs on the calibration
+inputs); both are the forms the search measures and the rewrite makes (docs/int8.md).
+
 The budget defaults to 0.3 of what the gate allows (relative error sqrt(2 (1 - min_cosine)):
 0.03 for cosine 0.995): room for inputs the calibration did not see (calibrated on random
 inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on real crops). The variant is verified against the source by the one gate
@@ -42,15 +47,18 @@ from onnxsmith.analysis.int8_policy import Selection, roles, search
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.passes.quantize_linears import (
+    Int8Form,
     Linear,
     LinearPlan,
     QuantizeLinearsPass,
     by_input,
     find_linears,
     outlier_channels,
+    rounding_key,
     smoothing_factors,
     smoothing_folds,
 )
@@ -59,6 +67,7 @@ from onnxsmith.rules.batchnorm import batchnorm_rules
 from onnxsmith.runtime.int8_measure import (
     InputStats,
     SensitivityProbe,
+    input_grams,
     measure_inputs,
     measure_layer_errors,
     measure_ranges,
@@ -99,6 +108,17 @@ class Options:
         0.1, "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"
     )
     min_cosine: float = option(0.995, "the gate: every output's cosine to the source's at least this")
+    # How the int8 Linears are made (opt-in: docs/int8.md).
+    compensate_rounding: bool = option(
+        False,
+        "round int8 weights with error compensation (GPTQ): each row's rounding error spread over the rows not "
+        "yet rounded, weighted by the calibration inputs' XᵀX; give many real inputs (rows >= K per Linear)",
+    )
+    two_pass_activations: bool = option(
+        False,
+        "quantize each int8 Linear's activation in two passes (x ≈ Q(x) + Q(x - Q(x)), two int8 GEMMs): "
+        "~100x less activation rounding error, for about half the int8 speed-up",
+    )
     # What goes int8 besides the Linears the search chooses.
     tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
     convs: bool = option(
@@ -145,6 +165,7 @@ class Decision:
     int8: bool = False
     reason: str = ""
     kind: str = ""  # the reason's kind, for the summary line
+    compensated: bool = False  # its int8 weight rounded with error compensation
 
     @property
     def flops(self) -> int:
@@ -161,6 +182,7 @@ class Decision:
             "smoothing": _form_text(self.form, self.outliers, self.errors),
             "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
             "int8": "yes" if self.int8 else "no",
+            "rounding": ("error-compensated" if self.compensated else "nearest") if self.int8 else "-",
             "why": self.reason,
         }
 
@@ -231,6 +253,7 @@ class SearchSpace:
     forms: dict[str, dict]  # Linear -> form label -> LinearPlan
     decisions: dict[str, Decision]
     conv_decisions: dict[str, ConvDecision]
+    form: Int8Form  # how the int8 Linears are made (rounded weights, two-pass activations)
 
 
 @register
@@ -295,7 +318,12 @@ class Int8(Transform):
                 elif s.rows <= batch:
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
             candidates = [linear for linear in linears if not decisions[linear.name].reason]
-            forms = _offer_forms(path, context, candidates, stats, decisions, options.smooth_gain)
+            # Two-pass activations leave almost no activation rounding error for other forms to trade away.
+            forms = _offer_forms(
+                path, context, candidates, stats, decisions, options.smooth_gain, offer=not options.two_pass_activations
+            )
+            rounded = _compensated(path, context, candidates, forms, decisions) if options.compensate_rounding else {}
+            form = Int8Form(rounded, options.two_pass_activations)
             conv_decisions = _measure_convs(path, context, convs, model.opset_imports.get("", 1))
             for d in conv_decisions.values():
                 d.role = role[d.name]
@@ -307,7 +335,7 @@ class Int8(Transform):
                     conv_decisions[name].reason = "no end-to-end search"
                 used = {}
             else:
-                space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions)
+                space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions, form)
                 chosen, chosen_tables, chosen_convs, used = self._search(space, context, budget, options, report)
         plan = {}
         for name in chosen:
@@ -315,16 +343,17 @@ class Int8(Transform):
             d.int8 = True
             d.form = used.get(name)
             plan[name] = forms[name][d.form] if d.form is not None else LinearPlan()
+            d.compensated = rounding_key(name, plan[name]) in form.rounded
         for name in chosen_convs:
             conv_decisions[name].int8 = True
         context.progress(
             f"int8: rewriting {len(plan)} Linears, {len(chosen_tables)} tables and {len(chosen_convs)} Convs"
         )
-        QuantizeLinearsPass(plan)(model)
+        QuantizeLinearsPass(plan, form)(model)
         QuantizeTablesPass(chosen_tables)(model)
         QuantizeConvsPass({name: conv_plans[name] for name in chosen_convs})(model)
         RemoveUnusedNodesPass()(model)
-        _report(report, list(decisions.values()), tables, chosen_tables, list(conv_decisions.values()), budget)
+        _report(report, list(decisions.values()), tables, chosen_tables, list(conv_decisions.values()), budget, form)
         if unfused.modified:
             report.notes.append(unfused.note())
         if found_convs and not options.convs:
@@ -363,7 +392,7 @@ class Int8(Transform):
 
         def open_probe(used: dict) -> SensitivityProbe:
             plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in names}
-            return SensitivityProbe(path, context.feeds, plans, set(tables), conv_plans)
+            return SensitivityProbe(path, context.feeds, plans, set(tables), conv_plans, form=space.form)
 
         context.progress(
             f"int8: a probe with {len(names)} switchable Linears, {len(tables)} tables and {len(conv_plans)} Convs"
@@ -434,6 +463,7 @@ class Int8(Transform):
                 chosen & set(tables),
                 {n: conv_plans[n] for n in chosen & set(conv_plans)},
                 unsmoothed=set(used),
+                form=space.form,
             )
             try:
                 dropped, measured = _drop_smoothing(
@@ -527,16 +557,20 @@ def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, Co
     return decisions
 
 
-def _offer_forms(path, context, candidates, stats, decisions, gain: float) -> dict:
+def _offer_forms(path, context, candidates, stats, decisions, gain: float, offer: bool = True) -> dict:
     """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
     outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
     ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
-    ``.offered_smoothing`` (the same among the smoothing alphas)."""
+    ``.offered_smoothing`` (the same among the smoothing alphas). Without ``offer``: the plain form only."""
     forms: dict[str, dict] = {}
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
+        if not offer:
+            for r in readers:
+                forms[r.name] = per_input
+            continue
         per_input.update({a: LinearPlan(smoothing_factors(absmax, weights, a)) for a in ALPHAS})
         # Outliers apart where their fp32 product is small next to the input it reads: an output projection's
         # [rows, N] with N <= K. (The product and its Add are two passes over [rows, N]: on MiniLM's FFN input
@@ -555,6 +589,8 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float) -> di
         for r in readers:
             decisions[r.name].errors = errors.get(r.name, {})
         labels = [label for label in forms[readers[0].name] if label is not None]
+        if not labels:
+            continue
         mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *labels)}
         best = min(labels, key=lambda a: (mean[a], str(a)))
         smoothing = min(ALPHAS, key=lambda a: (mean[a], a))
@@ -564,6 +600,27 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float) -> di
             if mean[smoothing] < (1.0 - gain) * mean[None]:
                 decisions[r.name].offered_smoothing = smoothing
     return forms
+
+
+def _compensated(path, context, candidates, forms, decisions) -> dict:
+    """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
+    offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
+    form prepares it: channels divided by the smoothing, outlier channels zero)."""
+    by_name = {linear.name: linear for linear in candidates}
+    rounded = {}
+    context.progress(f"int8: error-compensated rounding of {len(candidates)} Linears (XᵀX of their inputs)")
+    for readers, gram in input_grams(path, context.feeds, set(by_name)):
+        for name in readers:
+            linear, d = by_name[name], decisions[name]
+            w = linear.weight_array()
+            for label in {None, d.offered, d.offered_smoothing}:
+                plan = forms[name].get(label)
+                if plan is None:
+                    continue
+                factor = plan.input_factor(linear.kn()[0])
+                prepared = gram if factor is None else gram * np.outer(factor, factor)
+                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), prepared)
+    return rounded
 
 
 def _explain(selection: Selection, decisions: dict[str, Decision], budget: float) -> None:
@@ -613,14 +670,16 @@ def _kept(decisions) -> str:
 
 
 def _report(
-    report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], convs, budget
+    report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], convs, budget, form
 ) -> None:
     int8 = [d for d in decisions if d.int8]
     flops = sum(d.flops for d in decisions) or 1
     share = sum(d.flops for d in int8) / flops
     smoothed = [d for d in int8 if d.form is not None and d.form != OUTLIERS]
     apart = [d for d in int8 if d.form == OUTLIERS]
-    expected = 1.0 / ((1.0 - share) + share / KERNEL_SPEEDUP)
+    compensated = [d for d in int8 if d.compensated]
+    kernel = KERNEL_SPEEDUP / (2 if form.two_pass else 1)  # two-pass activations: two int8 GEMMs per Linear
+    expected = 1.0 / ((1.0 - share) + share / kernel)
     kept = _kept(decisions)
     table_note = ""
     if tables:
@@ -631,7 +690,8 @@ def _report(
     report.notes.insert(
         0,
         f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
-        f"run time), {share:.0%} of the Linears' multiply-adds"
+        f"run time{', in two passes' if form.two_pass else ''}), {share:.0%} of the Linears' multiply-adds"
+        + (f"; {len(compensated)} with error-compensated rounding" if compensated else "")
         + (f"; {len(smoothed)} with smoothed inputs" if smoothed else "")
         + (f"; {len(apart)} with their inputs' outlier channels in fp32 beside them" if apart else "")
         + (f"; fp32: {kept}" if kept else "")
@@ -640,7 +700,9 @@ def _report(
     )
     report.notes.append(
         f"expected speed-up if the Linears dominate the run time: {expected:.2f}x "
-        f"({share:.0%} of their work at the ~{KERNEL_SPEEDUP:g}x of the int8 kernel)"
+        f"({share:.0%} of their work at the ~{kernel:g}x of the int8 kernel"
+        + (", two GEMMs each" if form.two_pass else "")
+        + ")"
     )
     report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in _kept_counts(decisions).items()]
     report.why_not_more += [f"{n} Conv(s) stay fp32: {kind}" for kind, n in _kept_counts(convs).items()]
@@ -664,6 +726,7 @@ def _report(
         "Convs in int8": (0, sum(d.int8 for d in convs)),
     }
     report.stats["int8_flops_share"] = share
+    report.stats["compensated_linears"] = [d.name for d in compensated]
     report.stats["expected_speedup"] = expected
     report.stats["error_budget"] = budget
 
