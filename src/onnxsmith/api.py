@@ -366,7 +366,8 @@ def shrink(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
 def int8(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
     """Linear layers int8 for onnxruntime on CPU where measured error allows (``onnxsmith int8``).
 
-    Options: ``error_budget``, ``max_layer_error``, ``smooth_gain``, ``sensitivity``, ``min_cosine``
+    Options: ``error_budget``, ``max_layer_error``, ``smooth_gain``, ``sensitivity``, ``two_pass_activations``,
+    ``compensate_rounding``, ``min_cosine``
     (the gate: every output's cosine to the source's; docs/int8.md).
     """
     return transform(model, "int8", samples=samples, **keywords)
