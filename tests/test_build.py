@@ -147,22 +147,80 @@ def test_build_refuses_to_replace_a_folder_that_is_not_a_release(project, tmp_pa
 
 
 def test_build_exits_1_naming_the_variant_that_failed_its_gate(project, tmp_path, cli):
-    """Through the CLI with the real fp16 transform: no fp16 model is within 1e-9 years of its source."""
+    """Through the CLI: a step that cannot keep more exact (no repair) is not made again."""
     recipe = project / "strict.toml"
     recipe.write_text(
         recipe_text(
             project / "toy.onnx",
-            '[[variants]]\nname = "half"\nsteps = [{ pass = "fp16" }]\n',
-            validation=VALIDATION.replace("0.01", "1e-9"),
+            '[[variants]]\nname = "half"\nsteps = [{ pass = "test-only-age-shift", amount = 0.3 }]\n',
+            validation=VALIDATION,
         )
     )
     result = cli("build", recipe, "--out", tmp_path / "out")
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("onnxsmith: error: ") and "1 variant(s) failed their gates" in last
-    assert "'half' (max |Δage| " in last and "> gate 1e-09" in last
+    assert "'half' (max |Δage| " in last and "> gate 0.01" in last
+    assert "making it again" not in result.stderr
     assert not (tmp_path / "out" / "half.onnx").exists()
     assert "### half (not published)" in (tmp_path / "out" / "README.md").read_text()
+
+
+@register
+class TestOnlyRepairableShift(TestOnlyAgeShift):
+    """The age shift, but told how the task's gates measure (``TransformContext.judge``) it shifts by the largest
+    of amount x (1, 0.1, 0.01, 0) they accept. The toy's age logits are its age bias plus what the image gives,
+    so the shifted outputs are the source's plus the amount: judged without running the variant."""
+
+    name = "test-only-repairable-shift"
+
+    def repairs(self, options):
+        return True
+
+    def apply(self, model, options, context):
+        if context.judge is None:
+            return super().apply(model, options, context)
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(context.source_path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        runs = [dict(zip(names, session.run(None, feeds))) for feeds in context.feeds]
+        reference = {k: np.stack([r[k] for r in runs]) for k in names}
+        amounts = [options.amount * f for f in (1, 0.1, 0.01, 0)]
+        severity = {
+            a: context.judge(reference, {**reference, "age_logits": reference["age_logits"] + np.float32(a)})
+            for a in amounts
+        }
+        chosen = next(a for a in amounts if severity[a] <= 1)
+        report = super().apply(model, ShiftOptions(chosen), context)
+        report.stats["severity"] = {str(a): v for a, v in severity.items()}
+        return report
+
+
+def test_a_variant_the_task_gates_refuse_is_made_again_by_steps_told_how_they_measure(project, tmp_path):
+    """The task's gates refuse the first variant; a step that repairs is handed them as a function of raw outputs
+    on the calibration samples (graded: 0 for the source's outputs, growing with the error, > 1 where they fail)
+    and the variant it makes then is validated and published; the card says it was made twice and why."""
+    recipe = project / "repaired.toml"
+    recipe.write_text(
+        recipe_text(
+            project / "toy.onnx",
+            '[[variants]]\nname = "shifted"\nsteps = [{ pass = "test-only-repairable-shift", amount = 0.3 }]\n',
+            validation=VALIDATION,
+        )
+    )
+    messages = []
+    result = build(load_recipe(recipe), tmp_path / "out", progress=messages.append, bench=False)
+    assert [o.variant.name for o in result.outcomes if o.published] == ["shifted"]
+    assert any("the task's gates refused it (max |Δage| " in m and "making it again" in m for m in messages)
+    data = result.outcomes[0].data
+    severity = {float(a): v for a, v in data["steps"][0]["stats"]["severity"].items()}
+    assert severity[0.3] > 1 and severity[0.0] == 0
+    assert severity[0.3] > severity[0.03] >= severity[0.003] >= 0
+    assert data["steps"][0]["options"]["amount"] < 0.3  # the repaired shift
+    assert data["remade_after"].startswith("max |Δage| ") and data["remade_after"].endswith("> gate 0.01")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "made twice: the task's gates refused the first (max |Δage| " in card
 
 
 def test_included_files_keep_their_mode_and_the_card_names_what_came_from_outside(tmp_path):

@@ -112,6 +112,7 @@ def test_faceage_samples_filter_small_faces_and_evaluate(tmp_path):
     assert result.metric("max_abs_age_error").value > 0.05
     assert result.failures() == [f"max |Δage| {result.metric('max_abs_age_error').display} > gate 0.05"]
     assert result.metric("gender_agreement").display == "4/4"
+    assert run.real_inputs  # face crops: what int8 may fix Convs' activation scales from
 
 
 def test_faceage_counts_nonfinite_outputs_and_fails_the_gate():
@@ -153,7 +154,27 @@ def test_generic_task_compares_raw_outputs(tmp_path):
     source = save_toy_faceage(tmp_path / "toy.onnx")
     task = get_task("generic")
     run = TaskRun(task, opts.build(task.Options, {"samples": 2}), source)
+    assert not run.real_inputs  # random from the input spec
     result = run.validate(source, check_gates(task, {"max_abs": 0.0}))
     assert result.passed and result.metric("within_gate").display == "2/2"
     with pytest.raises(UsageError, match="has no metric 'max_abs_age_error'"):
         check_gates(task, {"max_abs_age_error": 1})
+
+
+def test_a_metric_severity_is_graded_in_units_of_its_gate():
+    """What a repairing step measures against a task's gates: <= 1 passes, exactly where ``passes`` does, and
+    grows with the distance from the gate (errors scale with it; agreements count from 1 down to the gate)."""
+    from onnxsmith.tasks.base import HIGHER, LOWER, MetricSpec
+
+    error, agreement = MetricSpec("e", "e", LOWER), MetricSpec("a", "a", HIGHER)
+    for spec, gate, values in (
+        (error, 0.1, [0.0, 0.05, 0.1, 0.2, 1.0]),
+        (error, 0.0, [0.0, 1.0, 3.0]),
+        (agreement, 0.9, [1.0, 0.95, 0.9, 0.8, 0.0]),
+        (agreement, 1.0, [1.0, 0.99, 0.5]),
+    ):
+        severities = [spec.severity(v, gate) for v in values]
+        assert [s <= 1 for s in severities] == [spec.passes(v, gate) for v in values]
+        assert severities == sorted(severities) and len(set(severities)) == len(severities)
+    assert error.severity(0.05, 0.1) == pytest.approx(0.5) and agreement.severity(0.95, 0.9) == pytest.approx(0.5)
+    assert error.severity(float("nan"), 0.1) == float("inf")

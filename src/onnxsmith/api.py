@@ -367,8 +367,8 @@ def int8(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
     """Linear layers int8 for onnxruntime on CPU where measured error allows (``onnxsmith int8``).
 
     Options: ``error_budget``, ``max_layer_error``, ``smooth_gain``, ``sensitivity``, ``two_pass_activations``,
-    ``compensate_rounding``, ``min_cosine``
-    (the gate: every output's cosine to the source's; docs/int8.md).
+    ``compensate_rounding``, ``convs``, ``speed`` (the variant timed against the source, the speed-up
+    reported), ``keep_fast`` (int8 parts measured not to make it faster kept fp32), ``min_cosine`` (the gate: every output's cosine to the source's; docs/int8.md).
     """
     return transform(model, "int8", samples=samples, **keywords)
 
@@ -733,7 +733,7 @@ def _prepared(
         loaded = load_model(source.path)
         if out is not None:
             _check_outputs([out], protect=source_files(loaded, source.path))
-        verification = Verification(verify.input_sets(loaded), gate=verify.gate)
+        verification = Verification(verify.input_sets(loaded), gate=verify.gate, real_inputs=verify.feeds is not None)
         del loaded
         output = None if out is None else Path(out)
         yield source.path, verification, Staging(output, external_data, source.name, source.origin)

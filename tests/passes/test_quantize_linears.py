@@ -270,7 +270,9 @@ def test_error_compensated_weights_cut_the_error_on_inputs_like_the_calibration(
     rounded = {}
     for name, x in (("fc1", calibration), ("fc2", hidden)):
         gram = x.astype(np.float64).T @ x
-        rounded[rounding_key(name, LinearPlan())] = qz.quantize_columns_compensated(linears[name].weight_array(), gram)
+        rounded[rounding_key(name, LinearPlan())] = qz.quantize_columns_compensated(
+            linears[name].weight_array(), qz.compensation_factor(gram)
+        )
     x = _correlated(256, seed=7)  # not the calibration inputs
     errors = {}
     for label, form in (("nearest", Int8Form(two_pass=True)), ("compensated", Int8Form(rounded, two_pass=True))):

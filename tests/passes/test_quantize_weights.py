@@ -180,7 +180,7 @@ def test_error_compensated_rounding_weighs_errors_by_the_inputs():
     calibration[:, 5] = 0.0  # a channel the calibration never saw
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
     plain = qz.quantize_per_channel_int8(w, axis=1)
-    compensated = qz.quantize_columns_compensated(w, calibration.T @ calibration)
+    compensated = qz.quantize_columns_compensated(w, qz.compensation_factor(calibration.T @ calibration))
     assert compensated.q.dtype == np.int8 and compensated.q.shape == w.shape and compensated.axis == 1
     np.testing.assert_array_equal(compensated.scale, plain.scale)
     assert np.abs(compensated.q.astype(int)).max() <= 127

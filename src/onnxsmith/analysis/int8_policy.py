@@ -18,6 +18,10 @@ softmax after it). So the search measures where the decisions are made:
    tried one at a time while runs are left (the sum over-estimates when errors cancel).
 
 The roles only group what is measured; every decision is a measured error.
+
+Then speed (:func:`keep_fast`): the chosen variant is timed against fp32 on the calibration
+inputs; where it is not clearly faster, the groups of int8 parts (the Convs, the Linears of one
+role, the tables) that cost as much time as they save are found by timing and kept fp32.
 """
 
 from __future__ import annotations
@@ -196,3 +200,65 @@ def _greedy(pieces: list[Piece], budget: float) -> list[Piece]:
             chosen.append(p)
             spent += p.energy
     return chosen
+
+
+#: The chosen int8 variant measured at least this much faster than fp32 is kept as it is: below it, the groups
+#: of int8 parts are timed (a variant within the timing noise of fp32 is checked, not trusted), and a group
+#: is kept fp32 when the variant without it is faster by as much.
+SPEED_MARGIN = 0.05
+
+
+@dataclass
+class SpeedCheck:
+    """What timing the int8 variant against fp32 decided: the speed-up measured and what stays fp32 for speed."""
+
+    speedup: float  # fp32 seconds / the final variant's, timed together
+    first: float  # the same for the variant the error search chose, before any group was kept fp32
+    kept: list[tuple[str, list[str], float]] = field(default_factory=list)  # (group, names, speed-up without it)
+    runs: int = 0  # timing calls
+    with_all: float = 0.0  # the chosen variant's speed-up in the call that timed the groups
+    int8: set[str] = field(default_factory=set)  # what stays int8
+    trimmed: bool = False  # whether the groups were timed (the variant was not faster, and trimming was asked for)
+
+    @property
+    def kept_names(self) -> set[str]:
+        return {n for _, names, _ in self.kept for n in names}
+
+
+def keep_fast(
+    chosen: set[str],
+    groups: list[tuple[str, list[str]]],
+    timer: Callable[[list[set[str]]], tuple[float, list[float]]],
+    margin: float = SPEED_MARGIN,
+    trim: bool = True,
+) -> SpeedCheck:
+    """The int8 parts in ``chosen`` that do not make the variant faster, found by timing, to be kept fp32.
+
+    ``groups``: (label, names): what is kept fp32 together (the Convs, the Linears of one role, the tables);
+    ``timer(variants)``: (fp32 seconds, seconds of each variant: a set of names int8), timed together.
+
+    1. The chosen variant against fp32: faster by ``margin``, it stays as it is (one call).
+    2. Otherwise the variant without each group, timed beside the chosen variant: a group without which the
+       variant is faster by ``margin`` is kept fp32 (it costs more than it saves; within the margin, timing noise
+       would decide, and the same model would give different variants from run to run).
+    3. What is left, timed against fp32 again: the speed-up measured.
+
+    Without ``trim``: step 1 only (the speed-up measured, nothing kept fp32 for it: the variant does not depend
+    on the machine's timing).
+    """
+    if not chosen:
+        return SpeedCheck(1.0, 1.0)
+    fp32, (seconds,) = timer([chosen])
+    first = fp32 / seconds
+    if first >= 1.0 + margin or not trim:
+        return SpeedCheck(first, first, runs=1, int8=set(chosen))
+    present = [(label, [n for n in names if n in chosen]) for label, names in groups]
+    present = [(label, names) for label, names in present if names]
+    fp32, (seconds, *without) = timer([chosen, *(chosen - set(names) for _, names in present)])
+    kept = [(label, names, fp32 / t) for (label, names), t in zip(present, without) if t < (1.0 - margin) * seconds]
+    check = SpeedCheck(fp32 / seconds, first, kept, runs=2, with_all=fp32 / seconds, trimmed=True)
+    check.int8 = chosen - check.kept_names
+    if kept:
+        fp32, (seconds,) = timer([check.int8])
+        check.speedup, check.runs = fp32 / seconds, 3
+    return check

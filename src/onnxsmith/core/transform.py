@@ -41,6 +41,11 @@ class ReferenceOutputs:
     mode: str
 
 
+#: The gate as a function: how far ``candidate``'s outputs are from ``reference``'s (both stacked over
+#: the input sets), in units of its bounds (<= 1 passes; inf for new NaN/inf).
+Judge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float]
+
+
 @dataclass
 class TransformContext:
     """What a transform may use besides the model, and what it leaves for the gate."""
@@ -58,7 +63,10 @@ class TransformContext:
     #: Set when the gate refused this chain's first variant (release/ makes it again): the gate as a
     #: function, how far outputs are from reference outputs (both stacked over input sets) in units of its
     #: bounds (<= 1 passes). A step that can keep more of the model exact measures its choices with it.
-    judge: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float] | None = None
+    judge: Judge | None = None
+    #: Whether ``feeds`` are real inputs (the user's, a task's data) rather than random ones from the input spec:
+    #: what a calibration that fixes scales needs (int8's Convs: activation scales real data would overflow).
+    real_inputs: bool = False
 
     @contextlib.contextmanager
     def model_file(self, model: ir.Model) -> Iterator[Path]:

@@ -110,39 +110,48 @@ def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
     return PerChannel(q, scale, axis % w.ndim)
 
 
-def quantize_columns_compensated(
-    w: np.ndarray, gram: np.ndarray, damping: float = 0.01, block: int = 128
-) -> PerChannel:
-    """Symmetric int8 per output column of ``w`` [K, N] (the scales of :func:`quantize_per_channel_int8`),
-    rounded with error compensation (GPTQ, Frantar et al. 2022): rows are rounded in order and each row's
-    rounding error is spread over the rows not yet rounded, weighted by ``gram`` = XᵀX [K, K] of the
-    calibration inputs, so that ``||X (w - w_int8)||`` rather than ``||w - w_int8||`` is small.
+def compensation_factor(gram: np.ndarray, damping: float = 0.01) -> np.ndarray | None:
+    """What error-compensated rounding (:func:`quantize_columns_compensated`) needs of ``gram`` = XᵀX [K, K]
+    of the calibration inputs: the upper Cholesky factor U of its inverse (UᵀU = gram⁻¹), or None where it
+    has none (then rounding is to nearest). Computed once per input: the Linears reading it share it.
 
     ``damping`` (a share of the mean diagonal, added to it) keeps the inverse finite where the calibration
     inputs do not span every direction. Input channels never seen (zero diagonal) are rounded as they are.
     """
-    k, n = w.shape
-    plain = quantize_per_channel_int8(w, axis=1)
-    scale = np.where(plain.scale == 0, 1, plain.scale).astype(np.float64)
+    k = gram.shape[0]
     h = np.array(gram, dtype=np.float64)
     dead = np.diag(h) <= 0
     h[dead, dead] = 1.0
     h[np.diag_indices(k)] += damping * float(np.mean(np.diag(h)))
     try:
         lower_inverse = np.linalg.inv(np.linalg.cholesky(h))
-        upper = np.linalg.cholesky(lower_inverse.T @ lower_inverse).T  # upperᵀ upper = h⁻¹
+        return np.linalg.cholesky(lower_inverse.T @ lower_inverse).T
     except np.linalg.LinAlgError:
+        return None
+
+
+def quantize_columns_compensated(w: np.ndarray, factor: np.ndarray | None, block: int = 128) -> PerChannel:
+    """Symmetric int8 per output column of ``w`` [K, N] (the scales of :func:`quantize_per_channel_int8`),
+    rounded with error compensation (GPTQ, Frantar et al. 2022): rows are rounded in order and each row's
+    rounding error is spread over the rows not yet rounded, weighted by the calibration inputs' XᵀX (through
+    ``factor``, :func:`compensation_factor`; None: to nearest), so that ``||X (w - w_int8)||`` rather than
+    ``||w - w_int8||`` is small.
+    """
+    k, n = w.shape
+    plain = quantize_per_channel_int8(w, axis=1)
+    if factor is None:
         return plain
+    scale = np.where(plain.scale == 0, 1, plain.scale).astype(np.float64)
     work = w.astype(np.float64)  # rounded rows are replaced by what is left to compensate
     q = np.zeros((k, n), dtype=np.float64)
     for start in range(0, k, block):
         stop = min(start + block, k)
-        rows, errors, u = work[start:stop].copy(), np.zeros((stop - start, n)), upper[start:stop, start:stop]
+        rows, errors, u = work[start:stop].copy(), np.zeros((stop - start, n)), factor[start:stop, start:stop]
         for i in range(stop - start):
             q[start + i] = np.clip(np.rint(rows[i] / scale), -127, 127)
             errors[i] = (rows[i] - q[start + i] * scale) / u[i, i]
             rows[i:] -= u[i, i:, None] * errors[i]
-        work[stop:] -= upper[start:stop, stop:].T @ errors
+        work[stop:] -= factor[start:stop, stop:].T @ errors
     return PerChannel(q.astype(np.int8), plain.scale, 1)
 
 

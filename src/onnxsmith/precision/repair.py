@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.core.transform import Judge
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.runtime.rounding_probe import RoundingProbe
@@ -115,11 +116,6 @@ def describe(choice: Choice, total: int) -> str:
         f"outputs beyond the gate: {choice.before:.3g}x its bound with every tensor rounded, {choice.after:.2g}x "
         f"with these exact ({choice.runs} measured runs)"
     )
-
-
-#: The gate as a function: how far ``candidate``'s outputs are from ``reference``'s (both stacked over
-#: the input sets), in units of its bounds (<= 1 passes; inf for new NaN/inf).
-Judge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float]
 
 
 @dataclass

@@ -57,7 +57,7 @@ from onnxsmith.release.recipe import (
 )
 from onnxsmith.release.report import render_report
 from onnxsmith.release.validate import TaskRun, Validation
-from onnxsmith.release.variant import produce_variant
+from onnxsmith.release.variant import produce_variant, repairable
 from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
@@ -380,44 +380,60 @@ def _make_variant(
     target = release / variant.file
     target.parent.mkdir(parents=True, exist_ok=True)
     steps = [(s.name, s.options) for s in variant.steps]
-    try:
-        result = produce_variant(
-            recipe.source,
-            target,
-            steps,
-            feeds=feeds,
-            gate=GateOptions(min_cosine=variant.min_cosine, rtol=variant.rtol, atol=variant.atol),
-            progress=progress,
-        )
-    except GateFailed as err:
-        outcome.reason = err.problem
-        outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
-        return outcome
-    runtime: dict[str, str] = {}
-    for report in result.reports:
-        runtime.update(report.runtime)
-    model = load_model(target)
-    outcome.data = {
-        "headline": result.headline,
-        "steps": [_step_json(r) for r in result.reports],
-        "files": [f.to_json(release) for f in result.files],
-        "nodes": {"source": result.nodes_before, "variant": result.nodes_after},
-        "runtime": runtime,
-        "verification": _finite_json(result.comparison.to_json()),
-        **_model_facts(model, sum(f.bytes for f in result.files)),
-    }
-    if task_run is not None:
+    judge = None  # the task's gates, once they refused a variant that a step can make more exact
+    while True:
+        try:
+            result = produce_variant(
+                recipe.source,
+                target,
+                steps,
+                feeds=feeds,
+                gate=GateOptions(min_cosine=variant.min_cosine, rtol=variant.rtol, atol=variant.atol),
+                judge=judge,
+                real_inputs=task_run is not None and task_run.real_inputs,
+                progress=progress,
+            )
+        except GateFailed as err:
+            outcome.reason = err.problem if judge is None else f"{err.problem} (made again after: {outcome.reason})"
+            outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
+            return outcome
+        runtime: dict[str, str] = {}
+        for report in result.reports:
+            runtime.update(report.runtime)
+        model = load_model(target)
+        outcome.data = {
+            "headline": result.headline,
+            "steps": [_step_json(r) for r in result.reports],
+            "files": [f.to_json(release) for f in result.files],
+            "nodes": {"source": result.nodes_before, "variant": result.nodes_after},
+            "runtime": runtime,
+            "verification": _finite_json(result.comparison.to_json()),
+            **_model_facts(model, sum(f.bytes for f in result.files)),
+        }
+        if judge is not None:
+            outcome.data["remade_after"] = outcome.reason
+            outcome.reason = ""
+        if task_run is None:
+            break
         progress("validating")
         outcome.validation = task_run.validate(target, recipe.validation.gates, name=variant.name)
         outcome.data["validation"] = outcome.validation.to_json()
-        if not outcome.validation.passed:
-            outcome.reason = "; ".join(outcome.validation.failures())
-            for f in result.files:
-                f.path.unlink()
-            if target.parent != release and not any(target.parent.iterdir()):
-                target.parent.rmdir()
-            outcome.data["files"] = []
-            return outcome
+        if outcome.validation.passed:
+            break
+        outcome.reason = "; ".join(outcome.validation.failures())
+        for f in result.files:
+            f.path.unlink()
+        # A step that can keep more of its variant exact (fp16's conversions, int8's activations) is told how
+        # the task's gates measure, on the calibration samples, and the variant is made once more.
+        if judge is None and repairable(steps):
+            judge = task_run.judge(recipe.validation.gates, len(feeds), target)
+            if judge is not None:
+                progress(f"the task's gates refused it ({outcome.reason}): making it again, measured by them")
+                continue
+        if target.parent != release and not any(target.parent.iterdir()):
+            target.parent.rmdir()
+        outcome.data["files"] = []
+        return outcome
     if has_fp16(model):  # an fp32 variant holds its values as the source does
         progress("measuring activation ranges as fp16 holds them")
         outcome.data["peak"] = _variant_peak(target, feeds[:2])

@@ -89,8 +89,7 @@ def _variants(variants: list[dict]) -> list[str]:
             continue
         for i, line in enumerate(v.get("headline", [])):  # what was achieved and why not more, first
             out += [f"**{line}**" if i == 0 else line, ""]
-        notes = [n for s in v["steps"] for n in s.get("notes", [])]
-        out += [f"- {n}" for n in notes]
+        out += [f"- {n}" for n in variant_notes(v)]
         nodes = v["nodes"]
         out.append(f"- {nodes['source']} nodes in the source, {nodes['variant']} in the variant.")
         peak = v.get("peak")
@@ -116,6 +115,17 @@ def _value(value) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
     return str(value)
+
+
+def variant_notes(v: dict) -> list[str]:
+    """What its steps said, and why it was made twice if it was."""
+    notes = [n for s in v["steps"] for n in s.get("notes", [])]
+    if v.get("remade_after"):
+        notes.append(
+            f"made twice: the task's gates refused the first ({v['remade_after']}); the steps that can keep more "
+            "of it exact were told how the gates measure"
+        )
+    return notes
 
 
 def runtime_needs(v: dict) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from onnxsmith.release import plots
 from onnxsmith.release.bench import notes
-from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs
+from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs, variant_notes
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 0;
@@ -107,7 +107,7 @@ def _variants_section(variants: list[dict]) -> list[str]:
     for v in variants:
         if not v["published"]:
             continue
-        notes = [n for s in v["steps"] for n in s.get("notes", [])] + [f"Runtime: {r}" for r in runtime_needs(v)]
+        notes = variant_notes(v) + [f"Runtime: {r}" for r in runtime_needs(v)]
         headline = "".join(
             f"<p><strong>{escape(line)}</strong></p>" if i == 0 else f"<p>{escape(line)}</p>"
             for i, line in enumerate(v.get("headline", []))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
-from onnxsmith.core.transform import Progress
+from onnxsmith.core.transform import Judge, Progress
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.tasks.base import Evaluation, Sample, Task
@@ -167,6 +167,32 @@ class TaskRun:
             rows=evaluation.rows,
             reasons=evaluation.reasons,
         )
+
+    def judge(self, gates: dict[str, float], count: int, candidate: str | os.PathLike) -> Judge | None:
+        """The task's ``gates`` as a function of raw outputs on the first ``count`` samples (what
+        :meth:`calibration_feeds` gives the transforms), in the gates' units (<= 1 passes), judged in the number
+        format ``candidate`` (validated before) differs from the source in: what a step that repairs a variant
+        the gates refused measures its choices with. None for a task that runs the two models itself."""
+        if self.task.judge is not None or not gates:
+            return None
+        samples = self.samples[: max(1, count)]
+        fmt = compared_format(self._formats[self.source], self._formats[Path(candidate)])
+
+        def judge(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> float:
+            sets = len(next(iter(reference.values())))  # both stacked over the input sets
+            ref = [{k: v[i] for k, v in reference.items()} for i in range(sets)]
+            cand = [{k: v[i] for k, v in candidate.items()} for i in range(sets)]
+            values = self.task.evaluate(ref, cand, samples[:sets], self.options, number_format=fmt).values
+            return max(
+                self.task.metric(name).severity(values.get(name, math.nan), gate) for name, gate in gates.items()
+            )
+
+        return judge
+
+    @property
+    def real_inputs(self) -> bool:
+        """Whether the samples are the model's real data (not random from its input spec)."""
+        return not any(s.random for s in self.samples)
 
     def calibration_feeds(self, count: int) -> list[dict[str, np.ndarray]]:
         """The first ``count`` samples' feeds, for transforms to measure the source on."""

@@ -31,7 +31,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
-from onnxsmith.core.transform import Progress, StepReport, Transform, TransformContext
+from onnxsmith.core.transform import Judge, Progress, StepReport, Transform, TransformContext
 from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
@@ -167,16 +167,32 @@ class Verification:
 
     ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the variant
     is judged on; ``gate``: the bounds a user set (the others follow the number format the
-    variant differs in, :mod:`onnxsmith.verify.gate`).
+    variant differs in, :mod:`onnxsmith.verify.gate`). ``judge``: a gate beyond the one gate that
+    refused an earlier variant (``build``: the task's gates on the calibration feeds), handed to the
+    steps that repair (``TransformContext.judge``) from the first make on. ``real_inputs``: the feeds are
+    real data, not random from the input spec (``TransformContext.real_inputs``).
     """
 
     feeds: list[dict[str, np.ndarray]]
     gate_feeds: list[dict[str, np.ndarray]] | None = None
     gate: GateOptions = dataclasses.field(default_factory=GateOptions)
+    judge: Judge | None = None
+    real_inputs: bool = False
 
     @property
     def judged_on(self) -> list[dict[str, np.ndarray]]:
         return self.gate_feeds or self.feeds
+
+    def context(self, source: Path, progress: Progress, judge: Judge | None = None) -> TransformContext:
+        """What the steps get: these feeds, and ``judge`` (a remake after the one gate refused) or this one's."""
+        return TransformContext(
+            source_path=source,
+            feeds=self.feeds,
+            save=save_model,
+            progress=progress,
+            judge=judge or self.judge,
+            real_inputs=self.real_inputs,
+        )
 
 
 @dataclass(frozen=True)
@@ -269,7 +285,7 @@ def make_variant(
     with ThreadPoolExecutor(max_workers=1) as hashing:
         source_sha256 = hashing.submit(sha256_file, source)
         nodes_before = count_nodes(model)
-        context = TransformContext(source_path=source, feeds=verification.feeds, save=save_model, progress=progress)
+        context = verification.context(source, progress)
         reports, settings, judge = _apply_steps(model, steps, context, progress)
         nodes_after = count_nodes(model)
         info = SourceInfo.of(source, protect, source_sha256.result(), staging.source_name, staging.origin)
@@ -288,20 +304,14 @@ def make_variant(
             variant = staged_variant(
                 info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
             )
-        if variant.passed or context.judge is not None or judge is not None or not _repairable(steps):
+        if variant.passed or context.judge is not None or judge is not None or not repairable(steps):
             return variant
         # The one gate refused it: the steps that can keep more of the model exact measure, with the
         # gate itself, what to keep (precision/repair.py), and the chain is made once more.
         variant.discard()
         progress("the gate refused it: measuring what to keep fp32")
         model = load_model(source)
-        context = TransformContext(
-            source_path=source,
-            feeds=verification.feeds,
-            save=save_model,
-            progress=progress,
-            judge=functools.partial(severity, bounds=comparison.bounds),
-        )
+        context = verification.context(source, progress, functools.partial(severity, bounds=comparison.bounds))
         reports, _, _ = _apply_steps(model, steps, context, progress)
         nodes_after = count_nodes(model)
 
@@ -326,7 +336,7 @@ def _apply_steps(
     return reports, settings, judge
 
 
-def _repairable(steps: list[tuple[str, Any]]) -> bool:
+def repairable(steps: list[tuple[str, Any]]) -> bool:
     """Whether a step keeps more of its variant exact when told how the gate measures it
     (:attr:`~onnxsmith.core.transform.Transform.repairs`)."""
     return any(get_transform(name).repairs(options) for name, options in steps)

@@ -231,12 +231,14 @@ def measure_layer_errors(
     model_path: str | os.PathLike,
     feeds_list: list[dict[str, np.ndarray]],
     forms: dict[str, dict[object, LinearPlan]],
+    two_pass: bool = False,
 ) -> dict[str, dict[object, float]]:
-    """Per Linear (by name) in ``forms``: its int8 error for each form (label -> :class:`LinearPlan`)."""
+    """Per Linear (by name) in ``forms``: its int8 error for each form (label -> :class:`LinearPlan`), its
+    activations quantized in one pass or ``two_pass`` (weights rounded to nearest)."""
     model = _load(model_path)
     build = _Builder(model)
     graph = model.graph
-    int8 = Int8Builder(graph, build.names)
+    int8 = Int8Builder(graph, build.names, Int8Form(two_pass=two_pass))
     wanted: dict[str, dict[float | None, str]] = {}
     for linear in find_linears(model):
         if linear.name not in forms:

@@ -57,6 +57,19 @@ class MetricSpec:
             return False
         return value <= gate if self.better == LOWER else value >= gate
 
+    def severity(self, value: float, gate: float) -> float:
+        """How far ``value`` is from failing ``gate``, in the gate's units: <= 1 passes, graded beyond it (what a
+        step that repairs its variant measures its choices with). Agreements (higher is better) lie in [0, 1]."""
+        if value is None or math.isnan(value):
+            return math.inf
+        if self.better == LOWER:
+            if gate > 0:
+                return max(value, 0.0) / gate
+            return 0.0 if value <= gate else 1.0 + value
+        if value >= gate:
+            return (1.0 - value) / (1.0 - gate) if gate < 1 else 0.0
+        return 1.0 + (gate - value) / max(1.0 - gate, 1e-3)
+
     def gate_text(self, gate: float) -> str:
         return f"{'≤' if self.better == LOWER else '≥'} {gate:g}"
 
@@ -69,6 +82,8 @@ class Sample:
     feeds: dict[str, np.ndarray]
     #: What the task needs besides the model outputs (an LM's next tokens, say).
     target: Any = None
+    #: Made up from the input spec (random values), not the model's real data.
+    random: bool = False
 
 
 @dataclass

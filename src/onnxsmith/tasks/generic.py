@@ -79,7 +79,7 @@ class Generic(Task):
             return [Sample(f.name, load_npz(f, model)) for f in files]
         shapes, dims = parse_shape_options(options.shape)
         feeds = inputs_that_run(model, shapes=shapes, dims=dims, samples=options.samples, seed=options.seed)
-        return [Sample(f"random#{options.seed + i}", f) for i, f in enumerate(feeds)]
+        return [Sample(f"random#{options.seed + i}", f, random=True) for i, f in enumerate(feeds)]
 
     def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
         if options.data:

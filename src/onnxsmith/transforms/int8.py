@@ -21,11 +21,16 @@ calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never fro
 3. **End to end**: the outputs' relative error with a set of candidates in int8, measured.
    Everything at once first; if that is over ``--error-budget``, the search of
    analysis/int8_policy.py finds what must stay fp32 (roles, halves) within ``--max-runs``.
+4. **Speed** (``--no-speed``: off): the chosen variant timed against the model given on the first
+   calibration input (runtime/int8_speed.py); the report gives the measured speed-up, and says first when
+   it is no faster. With ``--keep-fast`` (opt-in: the variant then depends on the machine's timing, not the
+   same bytes everywhere), a variant not faster by 5% has the groups of int8 parts (the Convs, the Linears of
+   a role, the tables) without which it is faster kept fp32 (analysis/int8_policy.keep_fast).
 
-Opt-in: ``--two-pass-activations`` (each Linear's activation quantized twice, ``x ≈ Q(x) + Q(x - Q(x))``:
-~100x less activation rounding error for a second int8 GEMM) and ``--compensate-rounding`` (int8 weights
-rounded with error compensation, GPTQ, from the Gram matrices of the Linears' inputs on the calibration
-inputs); both are the forms the search measures and the rewrite makes (docs/int8.md).
+int8 weights are rounded with error compensation (GPTQ, from the Gram matrices of the Linears' inputs on
+the calibration inputs; ``--no-compensate-rounding``: to nearest). Opt-in: ``--two-pass-activations`` (each
+Linear's activation quantized twice, ``x ≈ Q(x) + Q(x - Q(x))``: ~100x less activation rounding error for a
+second int8 GEMM). Both are the forms the search measures and the rewrite makes (docs/int8.md).
 
 The budget defaults to 0.3 of what the gate allows (relative error sqrt(2 (1 - min_cosine)):
 0.03 for cosine 0.995): room for inputs the calibration did not see (calibrated on random
@@ -36,6 +41,7 @@ inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +49,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedNodesPass
 
-from onnxsmith.analysis.int8_policy import Selection, roles, search
+from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, roles, search
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
@@ -73,6 +79,7 @@ from onnxsmith.runtime.int8_measure import (
     measure_ranges,
     unsmoothed_name,
 )
+from onnxsmith.runtime.int8_speed import Int8Timer
 
 #: Smoothing strengths tried per input.
 ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
@@ -88,6 +95,8 @@ MIN_SIDE = 16
 #: measured about as fast as the fp32 Conv at 16-64, 1.5x at 96-144, 2-3.5x from 256 (docs/int8.md),
 #: and each int8 Conv between fp32 ops adds a QuantizeLinear and layout changes.
 MIN_CONV_DEPTH = 128
+#: Seconds each timing of the variant against fp32 takes at most (beyond a few rounds, however long they take).
+SPEED_SECONDS = 2.0
 
 
 @dataclass
@@ -108,11 +117,12 @@ class Options:
         0.1, "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"
     )
     min_cosine: float = option(0.995, "the gate: every output's cosine to the source's at least this")
-    # How the int8 Linears are made (opt-in: docs/int8.md).
+    # How the int8 Linears are made (docs/int8.md).
     compensate_rounding: bool = option(
-        False,
+        True,
         "round int8 weights with error compensation (GPTQ): each row's rounding error spread over the rows not "
-        "yet rounded, weighted by the calibration inputs' XᵀX; give many real inputs (rows >= K per Linear)",
+        "yet rounded, weighted by the calibration inputs' XᵀX (measured less error than rounding to nearest on "
+        "MiniLM and the face-age ViTs, even calibrated on random inputs; docs/int8.md)",
     )
     two_pass_activations: bool = option(
         False,
@@ -121,10 +131,21 @@ class Options:
     )
     # What goes int8 besides the Linears the search chooses.
     tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
-    convs: bool = option(
+    convs: bool | None = option(
+        None,
+        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' ranges "
+        "(default: when those are real inputs, --inputs or a recipe's task data; random ones give scales that "
+        "real data overflows)",
+    )
+    speed: bool = option(
+        True,
+        "time the variant against the model given on the first calibration input (onnxruntime CPU, threads = "
+        "cores) and report the measured speed-up (the variant's bytes do not depend on it)",
+    )
+    keep_fast: bool = option(
         False,
-        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' "
-        "ranges: give real inputs (--inputs), random ones give scales real data overflows",
+        "keep fp32 the int8 parts (the Convs, the Linears of a role, the tables) that --speed measures not to make "
+        "the variant faster by 5%: the variant then depends on this machine's timing (not the same bytes everywhere)",
     )
 
     def validate(self) -> None:
@@ -134,6 +155,8 @@ class Options:
             raise ValueError(f"min_cosine must be in (0, 1], not {self.min_cosine}")
         if not 0 <= self.smooth_gain < 1:
             raise ValueError(f"smooth_gain must be in [0, 1), not {self.smooth_gain}")
+        if self.keep_fast and not self.speed:
+            raise ValueError("keep_fast needs speed (it acts on the timing)")
         if self.max_runs < 1:
             raise ValueError(f"max_runs must be at least 1, not {self.max_runs}")
 
@@ -262,19 +285,30 @@ class Int8(Transform):
     summary = "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU"
     Options = Options
 
+    def repairs(self, options: Options) -> bool:
+        return not options.two_pass_activations  # two passes leave ~100x less activation rounding error
+
     def gate_settings(self, options: Options) -> dict:
         # The one gate (verify/gate.py) at int8's bounds, with the direction bound this transform promises.
         return {"min_cosine": options.min_cosine}
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+        if not options.speed:
+            return self._apply(model, options, context, None)
+        with context.model_file(model) as given:  # the model as given: what the variant's speed is measured against
+            return self._apply(model, options, context, given)
+
+    def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
+        # Convs' activation scales are fixed from the calibration inputs' ranges: only real inputs give real ranges.
+        with_convs = options.convs if options.convs is not None else context.real_inputs
         # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
         # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
-        smallest = 1 if options.convs else MIN_SIDE * MIN_SIDE
+        smallest = 1 if with_convs else MIN_SIDE * MIN_SIDE
         lifted = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=smallest)(model)
         if lifted.modified:
             context.model_is_source = False
-        if options.convs and batchnorm_rules.apply_to_model(model):
+        if with_convs and batchnorm_rules.apply_to_model(model):
             context.model_is_source = False  # measure the folded Convs that are quantized
         # What onnxruntime's CPU kernels run slower fused (or would fuse at load time) is taken apart first: the
         # Linears int8 finds then include the biases those ops held.
@@ -284,19 +318,20 @@ class Int8(Transform):
         linears = find_linears(model)
         tables = {t.name: t for t in find_tables(model)} if options.tables else {}
         found_convs = find_convs(model)
-        convs = found_convs if options.convs else []
+        convs = found_convs if with_convs else []
         if not linears and not tables and not convs:
-            hint = (
-                f"; its {len(found_convs)} Convs go int8 with --convs (and real inputs: --inputs)"
-                if found_convs
-                else ""
-            )
+            hint = f"; its {len(found_convs)} Convs {_why_convs_fp32(options)}" if found_convs else ""
             raise InputError(
                 "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8" + hint,
                 context.source_path,
             )
         batch = _batch(context.feeds[0])
         budget = options.budget()
+        # Told how the gate measures after it refused a variant (release/: the one gate, or build's task gates),
+        # int8 makes the more exact form: the activation rounding is most of what one pass loses (docs/int8.md).
+        two_pass = options.two_pass_activations or context.judge is not None
+        if two_pass and not options.two_pass_activations:
+            report.notes.append("activations in two passes: the gate refused the variant with one")
         decisions: dict[str, Decision] = {}
         with context.model_file(model) as path:
             context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
@@ -318,12 +353,9 @@ class Int8(Transform):
                 elif s.rows <= batch:
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
             candidates = [linear for linear in linears if not decisions[linear.name].reason]
-            # Two-pass activations leave almost no activation rounding error for other forms to trade away.
-            forms = _offer_forms(
-                path, context, candidates, stats, decisions, options.smooth_gain, offer=not options.two_pass_activations
-            )
+            forms = _offer_forms(path, context, candidates, stats, decisions, options.smooth_gain, two_pass)
             rounded = _compensated(path, context, candidates, forms, decisions) if options.compensate_rounding else {}
-            form = Int8Form(rounded, options.two_pass_activations)
+            form = Int8Form(rounded, two_pass)
             conv_decisions = _measure_convs(path, context, convs, model.opset_imports.get("", 1))
             for d in conv_decisions.values():
                 d.role = role[d.name]
@@ -337,6 +369,21 @@ class Int8(Transform):
             else:
                 space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions, form)
                 chosen, chosen_tables, chosen_convs, used = self._search(space, context, budget, options, report)
+            speed = None
+            if given is not None and (chosen or chosen_tables or chosen_convs):
+                linear_plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen}
+                timer = Int8Timer(
+                    path, given, context.feeds[0], linear_plans, set(chosen_tables),
+                    {n: conv_plans[n] for n in chosen_convs}, form, seconds=SPEED_SECONDS,
+                )  # fmt: skip
+                speed = _keep_fast(
+                    timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, options.keep_fast
+                )
+                chosen, chosen_tables, chosen_convs = (
+                    chosen - speed.kept_names,
+                    chosen_tables - speed.kept_names,
+                    chosen_convs - speed.kept_names,
+                )
         plan = {}
         for name in chosen:
             d = decisions[name]
@@ -354,13 +401,13 @@ class Int8(Transform):
         QuantizeConvsPass({name: conv_plans[name] for name in chosen_convs})(model)
         RemoveUnusedNodesPass()(model)
         _report(report, list(decisions.values()), tables, chosen_tables, list(conv_decisions.values()), budget, form)
+        if speed is not None:
+            _speed_report(report, speed, context.feeds[0])
         if unfused.modified:
             report.notes.append(unfused.note())
-        if found_convs and not options.convs:
-            report.notes[0] += (
-                f"; {len(found_convs)} Convs fp32 (--convs: QLinearConv with activation scales from the calibration "
-                "inputs, give real ones with --inputs)"
-            )
+        if found_convs and not with_convs:
+            report.notes[0] += f"; {len(found_convs)} Convs fp32: they {_why_convs_fp32(options)}"
+            report.why_not_more.append(f"{len(found_convs)} Conv(s) stay fp32: they {_why_convs_fp32(options)}")
         return report
 
     def _without_search(self, decisions, candidates, options: Options) -> set[str]:
@@ -485,6 +532,58 @@ class Int8(Transform):
         return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used
 
 
+def _keep_fast(timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, trim) -> SpeedCheck:
+    """Times the variant against the model given; with ``trim``, the groups of int8 parts (the tables, the Convs,
+    the Linears of each role) that do not make it faster are kept fp32, and their decisions say so."""
+    groups = [
+        ("the embedding tables", sorted(chosen_tables)),
+        ("the Convs", [n for n in conv_decisions if n in chosen_convs]),
+    ]
+    by_role: dict[str, list[str]] = {}
+    for name, d in decisions.items():
+        if name in chosen:
+            by_role.setdefault(d.role, []).append(name)
+    groups += [(f"the Linears {role}", names) for role, names in by_role.items()]
+    context.progress("int8: timing the variant against the model given (onnxruntime CPU)")
+    check = keep_fast(set(chosen) | set(chosen_tables) | set(chosen_convs), groups, timer, trim=trim)
+    for label, names, without in check.kept:
+        reason = (
+            f"kept fp32: not faster, measured {check.with_all:.2f}x the model given with {label} int8, "
+            f"{without:.2f}x without"
+        )
+        for n in names:
+            d = decisions.get(n) or conv_decisions.get(n)
+            if d is not None:
+                d.reason, d.kind = reason, "not faster"
+    return check
+
+
+def _speed_report(report: StepReport, check: SpeedCheck, feeds: dict[str, np.ndarray]) -> None:
+    where = f"on the first calibration input (batch {_batch(feeds)}), onnxruntime CPU, {os.cpu_count() or 1} threads"
+    kept = "; ".join(f"{label} ({len(names)}): {without:.2f}x without them" for label, names, without in check.kept)
+    report.notes.append(
+        f"measured speed-up {where}: {check.speedup:.2f}x the model given"
+        + (
+            f" (kept fp32 for speed, not faster: {kept}; {check.with_all:.2f}x with everything chosen int8)"
+            if kept
+            else ""
+        )
+    )
+    if not check.int8:
+        report.why_not_more.insert(
+            0,
+            f"no int8 part measured faster than fp32 here: all kept fp32, {check.speedup:.2f}x the model given ({where})",
+        )
+    elif check.speedup < 1.0:
+        report.why_not_more.insert(
+            0,
+            f"int8 measured no faster than the model given here: {check.speedup:.2f}x ({where})"
+            + ("" if check.trimmed else "; --keep-fast keeps fp32 the int8 parts that do not pay"),
+        )
+    report.stats["measured_speedup"] = check.speedup
+    report.stats["kept_fp32_for_speed"] = sorted(check.kept_names)
+
+
 def _folding(candidates) -> set[str]:
     """The candidates whose input's smoothing folds into a LayerNorm when every candidate reading it goes int8."""
     return {
@@ -532,6 +631,15 @@ def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget,
     return dropped, measured
 
 
+def _why_convs_fp32(options: Options) -> str:
+    if options.convs is False:
+        return "stay fp32 by --no-convs"
+    return (
+        "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
+        "random inputs' ranges are not real data's (--convs forces it)"
+    )
+
+
 def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, ConvDecision]:
     """Per Conv: its decision, with the measured ranges and a :class:`ConvPlan` where it is a candidate."""
     decisions = {c.name: ConvDecision(c.name, c.shape, c.group, c.relu is not None) for c in convs}
@@ -557,17 +665,18 @@ def _measure_convs(path, context, convs: list[Conv], opset: int) -> dict[str, Co
     return decisions
 
 
-def _offer_forms(path, context, candidates, stats, decisions, gain: float, offer: bool = True) -> dict:
+def _offer_forms(path, context, candidates, stats, decisions, gain: float, two_pass: bool = False) -> dict:
     """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
     outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
     ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
-    ``.offered_smoothing`` (the same among the smoothing alphas). Without ``offer``: the plain form only."""
+    ``.offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so): the
+    plain form only (they leave almost no activation rounding error for other forms to trade away)."""
     forms: dict[str, dict] = {}
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
-        if not offer:
+        if two_pass:
             for r in readers:
                 forms[r.name] = per_input
             continue
@@ -584,7 +693,7 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float, offer
     if not forms:
         return forms
     context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, smoothed, outliers apart)")
-    errors = measure_layer_errors(path, context.feeds, forms)
+    errors = measure_layer_errors(path, context.feeds, forms, two_pass)
     for readers in by_input(candidates).values():
         for r in readers:
             decisions[r.name].errors = errors.get(r.name, {})
@@ -605,11 +714,13 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float, offer
 def _compensated(path, context, candidates, forms, decisions) -> dict:
     """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
     offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
-    form prepares it: channels divided by the smoothing, outlier channels zero)."""
+    form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
+    form (the Linears reading an input share its forms)."""
     by_name = {linear.name: linear for linear in candidates}
     rounded = {}
     context.progress(f"int8: error-compensated rounding of {len(candidates)} Linears (XᵀX of their inputs)")
     for readers, gram in input_grams(path, context.feeds, set(by_name)):
+        factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
         for name in readers:
             linear, d = by_name[name], decisions[name]
             w = linear.weight_array()
@@ -617,9 +728,12 @@ def _compensated(path, context, candidates, forms, decisions) -> dict:
                 plan = forms[name].get(label)
                 if plan is None:
                     continue
-                factor = plan.input_factor(linear.kn()[0])
-                prepared = gram if factor is None else gram * np.outer(factor, factor)
-                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), prepared)
+                if label not in factors:
+                    scaling = plan.input_factor(linear.kn()[0])
+                    factors[label] = qz.compensation_factor(
+                        gram if scaling is None else gram * np.outer(scaling, scaling)
+                    )
+                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), factors[label])
     return rounded
 
 
