@@ -23,7 +23,7 @@ quantize_tables.py and quantize_convs.py, their int8 nodes made by the builders 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -303,6 +303,11 @@ def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: lis
     return worst
 
 
+def _stacked(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Outputs per input set as a judge reads them: each output stacked over the input sets."""
+    return {name: np.stack([o[name] for o in outputs]) for name in outputs[0]}
+
+
 def unsmoothed_name(linear: str) -> str:
     """The probe's switch for a smoothed Linear's unsmoothed int8 form."""
     return f"{linear}::unsmoothed"
@@ -402,6 +407,13 @@ class SensitivityProbe:
         """The outputs' relative error (see :func:`relative_output_error`) with ``int8`` switched on."""
         self.runs += 1
         return relative_output_error(self.reference, self.run(set(int8)))
+
+    def judged(self, int8: set[str], judge: Callable[[dict, dict], float]) -> tuple[float, float]:
+        """The outputs' relative error with ``int8`` switched on, and how far the gate ``judge`` puts them from
+        the reference (in units of its bounds, <= 1 passes; both stacked over the input sets)."""
+        self.runs += 1
+        candidate = self.run(set(int8))
+        return relative_output_error(self.reference, candidate), judge(_stacked(self.reference), _stacked(candidate))
 
     def close(self) -> None:
         del self.session
