@@ -309,7 +309,8 @@ def make_variant(
         # The one gate refused it: the steps that can keep more of the model exact measure, with the
         # gate itself, what to keep (precision/repair.py), and the chain is made once more.
         variant.discard()
-        progress("the gate refused it: measuring what to keep fp32")
+        # Each repairing step says what it does about it (fp16 keeps tensors fp32, int8 quantizes in two passes).
+        progress("the gate refused it: making it again with the gate handed to the steps that repair")
         model = load_model(source)
         context = verification.context(source, progress, functools.partial(severity, bounds=comparison.bounds))
         reports, _, _ = _apply_steps(model, steps, context, progress)
