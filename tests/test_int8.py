@@ -330,6 +330,8 @@ def test_real_mobilenet_convs_int8_with_real_inputs(tmp_path):
     assert all(why.startswith(("grouped (depthwise) conv", "too shallow")) or why in small for why in kept.values())
     assert len(small) == 2  # its squeeze-excite Convs (200 -> 50 -> 200 channels, the Hard-Sigmoid reads them)
     assert report.stats["before_after"]["Convs in int8"] == (0, len(int8))
+    thin = f"the {len(int8)} int8 Convs' activation ranges come from 4 calibration sample(s): inputs beyond them"
+    assert any(note.startswith(thin) for note in report.notes)
     assert result.comparison.passed
     assert out.stat().st_size < 0.9 * source.stat().st_size
     variant = load_model(out)
@@ -393,6 +395,18 @@ def test_a_small_conv_read_by_fp32_ops_stays_fp32(tmp_path, layers, int8):
     # the Conv's input and output quantized (QDQ), or no QuantizeLinear: the Linears quantize dynamically
     assert op_count(load_model(tmp_path / "int8.onnx"), "QuantizeLinear") == (2 if int8 else 0)
     assert result.comparison.passed
+    thin = "the 1 int8 Convs' activation ranges come from 2 calibration sample(s)"
+    assert any(note.startswith(thin) for note in result.reports[0].notes) == int8
+
+
+def test_int8_convs_calibrated_on_32_samples_or_more_get_no_clipping_note(tmp_path):
+    source = _patch_embedding(tmp_path / "stem.onnx", 1)
+    rng = np.random.default_rng(0)
+    feeds = [{"image": rng.uniform(-2, 2, (2, 3, 32, 32)).astype(np.float32)} for _ in range(16)]
+    options = Int8.Options(speed=False, sensitivity=False)
+    result = produce_variant(source, tmp_path / "int8.onnx", [("int8", options)], feeds=feeds, real_inputs=True)
+    assert result.reports[0].tables["Convs"][0]["int8"] == "yes"
+    assert not any("calibration sample(s)" in note for note in result.reports[0].notes)
 
 
 def test_cli_inputs_are_real_inputs_the_convs_are_calibrated_on(tmp_path, cli):
