@@ -207,7 +207,7 @@ def models() -> dict[str, Bench]:
     # crops of the example's photos for open_nsfw), calibrated on 8 and judged on 64 others (argmax agreement
     # needs more than a few samples to mean anything).
     cnn = {"task": "classifier", "calibration_batch": 8, "evaluation_batches": 8, "real_calibration": True}
-    # PaddleOCR's: also after fuse (its written-out hard swishes become HardSigmoid and Mul: rules/hardswish.py)
+    # PaddleOCR's: also after fuse (PP-OCRv4 rec's LayerNorms and attention fused)
     paddle = {**cnn, "pipelines": (("int8", {}), ("fuse+int8", {}))}
     found["ppocr_rec"] = Bench(real_model("ppocr_rec"), _ppocr(48, 320), **paddle)
     found["open_nsfw"] = Bench(real_model("open_nsfw"), _open_nsfw, **cnn)

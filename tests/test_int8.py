@@ -299,6 +299,9 @@ def test_real_ppocr_rec_linears_of_unknown_rank_are_measured(tmp_path):
     assert len(rows) == 9 and all(r["layer error"] != "-" for r in rows)  # measured, not "no shape"
     assert sum(r["int8"] == "yes" for r in rows) >= 7
     assert result.comparison.passed
+    # its 28 written-out hard swishes, for onnxruntime's CPU kernels (rules/hardswish.py)
+    assert any("28 written-out hard swishes -> x * HardSigmoid(x)" in note for note in result.reports[0].notes)
+    assert op_count(load_model(tmp_path / "rec-int8.onnx"), "HardSigmoid") == 30  # and its 2 own
 
 
 def test_real_mobilenet_convs_int8_with_real_inputs(tmp_path):

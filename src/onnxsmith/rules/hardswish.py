@@ -4,8 +4,10 @@ MobileNetV3-style networks (PaddleOCR's, and PyTorch code that spells ``x * relu
 hard swish as four elementwise ops: Add 3, Clip 0..6, Mul by x, Div by 6 (or Mul by 1/6). HardSigmoid
 (alpha 1/6, beta 0.5, from opset 6) computes ``clip(x / 6 + 0.5, 0, 1)`` in one pass: two passes over the
 activation instead of four, exact up to the rounding of the division. (HardSwish itself needs opset 14;
-onnxruntime runs HardSigmoid and Mul at any opset these models use.) PP-OCRv4's recogniser on CPU at batch 8:
-int8 alone 0.83x the source, fuse + int8 1.21x (docs/benchmarks.md).
+onnxruntime runs HardSigmoid and Mul at any opset these models use.) Applied by ``int8`` (the CPU variant,
+judged by cosine), not by ``fuse --precision fp32``: alpha * x + beta is not bit-exact to (x + 3) / 6, and
+fuse's fp32 gate refused PP-OCR's text detector over a 1.8e-7 change in a saturated sigmoid map.
+PP-OCRv4's recogniser on CPU at batch 8: 0.83x the source int8 without it, 1.21x with it (docs/benchmarks.md).
 """
 
 from __future__ import annotations

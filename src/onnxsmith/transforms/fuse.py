@@ -53,7 +53,6 @@ from onnxsmith.precision import report as precision_report
 from onnxsmith.rules import (
     attention,
     bias_gelu,
-    hardswish,
     layer_norm,
     layer_scale,
     noop_reshape,
@@ -70,7 +69,6 @@ from onnxsmith.runtime.inputs import input_specs
 FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
     ("written-out LayerNorm -> LayerNormalization", (layer_norm.layer_norm_rules, layer_norm.layer_norm_no_beta_rules)),
     ("erf GELU -> Gelu", (bias_gelu.gelu_rules,)),
-    ("written-out hard swish -> x * HardSigmoid", (hardswish.hardswish_rules,)),
     ("layer scale into projections", (layer_scale.layer_scale_rules,)),
     ("RoPE -> RotaryEmbedding", (rotary.prefix_rotary_rules, rotary.all_tokens_rotary_rules)),
     ("softmax attention -> SDPA", (attention.sdpa_rules,)),
@@ -92,7 +90,6 @@ _REPORTED_OPS = (
     "RotaryEmbedding",
     "SkipLayerNormalization",
     "BiasGelu",
-    "HardSigmoid",
     "LayerNormalization",
     "MatMul",
     "Add",

@@ -70,6 +70,7 @@ from onnxsmith.passes.quantize_linears import (
 )
 from onnxsmith.passes.quantize_tables import QuantizeTablesPass, Table, find_tables
 from onnxsmith.rules.batchnorm import batchnorm_rules
+from onnxsmith.rules.hardswish import hardswish_rules
 from onnxsmith.runtime.int8_measure import (
     InputStats,
     SensitivityProbe,
@@ -324,6 +325,10 @@ class Int8(Transform):
         unfused = CpuUnfusePass()(model)
         if unfused.modified:
             context.model_is_source = False
+        # A written-out hard swish (Add, Clip, Mul, Div: four passes over the activation) as x * HardSigmoid(x), two.
+        hard_swishes = hardswish_rules.apply_to_model(model)
+        if hard_swishes:
+            context.model_is_source = False
         linears = find_linears(model)
         tables = {t.name: t for t in find_tables(model)} if options.tables else {}
         found_convs = find_convs(model)
@@ -418,6 +423,11 @@ class Int8(Transform):
             _speed_report(report, speed, context.feeds[0])
         if unfused.modified:
             report.notes.append(unfused.note())
+        if hard_swishes:
+            report.notes.append(
+                f"for onnxruntime's CPU kernels: {hard_swishes} written-out hard swishes -> x * HardSigmoid(x) (two "
+                "passes over the activation instead of four; rules/hardswish.py)"
+            )
         samples = sum(_batch(feeds) for feeds in context.feeds)
         if chosen_convs and samples < MIN_CONV_SAMPLES:
             report.notes.append(
