@@ -9,7 +9,8 @@ depthwise int8 measured no faster) is a candidate for QDQ that onnxruntime runs 
 activation scales from the ranges measured on the calibration inputs (passes/quantize_convs.py).
 Fused ops onnxruntime's CPU kernels run slower than their parts (SkipLayerNormalization, BiasGelu)
 are taken apart first, and an Add before a LayerNorm is written so that onnxruntime does not fuse it
-back at load time (passes/cpu_unfuse.py). The choice is made from measurements on the
+back at load time (passes/cpu_unfuse.py); a written-out hard swish becomes x * HardSigmoid(x), two passes
+over the activation instead of four (rules/hardswish.py). The choice is made from measurements on the
 calibration inputs (runtime/int8_measure.py, analysis/int8_policy.py), never from op types:
 
 1. **Cost**: a Linear that multiplies one vector per sample (a CLS readout, a classifier
@@ -545,7 +546,7 @@ class Int8(Transform):
             try:
                 dropped, measured = _drop_smoothing(
                     probe, context, candidates, chosen, used, decisions, budget, options.max_runs - runs, measured
-                )  # fmt: skip
+                )
             finally:
                 probe.close()
                 runs += probe.runs
