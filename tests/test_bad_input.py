@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnxsmith.cli.main import COMMANDS as COMMAND_MODULES
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
 from tests.conftest import assert_one_line_error
@@ -100,3 +101,12 @@ def test_a_model_onnxruntime_cannot_run_is_one_line_without_its_log(tmp_path, sa
     path = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     result = run_cli("compare", path, path, "--shape", "x:2,3")
     assert_one_line_error(result, str(path), "onnxruntime failed to run the model", "Reshape")
+
+
+@pytest.mark.parametrize("command", [m.removesuffix("_cmd").replace("_", "-") for m in COMMAND_MODULES])
+def test_every_command_prints_its_help(cli, command):
+    """Help texts come from the transforms' option docs; argparse formats them with ``%``, so one "1 %" in
+    int8's broke ``onnxsmith int8 --help`` with a traceback."""
+    result = cli(command, "--help")
+    assert result.returncode == 0, result.stderr[-300:]
+    assert result.stdout.startswith(f"usage: onnxsmith {command}")

@@ -39,7 +39,7 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
             "--" + field_name.replace("_", "-"),
             dest=_PREFIX + field_name,
             metavar=field_name.upper(),
-            help=help_text + (" (repeatable)" if many else ""),
+            help=help_text.replace("%", "%%") + (" (repeatable)" if many else ""),  # argparse formats help with %
             action="append" if many else "store",
         )
 

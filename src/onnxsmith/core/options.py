@@ -52,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
     group = parser.add_argument_group("options")
     for f, kind, optional in _fields(options_cls):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
+        help_text = _literal(f.metadata.get("help", ""))
         default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "automatic" if default is None and optional else default
+        shown = _literal(str("automatic" if default is None and optional else default))
         if kind is bool:
             group.add_argument(
                 flag,
@@ -81,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
                 choices=f.metadata.get("choices"),
                 help=f"{help_text} (default: {shown})",
             )
+
+
+def _literal(text: str) -> str:
+    """``text`` as argparse shows it: it formats help with ``%``, so "1 %" would break ``--help``."""
+    return text.replace("%", "%%")
 
 
 def from_args(args: argparse.Namespace, options_cls):

@@ -103,6 +103,27 @@ def gated_metrics(task: Task, evaluation: Evaluation, gates: dict[str, float]) -
     return results
 
 
+def gates_judge(
+    task: Task,
+    options: Any,
+    gates: dict[str, float],
+    samples: list[Sample],
+    number_format: NumberFormat | None = None,
+) -> Judge:
+    """``task``'s ``gates`` as a function of raw outputs stacked over input sets (``samples``: those sets,
+    for the task's rows), in the gates' units (<= 1 passes): what a step that repairs a variant measures its
+    choices with (``TransformContext.judge``)."""
+
+    def judge(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> float:
+        sets = len(next(iter(reference.values())))
+        ref = [{k: v[i] for k, v in reference.items()} for i in range(sets)]
+        cand = [{k: v[i] for k, v in candidate.items()} for i in range(sets)]
+        values = task.evaluate(ref, cand, samples[:sets], options, number_format=number_format).values
+        return max(task.metric(name).severity(values.get(name, math.nan), gate) for name, gate in gates.items())
+
+    return judge
+
+
 def _quiet(_: str) -> None:
     pass
 
@@ -175,19 +196,8 @@ class TaskRun:
         the gates refused measures its choices with. None for a task that runs the two models itself."""
         if self.task.judge is not None or not gates:
             return None
-        samples = self.samples[: max(1, count)]
         fmt = compared_format(self._formats[self.source], self._formats[Path(candidate)])
-
-        def judge(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> float:
-            sets = len(next(iter(reference.values())))  # both stacked over the input sets
-            ref = [{k: v[i] for k, v in reference.items()} for i in range(sets)]
-            cand = [{k: v[i] for k, v in candidate.items()} for i in range(sets)]
-            values = self.task.evaluate(ref, cand, samples[:sets], self.options, number_format=fmt).values
-            return max(
-                self.task.metric(name).severity(values.get(name, math.nan), gate) for name, gate in gates.items()
-            )
-
-        return judge
+        return gates_judge(self.task, self.options, gates, self.samples[: max(1, count)], fmt)
 
     @property
     def real_inputs(self) -> bool:
