@@ -27,10 +27,9 @@ model, as on PP-OCRv4 rec's Constant-node weights, after onnxruntime's ``quant_p
 ``onnxsmith fuse --precision fp32`` then ``int8`` (fused attention with int8 projections: what a
 recipe with both steps makes); the ViT-L gets only that pipeline (each int8 search on it takes minutes).
 
-Timing: every variant's session stays open; each round runs every variant in turn, a block of
-runs each (one untimed run first when a run is short: onnxruntime's idle threads of the other
-sessions spin for a while after their run, which a single short run would be charged for), the
-block's mean per run; the table shows the median over rounds.
+Timing: onnxsmith's own side-by-side timer (runtime/speed.py, what int8's speed check uses): every
+variant's session stays open; each round runs every variant in turn, a block of runs each (at least
+BLOCK_SECONDS), the block's mean per run; the table shows the median over ``--rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -312,23 +311,13 @@ def _accuracy(task, paths, evaluation):
 
 
 def _timing(paths, feeds, rounds):
-    """Median ms per run of each variant: rounds of blocks, see the module doc."""
-    sessions = {k: _session(p) for k, p in paths.items()}
-    block = {}
-    for k, s in sessions.items():
-        start = time.perf_counter()
-        s.run(None, feeds)
-        block[k] = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
-    times = {k: [] for k in sessions}
-    for _ in range(rounds):
-        for k, s in sessions.items():
-            if block[k] > 1:
-                s.run(None, feeds)  # wakes this session's threads; the others' stop spinning
-            start = time.perf_counter()
-            for _ in range(block[k]):
-                s.run(None, feeds)
-            times[k].append((time.perf_counter() - start) * 1e3 / block[k])
-    return {k: float(np.median(v)) for k, v in times.items()}
+    """Median ms per run of each variant: ``rounds`` rounds of blocks, see the module doc."""
+    from onnxsmith.runtime.speed import seconds_per_run
+
+    seconds = seconds_per_run(
+        paths, feeds, seconds=0, block_seconds=BLOCK_SECONDS, min_rounds=rounds, max_rounds=rounds
+    )
+    return {k: v * 1e3 for k, v in seconds.items()}
 
 
 def _machine() -> str:

@@ -8,6 +8,8 @@ transform's, and the variant is run in onnxruntime against the source.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -155,3 +157,27 @@ def test_the_timer_writes_and_runs_the_variants_it_is_asked_for(tmp_path, monkey
     fp32, times = timer([set(), {"fc0"}, {"fc0", "fc2"}])
     assert fp32 > 0 and len(times) == 3 and all(t > 0 for t in times) and timer.calls == 1
     assert seen == {"fp32": 0, "variant 0": 0, "variant 1": 1, "variant 2": 2}
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_the_side_by_side_timer_runs_each_model_the_rounds_it_is_asked_for(tmp_path, monkeypatch, rounds):
+    """With ``seconds=0`` the rounds are exactly ``min_rounds`` (what the benchmarks ask for); a zero block is one run
+    per round, after the first (sizing) run of each model."""
+    import shutil
+
+    from onnxsmith.runtime import runner, speed
+
+    paths = {"a": _tiny_linears(tmp_path / "a.onnx")}
+    paths["b"] = shutil.copy(paths["a"], tmp_path / "b.onnx")
+    feeds = random_inputs(load_model(paths["a"]), seed=0)
+    calls = {}
+    real = runner.run
+
+    def counting(session, feeds, *args, label, **kwargs):
+        calls[Path(label).stem] = calls.get(Path(label).stem, 0) + 1
+        return real(session, feeds, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(speed.runner, "run", counting)
+    times = speed.seconds_per_run(paths, feeds, seconds=0, block_seconds=0, min_rounds=rounds, max_rounds=rounds)
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    assert calls == {"a": 1 + rounds, "b": 1 + rounds}

@@ -26,10 +26,19 @@ BLOCK_SECONDS = 0.05
 MIN_ROUNDS, MAX_ROUNDS = 3, 15
 
 
-def seconds_per_run(paths: dict[str, Path], feeds: dict[str, np.ndarray], *, seconds: float = 2.0) -> dict[str, float]:
+def seconds_per_run(
+    paths: dict[str, Path],
+    feeds: dict[str, np.ndarray],
+    *,
+    seconds: float = 2.0,
+    block_seconds: float = BLOCK_SECONDS,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+) -> dict[str, float]:
     """Median seconds per run of each model (by key) on ``feeds``, timed together (see the module doc).
 
-    The rounds stop when ``seconds`` are spent, after at least :data:`MIN_ROUNDS`."""
+    The rounds stop when ``seconds`` are spent, after at least ``min_rounds`` and at most ``max_rounds``;
+    a round runs each model for at least ``block_seconds``."""
     threads = os.cpu_count() or 1
     sessions = {
         key: runner.open_session(path, options=runner.session_options(threads=threads), label=path)
@@ -39,10 +48,10 @@ def seconds_per_run(paths: dict[str, Path], feeds: dict[str, np.ndarray], *, sec
     for key, session in sessions.items():
         start = time.perf_counter()
         runner.run(session, feeds, label=paths[key])  # the first run allocates
-        if time.perf_counter() - start < BLOCK_SECONDS:  # a short run: how many make a block, from a second one
+        if time.perf_counter() - start < block_seconds:  # a short run: how many make a block, from a second one
             start = time.perf_counter()
             runner.run(session, feeds, label=paths[key])
-        block[key] = max(1, int(BLOCK_SECONDS / max(time.perf_counter() - start, 1e-6)))
+        block[key] = max(1, int(block_seconds / max(time.perf_counter() - start, 1e-6)))
     times: dict[str, list[float]] = {key: [] for key in sessions}
     began = time.perf_counter()
     while True:
@@ -54,6 +63,6 @@ def seconds_per_run(paths: dict[str, Path], feeds: dict[str, np.ndarray], *, sec
                 runner.run(session, feeds, label=paths[key])
             times[key].append((time.perf_counter() - start) / block[key])
         rounds = len(times[next(iter(times))])
-        if rounds >= MAX_ROUNDS or (rounds >= MIN_ROUNDS and time.perf_counter() - began >= seconds):
+        if rounds >= max_rounds or (rounds >= min_rounds and time.perf_counter() - began >= seconds):
             break
     return {key: float(np.median(t)) for key, t in times.items()}
