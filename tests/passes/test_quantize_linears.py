@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxscript.optimizer import basic_constant_propagation
 
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.walk import const_array
@@ -121,6 +122,36 @@ def test_unplanned_linears_stay_as_they_were(tmp_path):
     x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
     after = save_ir(model, tmp_path / "after.onnx")
     assert np.linalg.norm(_run(after, x)["y"] - _run(source, x)["y"]) / np.linalg.norm(_run(source, x)["y"]) < 0.03
+
+
+def test_a_bias_from_a_constant_node_after_the_matmul_stays_in_graph_order(tmp_path):
+    """torch's exporters write ``MatMul; Constant (the bias); Add``: the int8 product reads that bias, so it must
+    come after the Constant (a real CRNN's variant failed onnx.checker: not topologically sorted)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((K, N)).astype(np.float32) * 0.1
+    b = rng.standard_normal(N).astype(np.float32)
+    nodes = [
+        helper.make_node("Constant", [], ["W"], name="weight", value=numpy_helper.from_array(w)),
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="fc"),
+        helper.make_node("Constant", [], ["b"], name="bias", value=numpy_helper.from_array(b)),
+        helper.make_node("Add", ["h", "b"], ["y"], name="fc_bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "constant_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", N])],
+    )
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    model = load_model(source)
+    basic_constant_propagation(model.graph.all_nodes())  # as int8's rewrite rules leave Constant nodes' values
+    assert QuantizeLinearsPass({"fc": LinearPlan()})(model).quantized == ["fc"]
+    after = save_ir(model, tmp_path / "after.onnx")
+    onnx.checker.check_model(onnx.load(after), full_check=True)
+    x = rng.standard_normal((10, K)).astype(np.float32)
+    ref, out = _run(source, x)["y"], _run(after, x)["y"]
+    assert 0 < np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.03
 
 
 def test_nothing_planned_changes_nothing(tmp_path):

@@ -86,7 +86,7 @@ def find_linears(model: ir.Model) -> list[Linear]:
     for node in model.graph:
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
             continue
-        weight = node.inputs[1]
+        weight = _behind_identities(node.inputs[1])
         if weight is None or weight.const_value is None or weight.const_value.dtype != ir.DataType.FLOAT:
             continue
         if len(weight.const_value.shape) != 2 or node.inputs[0] is None:
@@ -117,6 +117,17 @@ def find_linears(model: ir.Model) -> list[Linear]:
     return found
 
 
+def _behind_identities(value: ir.Value | None) -> ir.Value | None:
+    """The value an Identity chain passes on: torch's exporters give each further reader of a shared weight
+    (ALBERT's layers) an Identity of it; read through, the weight's int8 copy replaces its fp32 one."""
+    while value is not None and value.const_value is None:
+        producer = value.producer()
+        if producer is None or producer.op_type != "Identity" or producer.domain not in ("", "ai.onnx"):
+            break
+        value = producer.inputs[0]
+    return value
+
+
 def _is_vector(value: ir.Value, weight: ir.Value, transposed: bool) -> bool:
     """A constant fp32 [N] (or [1, N]) vector matching the weight's output columns."""
     tensor = value.const_value
@@ -124,6 +135,19 @@ def _is_vector(value: ir.Value, weight: ir.Value, transposed: bool) -> bool:
         return False
     n = weight.const_value.shape[0 if transposed else 1]
     return tuple(tensor.shape) in ((n,), (1, n))
+
+
+def shared_weights(linears: Iterable[Linear]) -> set[ir.Value]:
+    """The weights that Linears reading different inputs share (ALBERT's layers), read the same way (their int8
+    copy can then be one): each is stored int8 once, so it takes one form and one rounding for all of them."""
+    readers: dict[ir.Value, list[Linear]] = {}
+    for linear in linears:
+        readers.setdefault(linear.weight, []).append(linear)
+    return {
+        weight
+        for weight, group in readers.items()
+        if len({r.input for r in group}) > 1 and len({(r.transposed, r.kn()) for r in group}) == 1
+    }
 
 
 def by_input(linears: Iterable[Linear]) -> dict[ir.Value, list[Linear]]:
@@ -280,7 +304,8 @@ class Int8Builder(qz.NodeMaker):
                 quantized.append(self._quantize(rest.outputs[0], f"{label}_rest", prepare))
             self._inputs[key] = quantized
         rounded = self.form.rounded.get(rounding_key(linear.name, plan))
-        w_key = (linear.weight, plan.key(), linear.name if rounded is not None else None)
+        # a rounded weight is its Linear's, or one array every reader of a shared weight uses (stored once)
+        w_key = (linear.weight, plan.key(), id(rounded) if rounded is not None else None)
         stored = self._weights.get(w_key)
         if stored is None:
             p = rounded or qz.quantize_per_channel_int8(plan.int8_weight(linear.weight_array()), axis=1)
@@ -361,7 +386,8 @@ class QuantizeLinearsPass(ir.passes.InPlacePass):
             made = build.linear(linear, plan)
             if made.prepare:
                 insert_after_producer(graph, linear.input, made.prepare)
-            graph.insert_before(linear.node, made.nodes)
+            # at the bias Add: the product reads the bias, which exporters define between the MatMul and its Add
+            graph.insert_before(linear.bias_add or linear.node, made.nodes)
             name = linear.output.name
             linear.output.replace_all_uses_with(made.output, replace_graph_outputs=True)
             for old in (linear.bias_add, linear.node):

@@ -66,6 +66,7 @@ from onnxsmith.passes.quantize_linears import (
     find_linears,
     outlier_channels,
     rounding_key,
+    shared_weights,
     smoothing_factors,
     smoothing_folds,
 )
@@ -726,11 +727,14 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float, two_p
     ``.offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so): the
     plain form only (they leave almost no activation rounding error for other forms to trade away)."""
     forms: dict[str, dict] = {}
+    shared = shared_weights(candidates)
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
-        if two_pass:
+        # A weight other inputs' Linears read too is stored int8 once for all of them: no form that changes it
+        # for this input alone (smoothed, outliers apart).
+        if two_pass or any(r.weight in shared for r in readers):
             for r in readers:
                 forms[r.name] = per_input
             continue
@@ -771,12 +775,17 @@ def _compensated(path, context, candidates, forms, decisions) -> dict:
     form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
     form (the Linears reading an input share its forms)."""
     by_name = {linear.name: linear for linear in candidates}
+    shared = shared_weights(candidates)
+    shared_grams: dict = {}  # a weight several inputs' Linears read -> the sum of their inputs' XᵀX
     rounded = {}
     context.progress(f"int8: error-compensated rounding of {len(candidates)} Linears (XᵀX of their inputs)")
     for readers, gram in input_grams(path, context.feeds, set(by_name)):
         factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
         for name in readers:
             linear, d = by_name[name], decisions[name]
+            if linear.weight in shared:
+                shared_grams[linear.weight] = shared_grams.get(linear.weight, 0) + gram
+                continue
             w = linear.weight_array()
             for label in {None, d.offered, d.offered_smoothing}:
                 plan = forms[name].get(label)
@@ -788,6 +797,13 @@ def _compensated(path, context, candidates, forms, decisions) -> dict:
                         gram if scaling is None else gram * np.outer(scaling, scaling)
                     )
                 rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), factors[label])
+    # One rounding for every reader of a shared weight (the same array: stored once), compensated for all their
+    # inputs together: what it minimises is the sum of their errors.
+    for weight, gram in shared_grams.items():
+        readers = [linear for linear in candidates if linear.weight is weight]
+        q = qz.quantize_columns_compensated(readers[0].weight_array(), qz.compensation_factor(gram))
+        for linear in readers:
+            rounded[rounding_key(linear.name, forms[linear.name][None])] = q
     return rounded
 
 
