@@ -528,3 +528,28 @@ def test_a_weight_shared_by_layers_is_stored_int8_once(tmp_path, identity):
     assert [tuple(t.dims) for t in stored if t.data_type == TensorProto.INT8] == [(64, 64)]
     assert not any(t.data_type == TensorProto.FLOAT and tuple(t.dims) == (64, 64) for t in stored)
     assert out.stat().st_size < 0.5 * source.stat().st_size
+
+
+@pytest.mark.parametrize(("rows", "compensated"), [(8, False), (64, True)])
+def test_error_compensation_needs_calibration_rows_for_the_width_of_the_input(tmp_path, rows, compensated):
+    """Compensated rounding fits the calibration rows; with fewer than a quarter of the input width, most
+    directions are unseen and other inputs meet the error put there (a real T5 encoder calibrated on 8 tokens
+    of width 256: cosine 0.96 at 16 other tokens; 1.0 rounded to nearest): those Linears round to nearest."""
+    k = 256
+    rng = np.random.default_rng(9)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="fc")],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "tokens", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "tokens", k])],
+        [w],
+    )
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    feeds = [{"x": rng.standard_normal((1, rows, k)).astype(np.float32)}]
+    result = _int8(source, tmp_path / "int8.onnx", feeds=feeds, speed=False)
+    report = result.reports[0]
+    assert [r["rounding"] for r in report.tables["Linears"]] == ["error-compensated" if compensated else "nearest"]
+    assert ("1 rounded to nearest: calibrated on fewer rows" in report.notes[0]) != compensated
+    assert result.comparison.passed  # run in onnxruntime against the source

@@ -21,20 +21,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # The commands of the corpus, in the order they run (validate judges a variant made before it).
-COMMANDS = ("inspect", "fp16", "fuse-fp32", "fuse-fp16", "shrink", "validate")
+COMMANDS = ("inspect", "fp16", "fuse-fp32", "fuse-fp16", "shrink", "int8", "validate")
 TRANSFORMS = {
     "fp16": ["fp16"],
     "fuse-fp32": ["fuse", "--precision", "fp32"],
     "fuse-fp16": ["fuse", "--precision", "fp16"],
     "shrink": ["shrink"],
+    "int8": ["int8"],
 }
 # issue 11's acceptance: fp16 >= 0.999 storage-faithful cosine and <= 0.6x the source where fp32
 # weights are >= 80 % of it; fuse fp32 and shrink >= 0.99999 and at most 1 % larger than the source.
-ACCEPT_COSINE = {"fp16": 0.999, "fuse-fp16": 0.999, "fuse-fp32": 0.99999, "shrink": 0.99999}
-ACCEPT_SIZE = {"fuse-fp32": 1.01, "shrink": 1.01}
+# int8 (issue 14): its own gate (cosine >= 0.995), and never larger than the source.
+ACCEPT_COSINE = {"fp16": 0.999, "fuse-fp16": 0.999, "fuse-fp32": 0.99999, "shrink": 0.99999, "int8": 0.995}
+ACCEPT_SIZE = {"fuse-fp32": 1.01, "shrink": 1.01, "int8": 1.01}
 FP16_SIZE, FP16_WHEN_FP32_SHARE = 0.6, 0.8
 # The variants validate judges, those of these that were written (else the source against itself).
-VALIDATE_AGAINST = ("fp16", "fuse-fp32", "fuse-fp16", "shrink")
+VALIDATE_AGAINST = ("fp16", "fuse-fp32", "fuse-fp16", "shrink", "int8")
 
 
 @dataclass

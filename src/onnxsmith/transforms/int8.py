@@ -84,6 +84,9 @@ from onnxsmith.runtime.int8_measure import (
 )
 from onnxsmith.runtime.int8_speed import Int8Timer
 
+#: Error-compensated rounding needs calibration rows (vectors over all calibration inputs) of at least this
+#: share of a Linear's input width K; MiniLM's 128 rows for K 384 helped, a T5's 8 for K 256 hurt.
+COMPENSATION_ROWS = 0.25
 #: Smoothing strengths tried per input.
 ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
 #: The form label of an input's outlier channels kept out of the int8 product (passes/quantize_linears.py).
@@ -201,6 +204,7 @@ class Decision:
     reason: str = ""
     kind: str = ""  # the reason's kind, for the summary line
     compensated: bool = False  # its int8 weight rounded with error compensation
+    few_rows: bool = False  # too few calibration rows for its width to compensate the rounding (COMPENSATION_ROWS)
 
     @property
     def flops(self) -> int:
@@ -774,11 +778,20 @@ def _compensated(path, context, candidates, forms, decisions) -> dict:
     offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
     form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
     form (the Linears reading an input share its forms)."""
-    by_name = {linear.name: linear for linear in candidates}
+    # Too few calibration rows for the width of an input leave most directions of XᵀX unseen: compensation puts
+    # the rounding error there, and other inputs meet it (a T5 encoder calibrated on 8 tokens, K 256-1024:
+    # cosine 0.96 on 16 other tokens, 1.0 rounded to nearest). Those Linears are rounded to nearest.
+    for linear in candidates:
+        d = decisions[linear.name]
+        d.few_rows = d.rows * len(context.feeds) < COMPENSATION_ROWS * linear.kn()[0]
     shared = shared_weights(candidates)
+    few = {linear.weight for linear in candidates if decisions[linear.name].few_rows}
+    by_name = {linear.name: linear for linear in candidates if linear.weight not in few}
     shared_grams: dict = {}  # a weight several inputs' Linears read -> the sum of their inputs' XᵀX
     rounded = {}
-    context.progress(f"int8: error-compensated rounding of {len(candidates)} Linears (XᵀX of their inputs)")
+    if not by_name:
+        return rounded
+    context.progress(f"int8: error-compensated rounding of {len(by_name)} Linears (XᵀX of their inputs)")
     for readers, gram in input_grams(path, context.feeds, set(by_name)):
         factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
         for name in readers:
@@ -800,7 +813,7 @@ def _compensated(path, context, candidates, forms, decisions) -> dict:
     # One rounding for every reader of a shared weight (the same array: stored once), compensated for all their
     # inputs together: what it minimises is the sum of their errors.
     for weight, gram in shared_grams.items():
-        readers = [linear for linear in candidates if linear.weight is weight]
+        readers = [linear for linear in by_name.values() if linear.weight is weight]
         q = qz.quantize_columns_compensated(readers[0].weight_array(), qz.compensation_factor(gram))
         for linear in readers:
             rounded[rounding_key(linear.name, forms[linear.name][None])] = q
@@ -862,6 +875,7 @@ def _report(
     smoothed = [d for d in int8 if d.form is not None and d.form != OUTLIERS]
     apart = [d for d in int8 if d.form == OUTLIERS]
     compensated = [d for d in int8 if d.compensated]
+    few_rows = [d for d in int8 if d.few_rows]
     kernel = KERNEL_SPEEDUP / (2 if form.two_pass else 1)  # two-pass activations: two int8 GEMMs per Linear
     expected = 1.0 / ((1.0 - share) + share / kernel)
     kept = _kept(decisions)
@@ -876,6 +890,12 @@ def _report(
         f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
         f"run time{', in two passes' if form.two_pass else ''}), {share:.0%} of the Linears' multiply-adds"
         + (f"; {len(compensated)} with error-compensated rounding" if compensated else "")
+        + (
+            f"; {len(few_rows)} rounded to nearest: calibrated on fewer rows than {COMPENSATION_ROWS:g} of their "
+            "input width (more inputs, --samples, let their rounding be compensated)"
+            if few_rows
+            else ""
+        )
         + (f"; {len(smoothed)} with smoothed inputs" if smoothed else "")
         + (f"; {len(apart)} with their inputs' outlier channels in fp32 beside them" if apart else "")
         + (f"; fp32: {kept}" if kept else "")
