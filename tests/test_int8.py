@@ -23,6 +23,7 @@ from onnxsmith.transforms.int8 import Int8
 from tests.conftest import assert_one_line_error
 from tests.support.check import ops_onnxruntime_runs
 from tests.support.fusion import FACEAGE, op_count
+from tests.support.models import shared_weight_read_through_copies
 from tests.support.realmodels import real_model
 from tests.support.release import EXAMPLE
 
@@ -481,44 +482,13 @@ def test_smoothing_that_folds_into_a_layernorm_is_used_where_offered(tmp_path, r
         assert ln.inputs[1].name != "gamma"  # its scale carries the smoothing now
 
 
-def _shared_linear(path, *, identity):
-    """ALBERT's shape: one Linear (W, b) applied three times, Relu between; torch writes a shared weight's other
-    readers through Identity nodes (``identity``), or all three read the initializer."""
-    rng = np.random.default_rng(5)
-    k = 64
-    inits = [
-        onnx.numpy_helper.from_array((rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32), "W"),
-        onnx.numpy_helper.from_array((rng.standard_normal(k) * 0.1).astype(np.float32), "b"),
-    ]
-    nodes, x = [], "x"
-    for i in range(3):
-        w = "W"
-        if identity and i:
-            w = f"W_{i}"
-            nodes.append(helper.make_node("Identity", ["W"], [w], name=f"share{i}"))
-        nodes += [
-            helper.make_node("MatMul", [x, w], [f"h{i}"], name=f"fc{i}"),
-            helper.make_node("Add", [f"h{i}", "b"], [f"a{i}"], name=f"fc{i}_bias"),
-            helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}"),
-        ]
-        x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "shared_linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 48, k])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 48, k])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
-@pytest.mark.parametrize("identity", [False, True])
-def test_a_weight_shared_by_layers_is_stored_int8_once(tmp_path, identity):
+@pytest.mark.parametrize("copies", [("direct", "direct"), ("identity", "identity")])
+def test_a_weight_shared_by_layers_is_stored_int8_once(tmp_path, copies):
     """A real ALBERT (rxnmapper's) grew 1.24x under int8 (its weights read through Identity nodes stayed fp32
     beside the int8 copy) and then 1.91x (one differently rounded int8 copy per layer): a shared weight is one
     int8 tensor, rounded with error compensation for all its readers' inputs together."""
-    source = _shared_linear(tmp_path / "m.onnx", identity=identity)
+    source = tmp_path / "m.onnx"
+    onnx.save(shared_weight_read_through_copies(64, copies=copies, tokens=48), source)
     out = tmp_path / "int8.onnx"
     result = _int8(source, out, speed=False)  # a toy: whether its int8 pays is noise
     rows = result.reports[0].tables["Linears"]

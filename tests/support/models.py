@@ -171,23 +171,31 @@ def int8_dequantised_mlp(hidden: int = 256, seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def shared_weight_read_through_copies(hidden: int = 256, seed: int = 0) -> onnx.ModelProto:
-    """One weight read by three layers: directly, through an Identity and through a Transpose (rxnmap's
-    shared blocks: TorchScript writes an Identity per reuse)."""
+def shared_weight_read_through_copies(
+    hidden: int = 256, seed: int = 0, *, copies: tuple[str, ...] = ("identity", "transpose"), tokens: int | None = None
+) -> onnx.ModelProto:
+    """One weight read by a chain of layers: the first directly, each further one as ``copies`` says ("direct",
+    "identity", "transpose"; rxnmap's shared blocks: TorchScript writes an Identity per reuse). ``tokens``: the
+    input is [1, tokens, hidden] (rows for int8's calibration) instead of [batch, hidden]."""
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((0.05 * rng.standard_normal((hidden, hidden))).astype(np.float32), "w")]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["h1"], name="layer1"),
-        helper.make_node("Identity", ["w"], ["w_again"], name="identity"),
-        helper.make_node("MatMul", ["h1", "w_again"], ["h2"], name="layer2"),
-        helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0], name="transpose"),
-        helper.make_node("MatMul", ["h2", "w_t"], ["y"], name="layer3"),
-    ]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h1"], name="layer1")]
+    for i, copy in enumerate(copies, start=2):
+        seen = copies[: i - 2].count(copy)  # the first copy of a kind is w_again / w_t, later ones numbered
+        suffix = f"{seen + 1}" if seen else ""
+        weight = "w" if copy == "direct" else {"identity": "w_again", "transpose": "w_t"}[copy] + suffix
+        if copy == "identity":
+            nodes.append(helper.make_node("Identity", ["w"], [weight], name="identity" + suffix))
+        elif copy == "transpose":
+            nodes.append(helper.make_node("Transpose", ["w"], [weight], perm=[1, 0], name="transpose" + suffix))
+        last = i == len(copies) + 1
+        nodes.append(helper.make_node("MatMul", [f"h{i - 1}", weight], ["y" if last else f"h{i}"], name=f"layer{i}"))
+    shape = ["batch", hidden] if tokens is None else [1, tokens, hidden]
     graph = helper.make_graph(
         nodes,
         "shared",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -376,8 +376,11 @@ class Int8(Transform):
                 elif s.rows <= batch:
                     d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
             candidates = [linear for linear in linears if not decisions[linear.name].reason]
-            forms = _offer_forms(path, context, candidates, stats, decisions, options.smooth_gain, two_pass)
-            rounded = _compensated(path, context, candidates, forms, decisions) if options.compensate_rounding else {}
+            shared = shared_weights(candidates)  # stored int8 once: one form and one rounding for all their readers
+            forms = _offer_forms(path, context, candidates, shared, stats, decisions, options.smooth_gain, two_pass)
+            rounded = (
+                _compensated(path, context, candidates, shared, forms, decisions) if options.compensate_rounding else {}
+            )
             form = Int8Form(rounded, two_pass)
             linear_flops = sum(d.flops for d in decisions.values())
             conv_decisions = _measure_convs(path, context, convs, model.opset_imports.get("", 1), linear_flops)
@@ -724,20 +727,18 @@ def _measure_convs(path, context, convs: list[Conv], opset: int, linear_flops: i
     return decisions
 
 
-def _offer_forms(path, context, candidates, stats, decisions, gain: float, two_pass: bool = False) -> dict:
+def _offer_forms(path, context, candidates, shared: set, stats, decisions, gain: float, two_pass: bool = False) -> dict:
     """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
     outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
     ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
     ``.offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so): the
-    plain form only (they leave almost no activation rounding error for other forms to trade away)."""
+    plain form only (they leave almost no activation rounding error for other forms to trade away); so do the
+    readers of a weight in ``shared`` (:func:`shared_weights`: its one int8 copy cannot change for one input)."""
     forms: dict[str, dict] = {}
-    shared = shared_weights(candidates)
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
-        # A weight other inputs' Linears read too is stored int8 once for all of them: no form that changes it
-        # for this input alone (smoothed, outliers apart).
         if two_pass or any(r.weight in shared for r in readers):
             for r in readers:
                 forms[r.name] = per_input
@@ -773,18 +774,17 @@ def _offer_forms(path, context, candidates, stats, decisions, gain: float, two_p
     return forms
 
 
-def _compensated(path, context, candidates, forms, decisions) -> dict:
+def _compensated(path, context, candidates, shared: set, forms, decisions) -> dict:
     """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
     offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
     form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
-    form (the Linears reading an input share its forms)."""
+    form (the Linears reading an input share its forms); a weight in ``shared`` once, for all its readers."""
     # Too few calibration rows for the width of an input leave most directions of XᵀX unseen: compensation puts
     # the rounding error there, and other inputs meet it (a T5 encoder calibrated on 8 tokens, K 256-1024:
     # cosine 0.96 on 16 other tokens, 1.0 rounded to nearest). Those Linears are rounded to nearest.
     for linear in candidates:
         d = decisions[linear.name]
         d.few_rows = d.rows * len(context.feeds) < COMPENSATION_ROWS * linear.kn()[0]
-    shared = shared_weights(candidates)
     few = {linear.weight for linear in candidates if decisions[linear.name].few_rows}
     by_name = {linear.name: linear for linear in candidates if linear.weight not in few}
     shared_grams: dict = {}  # a weight several inputs' Linears read -> the sum of their inputs' XᵀX
