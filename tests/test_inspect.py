@@ -94,8 +94,8 @@ def test_compare_on_real_models(cli, tmp_path):
     silero = real_model("silero_vad")
     np.savez(
         tmp_path / "vad.npz",
-        input=np.zeros((1, 512), np.float32),
-        state=np.zeros((2, 1, 128), np.float32),
+        input=(0.1 * np.random.default_rng(0).standard_normal((1, 512))).astype(np.float32),
+        state=np.zeros((2, 1, 128), np.float32),  # a stream's first window
         sr=np.array(16000, np.int64),
     )
     result = cli("compare", silero, silero, "--inputs", tmp_path / "vad.npz", "--json")

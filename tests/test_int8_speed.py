@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnxsmith.core.errors import NothingGained
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan
 from onnxsmith.release.variant import produce_variant
@@ -94,29 +95,18 @@ def test_by_default_a_slower_variant_is_said_to_be_slower_and_its_bytes_do_not_d
 
 
 def test_with_keep_fast_int8_linears_that_cost_time_are_kept_fp32_for_speed(tmp_path, monkeypatch):
+    """Every int8 part kept fp32 for speed: the variant would be the source again, so none is written (exit 1),
+    and the refusal says why: nothing int8 measured faster here."""
     calls = []
     monkeypatch.setattr(int8_speed, "seconds_per_run", _run_times(+0.1, calls))
     source = _tiny_linears(tmp_path / "tiny.onnx")
     out = tmp_path / "int8.onnx"
-    result = _int8(source, out, keep_fast=True)
-    report = result.reports[0]
-    rows = report.tables["Linears"]
-    assert len(rows) == 4 and all(r["int8"] == "no" for r in rows)
-    assert all(
-        r["why"].startswith("kept fp32: not faster, measured 0.71x the model given with the Linears") for r in rows
-    )
-    assert report.notes[0].startswith("0 of 4 Linears int8") and "fp32: 4 (not faster)" in report.notes[0]
-    # said first: nothing int8 is faster here
-    assert report.why_not_more[0].startswith("no int8 part measured faster than fp32 here: all kept fp32, 1.00x")
-    assert "4 Linear(s) stay fp32: not faster" in report.why_not_more
-    measured = next(n for n in report.notes if n.startswith("measured speed-up"))
-    assert "(batch 8)" in measured and "kept fp32 for speed, not faster: the Linears" in measured
-    assert report.stats["measured_speedup"] == pytest.approx(1.0)
-    assert report.stats["kept_fp32_for_speed"] == ["fc0", "fc1", "fc2", "fc3"]
-    assert calls == [2, 2 + 3, 2]  # fp32 and the variant; beside it without each of the 3 roles; what is left
-    assert op_count(load_model(out), "MatMulIntegerToFloat") == 0
-    assert result.comparison.passed
-    _same_outputs(source, out, atol=1e-5)  # all fp32: the source's outputs
+    with pytest.raises(NothingGained) as refused:
+        _int8(source, out, keep_fast=True)
+    assert refused.value.exit_code == 1 and not out.exists()
+    line = refused.value.one_line()
+    assert "nothing went int8, no variant written: no int8 part measured faster than fp32 here: all kept fp32" in line
+    assert "4 Linear(s) stay fp32: not faster" in line
 
 
 def test_int8_linears_that_save_time_stay_int8_and_the_speed_is_reported(tmp_path, monkeypatch):
@@ -171,13 +161,18 @@ def test_the_side_by_side_timer_runs_each_model_the_rounds_it_is_asked_for(tmp_p
     paths["b"] = shutil.copy(paths["a"], tmp_path / "b.onnx")
     feeds = random_inputs(load_model(paths["a"]), seed=0)
     calls = {}
-    real = runner.run
+    real, real_timed = runner.run, runner.timed_runs
 
     def counting(session, feeds, *args, label, **kwargs):
         calls[Path(label).stem] = calls.get(Path(label).stem, 0) + 1
         return real(session, feeds, *args, label=label, **kwargs)
 
+    def counting_timed(session, feeds, runs, *, label):  # timed where they run: many runs in one call
+        calls[Path(label).stem] = calls.get(Path(label).stem, 0) + runs
+        return real_timed(session, feeds, runs, label=label)
+
     monkeypatch.setattr(speed.runner, "run", counting)
+    monkeypatch.setattr(speed.runner, "timed_runs", counting_timed)
     times = speed.seconds_per_run(paths, feeds, seconds=0, block_seconds=0, min_rounds=rounds, max_rounds=rounds)
     assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
     assert calls == {"a": 1 + rounds, "b": 1 + rounds}

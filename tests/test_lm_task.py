@@ -72,3 +72,22 @@ def test_sampled_gate_sequences_are_seeded_and_in_vocabulary():
     a = lm.sample_sequences(model, count=2, length=10, seed=3)
     b = lm.sample_sequences(model, count=2, length=10, seed=3)
     assert a.shape == (2, 10) and np.array_equal(a, b) and a.max() < 1001
+
+
+def test_text_is_tokenized_in_pieces_with_the_ids_of_the_whole(tmp_path):
+    """eval-lm reads its text in pieces cut before a word (a 200 MB one-line file once killed it): the ids are
+    those of the text tokenized at once, whatever the piece size, runs of spaces and newlines included."""
+    tokenizer = task.load_tokenizer(gpt2_folder())
+    text = TEXT.read_text() + "  two  spaces,\ttabs\t\tand\n\n  blank lines 'll 's" * 20
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    for size in (1, 7, 64, 1000):
+        pieces = list(lm.split_pieces(text[i : i + size] for i in range(0, len(text), size)))
+        assert "".join(pieces) == text and (size > len(text) // 2 or len(pieces) > 1)
+        assert [i for p in pieces for i in tokenizer.encode(p, add_special_tokens=False).ids] == whole, size
+    path = tmp_path / "text.txt"
+    path.write_bytes(text.encode("utf-8"))
+    streamed = task.text_windows(tokenizer, lm.text_pieces(path, piece=100), window=50, max_windows=7)
+    assert np.array_equal(streamed, task.text_windows(tokenizer, text, window=50, max_windows=7))
+    assert np.array_equal(
+        task.text_windows(tokenizer, lm.text_pieces(path), window=50), task.text_windows(tokenizer, text, window=50)
+    )

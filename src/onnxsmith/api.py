@@ -13,7 +13,10 @@ arguments (the Options dataclasses of :mod:`onnxsmith.transforms`, the same defi
 the CLI flags and the recipe keys) and the inputs it calibrates and verifies on:
 
 * ``feeds``: input sets — a ``{name: array}`` dict, a list of them, or the path of an .npz
-  (one set) or of a folder of .npz files (one set each);
+  (one set) or of a folder of .npz files (one set each), or of a folder of images, audio (.wav) or
+  text (.txt) made into input sets through what each input is (runtime/data_folder.py: one file each);
+* ``input_role``: corrections of what an input is (``["x=NHWC,0..255"]``, docs/inputs.md), for made-up
+  inputs and for a folder of files;
 * else ``samples`` random sets from the model's input spec, seeded from ``seed``, sized by
   ``shape`` (``{"x": (1, 3, 224, 224)}`` for an input, ``{"batch": 2}`` for a named dim).
 
@@ -40,6 +43,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxsmith.analysis.input_roles import describe_inputs, parse_role_options, plausible
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed, UsageError
@@ -55,16 +59,17 @@ from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
 from onnxsmith.release.validate import TaskRun, Validation, check_gates
 from onnxsmith.release.variant import SourceInfo, StagedVariant, Staging, Verification, make_variant
 from onnxsmith.runtime import runner
+from onnxsmith.runtime.data_folder import describe_data, load_data
 from onnxsmith.runtime.inputs import (
     DEFAULT_SEED,
     adapt_feeds,
     input_specs,
-    load_input_sets,
     parse_shape_options,
 )
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.tasks import get_task, lm
+from onnxsmith.tasks.widerface import box_problem
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
 from onnxsmith.verify.compare import Comparison, compare_models
@@ -159,8 +164,13 @@ class _Staged:
         """What the last :meth:`save` wrote (paths, bytes, sha256), None before it."""
         return self._saved
 
-    def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> list[FileRecord]:
+    def save(
+        self, path: str | os.PathLike | None = None, *, force: bool = False, report: str | os.PathLike | None = None
+    ) -> list[FileRecord]:
         """Write it to ``path`` (default: the ``out`` it was made for), atomically; return what was written.
+
+        ``report``: also write :meth:`to_json` there, committed with the files: a report that cannot
+        be written (a full disk) leaves nothing saved.
 
         A variant that failed its gate is refused (:class:`GateFailed`) unless ``force``. The
         output is checked as the CLI checks it: never a file the source reads, a regular file
@@ -172,7 +182,8 @@ class _Staged:
             raise GateFailed(f"{self.failure}; save(force=True) writes it anyway", where)
         if self._finalizer.alive is False and self._saved is None:
             raise UsageError("the variant was closed before it was saved; make it again")
-        self._saved = self._commit(path)
+        alongside = None if report is None else (report, self._report_text)
+        self._saved = self._commit(path, alongside)
         return self._saved
 
     def close(self) -> None:
@@ -183,8 +194,16 @@ class _Staged:
         raise NotImplementedError
 
     def write_report(self, path: str | os.PathLike) -> FileRecord:
-        """Write :meth:`to_json` to ``path`` atomically (what the CLI's ``--report`` writes)."""
-        return write_text_atomic(path, json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        """Write :meth:`to_json` to ``path`` atomically (what the CLI's ``--report`` writes; ``save(report=)``
+        writes it with the files)."""
+        return write_text_atomic(path, self._report_text(self._saved or []))
+
+    def _report_text(self, files: list[FileRecord]) -> str:
+        """:meth:`to_json` as the report file holds it, ``files`` the ones saved."""
+        return json.dumps(self._json(files), indent=2, default=str) + "\n"
+
+    def _json(self, files: list[FileRecord]) -> dict:
+        return self.to_json()
 
     def __enter__(self):
         return self
@@ -195,7 +214,7 @@ class _Staged:
     def _staged_for(self) -> Path | None:
         raise NotImplementedError
 
-    def _commit(self, path: str | os.PathLike | None) -> list[FileRecord]:
+    def _commit(self, path: str | os.PathLike | None, alongside=None) -> list[FileRecord]:
         raise NotImplementedError
 
 
@@ -227,14 +246,17 @@ class Variant(_Staged):
     def _staged_for(self) -> Path | None:
         return self._staged.staged.final
 
-    def _commit(self, path) -> list[FileRecord]:
-        return self._staged.commit(path)
+    def _commit(self, path, alongside=None) -> list[FileRecord]:
+        return self._staged.commit(path, alongside=alongside)
 
     def to_json(self) -> dict:
         """What the CLI's ``--report`` writes: the report, the gate's measurements and the files saved."""
+        return self._json(self._saved or [])
+
+    def _json(self, files: list[FileRecord]) -> dict:
         return {
             **self.report.to_json(),
-            "files": [f.to_json() for f in self._saved or []],
+            "files": [f.to_json() for f in files],
             "verification": self.comparison.to_json(),
         }
 
@@ -257,12 +279,12 @@ class Piece(Variant):
     def outputs(self) -> list[dict]:
         return self.report.steps[0].stats["io"]["outputs"]
 
-    def to_json(self) -> dict:
+    def _json(self, files: list[FileRecord]) -> dict:
         [step] = self.report.steps
         return {
             "headline": self.report.headline,
             "source": self.report.source.to_json(),
-            "files": [f.to_json() for f in self._saved or []],
+            "files": [f.to_json() for f in files],
             "nodes": {"source": self.report.nodes_before, "piece": self.report.nodes_after},
             "initializers": step.stats["initializers"],
             "typed_by_running": step.stats["typed_by_running"],
@@ -288,14 +310,16 @@ class QuantizedFolder(_Staged):
         _, self.report, self.comparison = self.variants[0]
         self.summary: dict = staged.report
         self.copied: list[str] = staged.copied
+        #: Those of ``copied`` a symbolic link took from outside the source's folder (``allow_outside``).
+        self.copied_outside: list[str] = staged.outside
 
     def _staged_for(self) -> Path | None:
         return self._staged.output
 
-    def _commit(self, path) -> list[FileRecord]:
+    def _commit(self, path, alongside=None) -> list[FileRecord]:
         if self._saved is not None:
             raise UsageError("the folder was saved already; copy it from there", self._staged_for())
-        return self._staged.commit(path)
+        return self._staged.commit(path, alongside=alongside)
 
     def to_json(self) -> dict:
         """quantize_report.json (the folder holds it too)."""
@@ -315,7 +339,7 @@ class VerifySettings:
 
     The input sets: ``feeds`` (see the module doc), else ``samples`` random sets from the model's
     input spec seeded from ``seed`` and sized by ``shape``. The gate's bounds: ``min_cosine``,
-    ``rtol``, ``atol`` (None: from the number format the two differ in, docs/gate.md).
+    ``rtol``, ``atol``, ``min_agreement`` (None: from the number format the two differ in, docs/gate.md).
     """
 
     feeds: Feeds | None = None
@@ -325,13 +349,31 @@ class VerifySettings:
     min_cosine: float | None = None
     rtol: float | None = None
     atol: float | None = None
+    min_agreement: float | None = None
+    input_role: str | Sequence[str] | None = None
 
     @property
     def gate(self) -> GateOptions:
-        return GateOptions(min_cosine=self.min_cosine, rtol=self.rtol, atol=self.atol)
+        try:
+            return GateOptions(
+                min_cosine=self.min_cosine, rtol=self.rtol, atol=self.atol, min_agreement=self.min_agreement
+            )
+        except ValueError as err:  # a bound out of range is the caller's to fix: one line, not a traceback
+            raise UsageError(str(err)) from None
 
     def input_sets(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
-        return _input_sets(model, self.feeds, samples=self.samples, seed=self.seed, shape=self.shape)
+        return _input_sets(
+            model, self.feeds, samples=self.samples, seed=self.seed, shape=self.shape, input_role=self.input_role
+        )
+
+    def inputs_taken_as(self, model: ir.Model) -> tuple[str, ...]:
+        """What each input was taken to be, where onnxsmith makes the inputs or converts a folder of files."""
+        given = parse_role_options(self.input_role)
+        if self.feeds is None:
+            return tuple(describe_inputs(model, given))
+        if isinstance(self.feeds, (str, os.PathLike)):
+            return describe_data(self.feeds, model, given)
+        return ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +436,12 @@ def transform(
     """
     transform_cls = type(get_transform(name))
     verify, settings = _arguments(name, keywords, samples, _TRANSFORM_PARAMETERS, transform_cls.Options)
-    with _prepared(model, verify, out=out, external_data=external_data) as (path, verification, staging):
+    unseen = transform_cls.judged_on_unseen
+    with _prepared(model, verify, out=out, external_data=external_data, unseen=unseen) as (
+        path,
+        verification,
+        staging,
+    ):
         staged = make_variant(path, [(name, settings)], verification, staging, progress)
     return Variant(staged)
 
@@ -433,6 +480,7 @@ def quantize(
     gate_length: int = 32,
     seed: int = 0,
     out: str | os.PathLike | None = None,
+    allow_outside: bool = False,
     progress: Progress = _quiet,
     **options,
 ) -> QuantizedFolder:
@@ -440,7 +488,9 @@ def quantize(
 
     ``model``: an optimum/transformers.js folder (``onnx/model.onnx`` beside config and tokenizer
     files, which are copied), an .onnx file, or a model in memory. Judged by the LM gate on
-    ``gate_samples`` sequences of ``gate_length`` tokens sampled from the source. Options:
+    ``gate_samples`` sequences of ``gate_length`` tokens sampled from the source. A config or tokenizer
+    file that a symbolic link takes outside the folder is refused unless ``allow_outside`` (then
+    ``copied_outside`` names it, as the report does). Options:
     ``scheme``, ``block_size``, ``symmetric``, ``format``, ``head``, ``last_token``, ``max_kl``,
     ``min_top1``, ... (docs/quantize.md).
     """
@@ -455,6 +505,7 @@ def quantize(
             seed=seed,
             source_name=source.name,
             origin=source.origin,
+            allow_outside=allow_outside,
             progress=progress,
         )
     return QuantizedFolder(staged)
@@ -487,6 +538,7 @@ def compare(
             min_cosine=gate.min_cosine,
             rtol=gate.rtol,
             atol=gate.atol,
+            min_agreement=gate.min_agreement,
             fp16_mode=fp16_mode,
         )
     return dataclasses.replace(comparison, reference=ref.name, candidate=cand.name)
@@ -589,8 +641,10 @@ def predict(
     task_obj = get_task(task)
     if not hasattr(task_obj, "predict_feeds"):
         raise UsageError(f"task '{task_obj.name}' cannot predict from an image")
-    if box is not None and (len(box) != 4 or box[2] <= 0 or box[3] <= 0):
+    if box is not None and (len(box) != 4 or not box[2] > 0 or not box[3] > 0):  # nan is not > 0
         raise UsageError(f"box {box}: expected (x, y, width, height) with a positive width and height")
+    if box is not None and box_problem(box):
+        raise UsageError(f"box {box}: {box_problem(box)}")
     settings = _options(task_obj.Options, options, "predict", _PREDICT_PARAMETERS)
     with _Source(model) as source:
         feeds = task_obj.predict_feeds(load_model(source.path), image, box, settings)
@@ -697,7 +751,7 @@ _VERIFY_PARAMETERS = tuple(f.name for f in dataclasses.fields(VerifySettings))
 _TRANSFORM_PARAMETERS = (*_VERIFY_PARAMETERS, "external_data", "out", "progress")
 _EXTRACT_PARAMETERS = ("outputs", "inputs", *_TRANSFORM_PARAMETERS)
 _COMPARE_PARAMETERS = (*_VERIFY_PARAMETERS, "fp16_mode")
-_QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "progress")
+_QUANTIZE_PARAMETERS = ("gate_samples", "gate_length", "seed", "out", "allow_outside", "progress")
 _VALIDATE_PARAMETERS = ("task", "gates", "fp16_mode", "progress")
 _PREDICT_PARAMETERS = ("task", "box", "fp16_mode")
 
@@ -724,7 +778,12 @@ def _arguments(call: str, keywords: dict[str, Any], samples: int, parameters: tu
 
 @contextlib.contextmanager
 def _prepared(
-    model: ModelLike, verify: VerifySettings, *, out: str | os.PathLike | None, external_data: bool | None
+    model: ModelLike,
+    verify: VerifySettings,
+    *,
+    out: str | os.PathLike | None,
+    external_data: bool | None,
+    unseen: bool = False,
 ) -> Iterator[tuple[Path, Verification, Staging]]:
     """The source as a file, ``out`` checked before any work, and what the variant is made from:
     the input sets to calibrate and verify on and the gate's bounds; where it is staged and what
@@ -733,19 +792,38 @@ def _prepared(
         loaded = load_model(source.path)
         if out is not None:
             _check_outputs([out], protect=source_files(loaded, source.path))
-        verification = Verification(verify.input_sets(loaded), gate=verify.gate, real_inputs=verify.feeds is not None)
+        made_up = verify.feeds is None
+        gate_feeds = None
+        if made_up and unseen:  # what calibrated the variant does not judge it: the next seeds do
+            gate_feeds = dataclasses.replace(verify, seed=verify.seed + verify.samples).input_sets(loaded)
+        verification = Verification(
+            verify.input_sets(loaded),
+            gate_feeds,
+            gate=verify.gate,
+            real_inputs=not made_up,
+            plausible_inputs=made_up and plausible(loaded, parse_role_options(verify.input_role)),
+            inputs=verify.inputs_taken_as(loaded),
+        )
         del loaded
         output = None if out is None else Path(out)
         yield source.path, verification, Staging(output, external_data, source.name, source.origin)
 
 
 def _input_sets(
-    model: ir.Model, feeds: Feeds | None, *, samples: int, seed: int, shape: Shape | None
+    model: ir.Model,
+    feeds: Feeds | None,
+    *,
+    samples: int,
+    seed: int,
+    shape: Shape | None,
+    input_role: str | Sequence[str] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """The input sets a call calibrates and verifies on (see the module doc)."""
+    given = parse_role_options(input_role)
     if feeds is not None:
         if isinstance(feeds, (str, os.PathLike)):
-            return load_input_sets(feeds, model)
+            shapes, dims = _shape(shape)
+            return load_data(feeds, model, shapes=shapes, dims=dims, seed=seed, given=given)
         sets = [feeds] if isinstance(feeds, Mapping) else list(feeds)
         if not sets or not all(isinstance(s, Mapping) for s in sets):
             raise UsageError("feeds: expected {input name: array}, a list of them, or an .npz path")
@@ -753,7 +831,7 @@ def _input_sets(
     if samples < 1:
         raise UsageError(f"samples must be at least 1, not {samples}")
     shapes, dims = _shape(shape)
-    return inputs_that_run(model, shapes=shapes, dims=dims, samples=samples, seed=seed)  # sizes that run
+    return inputs_that_run(model, shapes=shapes, dims=dims, samples=samples, seed=seed, given=given)  # sizes that run
 
 
 def _matched(model: ir.Model, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import tempfile
 from pathlib import Path
 
@@ -32,3 +34,29 @@ def writes_stay_in_tmp(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(os, "rename", guarded(os.rename, 1))
     monkeypatch.setattr(os, "link", guarded(os.link, 1))
     monkeypatch.setattr(os, "unlink", guarded(os.unlink, 0))
+
+
+#: Each hostile case runs under these: a defect that hangs or eats memory fails its test instead of the machine.
+CASE_SECONDS = 300
+CASE_ADDRESS_SPACE = 16 * 2**30
+
+
+@pytest.fixture(autouse=True)
+def bounded_case():
+    """A time limit (SIGALRM) and an address-space limit (RLIMIT_AS, inherited by the commands a case starts)
+    per case; both are put back afterwards."""
+
+    def ran_too_long(signum, frame):
+        raise AssertionError(f"a hostile case ran past its {CASE_SECONDS} s limit")
+
+    previous_handler = signal.signal(signal.SIGALRM, ran_too_long)
+    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = CASE_ADDRESS_SPACE if hard == resource.RLIM_INFINITY else min(CASE_ADDRESS_SPACE, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

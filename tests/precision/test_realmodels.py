@@ -13,7 +13,8 @@ from onnxsmith.runtime.runner import FAITHFUL
 from onnxsmith.transforms.fp16 import Options
 from onnxsmith.transforms.fuse import Fuse
 from onnxsmith.verify.compare import compare_models
-from tests.support.realmodels import real_model
+from tests.support.corpus import plausible_feeds
+from tests.support.realmodels import MODELS, real_model
 
 pytestmark = pytest.mark.realmodel
 
@@ -62,10 +63,10 @@ def test_dinov2_interpolated_position_grid_stays_exact(tmp_path, step):
     assert min(o.cosine for o in comparison.outputs) >= 0.999
 
 
-def _fp16(source, tmp_path, shapes=None, step=None):
-    """(the variant's result, the variant)"""
+def _fp16(source, tmp_path, shapes=None, step=None, feeds=None):
+    """(the variant's result, the variant); ``feeds`` default: two made-up input sets"""
     model = load_model(source)
-    feeds = [random_inputs(model, shapes=shapes, seed=s) for s in range(2)]
+    feeds = feeds or [random_inputs(model, shapes=shapes, seed=s) for s in range(2)]
     result = produce_variant(source, tmp_path / "out.onnx", [step or ("fp16", Options())], feeds=feeds)
     return result, load_model(tmp_path / "out.onnx")
 
@@ -155,7 +156,10 @@ def test_ppocr_v6_det_weights_with_dead_channels_are_stored_fp16(tmp_path):
     out of range", though fp16 moves them by 2e-4 as a whole. The conv reading conv2d_165.w_0 computes fp32 (its
     output underflows fp16), and so do the squeeze-excite gates (small tensors): their weights are stored fp16."""
     source = real_model("ppocr_v6_det")
-    result, variant = _fp16(source, tmp_path, shapes={"x": (1, 3, 320, 320)})
+    # what a text detector sees: pages of text (on photo crops its fp16 probability map is refused at cosine 0.9976:
+    # docs/conformance.md)
+    pages = [plausible_feeds(MODELS["ppocr_v6_det"].feeds, seed=s) for s in range(2)]
+    result, variant = _fp16(source, tmp_path, feeds=pages)
     infer_types(variant)
     assert _weight_storage(variant, "Conv.50") == ("FLOAT16", "FLOAT16")  # reads conv2d_161.w_0
     kept = result.reports[0].tables["fp32 islands"]

@@ -199,3 +199,46 @@ def shared_weight_read_through_copies(
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def masked_frontend(hop: int = 160, features: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """An audio front end as NeMo's log-mel exports it, cut to its hazard: ``waveforms`` [batch, time] framed by
+    ``hop`` and projected to ``features``, frames at or past ``waveforms_lens // hop`` set to 0 (a length of 0
+    masks every frame). Outputs ``features`` [batch, frames, features] and ``features_lens`` [batch]."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((hop, features)) / hop**0.5).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([0, -1, hop], np.int64), "frame_shape"),
+        numpy_helper.from_array(np.array(hop, np.int64), "hop"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "fzero"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["waveforms", "frame_shape"], ["frames"], name="frame"),
+        helper.make_node("MatMul", ["frames", "w"], ["projected"], name="project"),
+        helper.make_node("Shape", ["frames"], ["frames_shape"], start=1, end=2, name="count_shape"),
+        helper.make_node("Squeeze", ["frames_shape"], ["count"], name="count"),
+        helper.make_node("Range", ["zero", "count", "one"], ["index"], name="index"),
+        helper.make_node("Div", ["waveforms_lens", "hop"], ["features_lens"], name="frames_valid"),
+        helper.make_node("Unsqueeze", ["features_lens", "axis1"], ["valid_column"], name="valid_column"),
+        helper.make_node("Less", ["index", "valid_column"], ["valid"], name="valid"),
+        helper.make_node("Unsqueeze", ["valid", "axis2"], ["valid3"], name="valid3"),
+        helper.make_node("Where", ["valid3", "projected", "fzero"], ["features"], name="mask"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_frontend",
+        [
+            helper.make_tensor_value_info("waveforms", TensorProto.FLOAT, ["batch", "time"]),
+            helper.make_tensor_value_info("waveforms_lens", TensorProto.INT64, ["batch"]),
+        ],
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", "frames", features]),
+            helper.make_tensor_value_info("features_lens", TensorProto.INT64, ["batch"]),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

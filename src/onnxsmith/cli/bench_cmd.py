@@ -22,6 +22,7 @@ from onnxsmith import api
 from onnxsmith.cli.common import err, flag_keywords, out, session_config
 from onnxsmith.cli.release_tables import bench_table
 from onnxsmith.core.errors import Incomplete, InputError
+from onnxsmith.core.options import non_negative_int, positive_int
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.release.bench import PROVIDERS
 
@@ -41,9 +42,9 @@ def register(subparsers) -> None:
     parser.add_argument("models", nargs="+", help=".onnx files (each runs in its own process)")
     parser.add_argument("--batch", type=_batches, default=[1], help="batch sizes, e.g. 1,5,10 (default 1)")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="execution provider")
-    parser.add_argument("--runs", type=int, default=20, help="timed runs per batch size (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default %(default)s)")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's choice)")
+    parser.add_argument("--runs", type=positive_int, default=20, help="timed runs per batch size (default %(default)s)")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed runs first (default %(default)s)")
+    parser.add_argument("--threads", type=non_negative_int, help="intra-op threads (default: onnxruntime's choice)")
     parser.add_argument(
         "--shape",
         action="append",

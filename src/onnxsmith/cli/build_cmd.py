@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith import api
 from onnxsmith.cli.common import err, out
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         files = o.data.get("files", []) if o.published else []
         table.add_row(
             o.variant.name,
-            "[green]published[/]" if o.published else "[red]not published[/]",
+            Text("published", "green") if o.published else Text("not published", "red"),
             ", ".join(f["path"] for f in files) or "-",
             f"{sum(f['bytes'] for f in files):,}" if files else "-",
         )

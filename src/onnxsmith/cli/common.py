@@ -10,23 +10,72 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
+from rich.status import Status
+from rich.text import Text
 
 from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.core.options import cosine, non_negative_int, positive_int, share, tolerance
+from onnxsmith.core.text import for_terminal
 from onnxsmith.runtime.inputs import DEFAULT_SEED
 from onnxsmith.runtime.runner import FP16_MODES
 
+
+class SafeConsole(Console):
+    """A console that shows every string as the characters it is, whoever wrote it.
+
+    Names and metadata come from the model: rich's markup and emoji codes are off (a tensor named
+    ``logits[/]`` is text, not a closing tag that crashes the print), and control characters are shown
+    escaped (core/text.py: ``ESC[2J`` cannot clear the screen). Our own styling is given as
+    :class:`rich.text.Text` styles, never as markup inside a string.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        return super().render_str(for_terminal(text), **kwargs)  # before measuring: tables stay aligned
+
+    def render(self, renderable, options=None):
+        # A Text built from a name skips render_str: its segments are made visible here (rich's own
+        # cursor and colour codes are control segments, or come later from styles, and stay).
+        for segment in super().render(renderable, options):
+            text = segment.text if segment.control else for_terminal(segment.text)
+            yield segment if text == segment.text else Segment(text, segment.style)
+
+    def status(self, status, **kwargs) -> Status:
+        return _Status(status, console=self, **kwargs)
+
+
+class _Status(Status):
+    """rich's spinner reads a string as markup whatever its console says: it is given Text instead."""
+
+    def __init__(self, status, **kwargs) -> None:
+        super().__init__(_plain(status), **kwargs)
+
+    def update(self, status=None, **kwargs) -> None:
+        super().update(None if status is None else _plain(status), **kwargs)
+
+
+def _plain(text):
+    return Text(for_terminal(text)) if isinstance(text, str) else text
+
+
 #: Tables and results; progress and notes go to stderr so stdout stays pipeable.
-out = Console(highlight=False, soft_wrap=False, width=200)
-err = Console(stderr=True, highlight=False)
+out = SafeConsole(soft_wrap=False, width=200)
+err = SafeConsole(stderr=True)
 
 
-def made_and_saved(make: Callable[[Callable[[str], None]], Any], output: str | None) -> Any:
+def made_and_saved(
+    make: Callable[[Callable[[str], None]], Any], output: str | None, *, report: str | None = None
+) -> Any:
     """What ``make(progress)`` stages (an api call: a variant, piece or folder), made under a status line and
-    saved; a result that fails its gate is not saved but raised as :class:`GateFailed` naming ``output``."""
+    saved; a result that fails its gate is not saved but raised as :class:`GateFailed` naming ``output``.
+    ``report`` (``--report``) is committed with it: one that cannot be written leaves no variant."""
     with err.status("") as status, make(status.update) as made:
         if not made.ok:
             raise GateFailed(made.failure, output)
-        made.save()
+        made.save(report=report)
     return made
 
 
@@ -58,24 +107,38 @@ def add_input_options(
         help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
     )
     group.add_argument(
-        arrays_flag, dest="feeds", metavar="NPZ", help="run on these arrays (named like the model's inputs)"
+        arrays_flag,
+        dest="feeds",
+        metavar="NPZ|DIR",
+        help="run on these arrays (an .npz named like the model's inputs), or a folder of .npz files, images, "
+        "audio (.wav) or text (.txt): one input set each",
     )
     if calib:
         group.add_argument(
             "--calib",
             metavar="DIR|NPZ",
-            help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files (one input set each)",
+            help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files, images, "
+            "audio (.wav) or text (.txt) (one input set each)",
         )
-    group.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)")
+    group.add_argument(
+        "--input-role",
+        action="append",
+        metavar="NAME=WORD,...",
+        help="correct what an input was taken to be (repeatable): image, waveform or generic; an image's layout "
+        "NCHW|NHWC and values 0..255|0..1|normalized, e.g. x=NHWC,0..255 (docs/inputs.md)",
+    )
+    group.add_argument(
+        "--seed", type=non_negative_int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)"
+    )
     group.add_argument(
         "--samples",
-        type=int,
+        type=positive_int,
         default=samples,
         help="how many random input sets to run (default %(default)s)",
     )
 
 
-GATE_OPTIONS = ("min_cosine", "rtol", "atol")
+GATE_OPTIONS = ("min_cosine", "rtol", "atol", "min_agreement")
 
 
 def add_gate_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] = frozenset()) -> None:
@@ -92,14 +155,17 @@ def add_gate_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] =
         "min_cosine": "every float output's cosine to the source's at least this",
         "rtol": "relative bound on each value: |Δ| <= RTOL·(|value| + its channel's RMS)",
         "atol": "absolute bound on each value instead: |Δ| <= ATOL + RTOL·|value|",
+        "min_agreement": "integer outputs: this share of values equal; detection lists: of confident rows "
+        "matched (default: 1 at fp32, 0.99 at a coarser format)",
     }
+    kinds = {"min_cosine": cosine, "rtol": tolerance, "atol": tolerance, "min_agreement": share}
     for name in GATE_OPTIONS:
         if name not in taken:
-            group.add_argument("--" + name.replace("_", "-"), dest=name, type=float, help=helps[name])
+            group.add_argument("--" + name.replace("_", "-"), dest=name, type=kinds[name], help=helps[name])
 
 
 def gate_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset()) -> dict:
-    """The API's ``min_cosine``, ``rtol``, ``atol`` from :func:`add_gate_options`' flags (not those in ``taken``)."""
+    """The API's gate bounds (:data:`GATE_OPTIONS`) from :func:`add_gate_options`' flags (not those in ``taken``)."""
     return {name: getattr(args, name, None) for name in GATE_OPTIONS if name not in taken}
 
 
@@ -110,7 +176,13 @@ def input_keywords(args: argparse.Namespace) -> dict:
         if args.feeds:
             raise UsageError("--calib and --inputs both name the inputs; give one")
         feeds = args.calib
-    return {"feeds": feeds, "samples": args.samples, "seed": args.seed, "shape": args.shape}
+    return {
+        "feeds": feeds,
+        "samples": args.samples,
+        "seed": args.seed,
+        "shape": args.shape,
+        "input_role": getattr(args, "input_role", None),
+    }
 
 
 def add_fp16_mode_option(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.text import Text
+
 from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, add_verify_options, out, print_json, verify_keywords
 from onnxsmith.cli.render import comparison_table
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         out.print(comparison_table(comparison))
         if comparison.passed:
-            out.print("[green]passes the gate[/]")
+            out.print("passes the gate", style="green")
         else:
-            out.print(f"[red]fails the gate:[/] {comparison.verdict()}")
+            out.print(Text.assemble(("fails the gate:", "red"), f" {comparison.verdict()}"))
     return 0 if comparison.passed else 1

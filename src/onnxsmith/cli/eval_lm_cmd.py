@@ -15,6 +15,7 @@ from rich.table import Table
 
 from onnxsmith import api
 from onnxsmith.cli.common import err, flag_keywords, out, print_json, session_config
+from onnxsmith.core.options import non_negative_int, positive_int
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.tasks.lm import DEFAULT_WINDOW
 
@@ -30,12 +31,12 @@ def register(subparsers) -> None:
     parser.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json (default: the first model's folder's)")
     parser.add_argument(
         "--window",
-        type=int,
+        type=positive_int,
         default=DEFAULT_WINDOW,
         help="tokens per window, at most the model's context (default %(default)s)",
     )
-    parser.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--max-windows", type=positive_int, default=None, help="score at most this many windows")
+    parser.add_argument("--threads", type=non_negative_int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument(
         "--session-config",
         action="append",

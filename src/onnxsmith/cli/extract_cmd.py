@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith import api
 from onnxsmith.cli.common import add_verify_options, made_and_saved, out, verify_keywords
@@ -65,13 +65,17 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         ),
         args.output,
+        report=args.report,
     )
     report = piece.report
     kept = report.steps[0].stats["initializers"]
     print_headline(report.headline)
     out.print(
-        f"[bold]extract[/]  {report.nodes_after} of {report.nodes_before} nodes; {kept['count']} initializers "
-        f"({human_bytes(kept['bytes'])} of the source's {human_bytes(kept['source_bytes'])})"
+        Text.assemble(
+            ("extract", "bold"),
+            f"  {report.nodes_after} of {report.nodes_before} nodes; {kept['count']} initializers "
+            f"({human_bytes(kept['bytes'])} of the source's {human_bytes(kept['source_bytes'])})",
+        )
     )
     for note in report.steps[0].notes:
         out.print(f"  - {note}")
@@ -79,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
     out.print(comparison_table(piece.comparison))
     for f in piece.files:
         out.print(f"wrote {f.path} ({human_bytes(f.bytes)}, sha256 {f.sha256})")
-    if args.report:
-        piece.write_report(args.report)
     return 0
 
 
@@ -90,5 +92,5 @@ def _io_table(piece: api.Piece) -> Table:
         table.add_column(column)
     for kind, values in (("input", piece.inputs), ("output", piece.outputs)):
         for v in values:
-            table.add_row(kind, v["name"], v["dtype"], escape("[" + ", ".join(map(str, v["dims"])) + "]"))
+            table.add_row(kind, v["name"], v["dtype"], "[" + ", ".join(map(str, v["dims"])) + "]")
     return table

@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith import api
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.render import bytes_table
+from onnxsmith.core.options import non_negative_int
 from onnxsmith.io.files import human_bytes
 
 
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("inspect", help="IR, opsets, I/O, ops, parameters, largest tensors, warnings")
     parser.add_argument("model", help="an .onnx file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--top", type=int, default=10, help="how many of the largest tensors to list")
+    parser.add_argument("--top", type=non_negative_int, default=10, help="how many of the largest tensors to list")
     parser.set_defaults(func=run)
 
 
@@ -28,7 +30,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary.to_json())
         return 0
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in summary.opsets.items())
-    out.print(f"[bold]{path.name}[/]  IR {summary.ir_version}; opsets {opsets}; producer {summary.producer or '-'}")
+    out.print(
+        Text.assemble(
+            (path.name, "bold"), f"  IR {summary.ir_version}; opsets {opsets}; producer {summary.producer or '-'}"
+        )
+    )
     out.print(
         f"{summary.node_count} nodes ({summary.subgraphs} subgraphs), {summary.parameters:,} parameters, "
         f"file {human_bytes(summary.file_bytes or 0)}"
@@ -59,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
         largest.add_row(t.name, t.dtype, "x".join(map(str, t.shape)), human_bytes(t.bytes), t.kind, readers)
     out.print(largest)
     for warning in summary.warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
     return 0

@@ -17,7 +17,9 @@ import threading
 from collections.abc import Iterator
 
 from onnxsmith.core.errors import OnnxsmithError
+from onnxsmith.core.text import for_terminal
 from onnxsmith.core.version import __version__
+from onnxsmith.runtime.runner import DEFAULT_RUN_TIMEOUT, RUN_TIMEOUT_ENV, run_timeout
 
 #: Command modules under onnxsmith.cli, in the order ``--help`` lists them.
 COMMANDS = [
@@ -38,10 +40,23 @@ COMMANDS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other error (its usage text is in --help);
+    the command's subparsers are of this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("onnxsmith").strip()
+        where = f"{command}: " if command else ""
+        hint = f"onnxsmith {command} --help" if command else "onnxsmith --help"
+        self.exit(2, f"onnxsmith: error: {where}{' '.join(message.split())} (see {hint})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="onnxsmith",
         description="Turn a source ONNX model into deployment variants proven against their source.",
+        epilog=f"environment: {RUN_TIMEOUT_ENV}=SECONDS stops any one run of a model in onnxruntime after "
+        f"that long (default {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)",
     )
     parser.add_argument("--version", action="version", version=f"onnxsmith {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -61,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with _sigterm_unwinds():
+            run_timeout()  # a bad ONNXSMITH_RUN_TIMEOUT is refused before any work
             return int(args.func(args) or 0)
     except OnnxsmithError as err:
-        print(f"onnxsmith: error: {err.one_line()}", file=sys.stderr)
+        # The message quotes names from the model: shown, never obeyed by the terminal (core/text.py).
+        print(f"onnxsmith: error: {for_terminal(err.one_line())}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("onnxsmith: interrupted", file=sys.stderr)

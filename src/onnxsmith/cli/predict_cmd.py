@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from rich.text import Text
+
 from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, out, print_json
 from onnxsmith.cli.task_args import add_task_arguments, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
 from onnxsmith.tasks import get_task
+from onnxsmith.tasks.widerface import box_problem
 
 
 def register(subparsers) -> None:
@@ -30,6 +33,9 @@ def parse_box(text: str | None) -> tuple[float, float, float, float] | None:
         x, y, w, h = (float(v) for v in text.split(","))
     except ValueError:
         raise UsageError(f"--box {text}: expected X,Y,W,H (pixels, top-left corner and size)") from None
+    problem = box_problem((x, y, w, h))
+    if problem:
+        raise UsageError(f"--box {text}: {problem}")
     if w <= 0 or h <= 0:
         raise UsageError(f"--box {text}: width and height must be positive")
     return x, y, w, h
@@ -44,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(prediction)
     else:
-        out.print(task.describe_prediction(prediction) + f"  [dim]({prediction['run']})[/]")
+        out.print(Text.assemble(task.describe_prediction(prediction), (f"  ({prediction['run']})", "dim")))
     return 0

@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith import api
 from onnxsmith.cli.common import flag_keywords, made_and_saved, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline, rows_table
 from onnxsmith.core import options as opts
+from onnxsmith.core.options import non_negative_int, positive_int
 from onnxsmith.io.files import human_bytes
 from onnxsmith.release.lm_folder import REPORT_FILE
 from onnxsmith.transforms.quantize import Quantize, QuantizeOptions
@@ -36,11 +37,17 @@ def register(subparsers) -> None:
     opts.add_arguments(parser, QuantizeOptions)
     gate = parser.add_argument_group("verification gate (see docs/quantize.md)")
     gate.add_argument(
-        "--gate-samples", type=int, default=4, help="sequences sampled from the source (default %(default)s)"
+        "--gate-samples", type=positive_int, default=4, help="sequences sampled from the source (default %(default)s)"
     )
-    gate.add_argument("--gate-length", type=int, default=32, help="tokens per sequence (default %(default)s)")
-    gate.add_argument("--seed", type=int, default=0, help="seed of the sampling (default %(default)s)")
+    gate.add_argument("--gate-length", type=positive_int, default=32, help="tokens per sequence (default %(default)s)")
+    gate.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling (default %(default)s)")
     parser.add_argument("--report", metavar="JSON", help="also write the report here (it is always in OUT)")
+    parser.add_argument(
+        "--allow-outside",
+        action="store_true",
+        help="copy config/tokenizer files that symbolic links take outside SRC's folder (a Hugging Face cache); "
+        "the output and the report name each (default: refused)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
             **flag_keywords(args, api.quantize, out=args.output, progress=progress),
         ),
         args.output,
+        report=args.report,
     )
-    if args.report:
-        folder.write_report(args.report)
     _print(folder, Path(args.output))
     return 0
 
@@ -65,9 +71,9 @@ def _print(folder: api.QuantizedFolder, output: Path) -> None:
     report = folder.summary
     step = folder.report.steps[0]
     print_headline(folder.report.headline)
-    out.print(f"[bold]quantize[/] {folder.report.source.path}")
+    out.print(Text.assemble(("quantize", "bold"), f" {folder.report.source.path}"))
     for note in step.notes:
-        out.print(f"  - {escape(note)}")
+        out.print(f"  - {note}")
     rows = step.tables.get("weights", [])
     if rows:
         out.print(rows_table("weights", rows))
@@ -83,12 +89,13 @@ def _print(folder: api.QuantizedFolder, output: Path) -> None:
     out.print(table)
     out.print(comparison_table(folder.comparison))
     for file_name, _, comparison in folder.variants:
-        out.print(f"  {file_name} gate passed: {escape(comparison.summary())}")
+        out.print(f"  {file_name} gate passed: {comparison.summary()}")
     for target, info in report["targets"].items():
         settings = ", ".join(f"{k}={v}" for k, v in info["session_options"].items()) or "default session options"
-        out.print(f"  {escape(target)}: {escape(settings)} — {escape(info['why'])}")
+        out.print(f"  {target}: {settings} — {info['why']}")
     for record in folder.files:
         out.print(f"wrote {record.path} ({human_bytes(record.bytes)}, sha256 {record.sha256})")
     for name in folder.copied:
-        out.print(f"copied {name}")
+        outside = " (from outside the model folder, through a symbolic link: --allow-outside)"
+        out.print(f"copied {name}{outside if name in folder.copied_outside else ''}")
     out.print(f"wrote {output / REPORT_FILE}")

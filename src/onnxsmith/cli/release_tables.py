@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith.io.files import human_bytes
 from onnxsmith.release.bench import BenchResult
@@ -24,8 +25,8 @@ def validation_table(validations: list[Validation]) -> Table:
         cells = []
         for v in validations:
             mv = v.metrics[i]
-            mark = "" if mv.passed is None else (" [green]✓[/]" if mv.passed else " [red]✗[/]")
-            cells.append(mv.display + mark)
+            mark = "" if mv.passed is None else ((" ✓", "green") if mv.passed else (" ✗", "red"))
+            cells.append(Text.assemble(mv.display, mark))
         table.add_row(m.label, "-" if m.gate is None else _gate(m), *cells)
     return table
 

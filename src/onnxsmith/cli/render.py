@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from onnxsmith.io.files import human_bytes
 from onnxsmith.verify.compare import Comparison
@@ -26,7 +27,8 @@ def comparison_table(comparison: Comparison) -> Table:
         table.add_column(column, justify="left" if column in ("output", "shape") else "right")
     for o in comparison.outputs:
         table.add_row(
-            o.name,
+            # a KV cache's numbers are the next step's logits' (verify/cache.py): say so where they are shown
+            f"{o.name} (by next step)" if o.kind == "cache" else o.name,
             "x".join(str(d) for d in o.shape),
             _num(o.max_abs),
             _num(o.mean_abs),
@@ -34,10 +36,18 @@ def comparison_table(comparison: Comparison) -> Table:
             _num(o.magnitude, ".6g"),
             _num(o.worst, ".3g") if comparison.bounds is not None else "-",
             f"{o.nonfinite_test}" + (f" (ref {o.nonfinite_ref})" if o.nonfinite_ref else ""),
-            "-" if o.argmax_agreement is None else f"{o.argmax_agreement:.1%}",
-            "[green]yes[/]" if o.passed else "[red]NO[/]",
+            _agreement(o),
+            Text("yes", "green") if o.passed else Text("NO", "red"),
         )
     return table
+
+
+def _agreement(o) -> str:
+    """The argmax column: a tensor's argmax agreement, or what a structured output agrees by."""
+    if o.agreement is not None and o.kind != "tensor":
+        what = "matched" if o.kind == "detections" else "equal"
+        return f"{o.agreement:.1%} {what}"
+    return "-" if o.argmax_agreement is None else f"{o.argmax_agreement:.1%}"
 
 
 def bytes_table(title: str, by_dtype: dict[str, int], params: dict[str, int] | None = None) -> Table:

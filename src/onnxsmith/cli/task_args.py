@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 
@@ -77,9 +78,10 @@ def _convert(text: str | list[str], annotation, flag: str):
                 raise ValueError
             return text.lower() in ("true", "yes", "1")
         if kind in (int, float):
-            return kind(text)
-    except ValueError:
-        raise UsageError(f"{flag} expects {kind.__name__}, got '{text}'") from None
+            return opts.ARGUMENT_TYPES[kind](text)
+    except (ValueError, argparse.ArgumentTypeError):
+        what = "a finite number" if kind is float else kind.__name__
+        raise UsageError(f"{flag} expects {what}, got '{text}'") from None
     return text
 
 
@@ -92,6 +94,8 @@ def parse_gates(items: list[str] | None) -> dict[str, float]:
             if not sep:
                 raise ValueError
             gates[name.strip()] = float(value)
+            if not math.isfinite(gates[name.strip()]):  # a gate of nan holds for nothing, of inf for anything
+                raise ValueError
         except ValueError:
             raise UsageError(f"--gate {item}: expected METRIC=NUMBER, e.g. max_abs_age_error=0.1") from None
     return gates

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from rich.markup import escape
 from rich.table import Table
 
 from onnxsmith import api
@@ -54,10 +53,9 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
             progress=progress,
         ),
         args.output,
+        report=args.report,
     )
     print_variant(variant, explain=getattr(args, "explain", False))
-    if args.report:
-        variant.write_report(args.report)
     return 0
 
 
@@ -70,16 +68,16 @@ def _own_options(transform_cls: type[Transform]) -> frozenset[str]:
 def print_headline(lines: list[str]) -> None:
     """What was achieved and why not more: the first thing every variant command prints."""
     first, *rest = lines
-    out.print(f"[bold]{escape(first)}[/]")
+    out.print(first, style="bold")
     for line in rest:
-        out.print(f"  {escape(line)}")
+        out.print(f"  {line}")
 
 
 def print_variant(variant: api.Variant, *, explain: bool = False) -> None:
     report = variant.report
     print_headline(report.headline)
     for step in report.steps:
-        out.print(f"[bold]{step.step}[/]")
+        out.print(step.step, style="bold")
         for note in step.notes:
             out.print(f"  - {note}")
         for title, rows in {**step.tables, **(step.details if explain else {})}.items():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.text import Text
+
 from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
@@ -58,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_text_atomic(args.json, json.dumps(validation.to_json(), indent=1) + "\n")
     if validation.passed:
-        out.print("[green]all gates hold[/]")
+        out.print("all gates hold", style="green")
         return 0
     for line in validation.failures():
-        out.print(f"[red]gate failed:[/] {line}")
+        out.print(Text.assemble(("gate failed:", "red"), f" {line}"))
     return 1

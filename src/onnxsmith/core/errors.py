@@ -48,8 +48,20 @@ class OutputError(OnnxsmithError):
     """An output cannot be written where it was asked for (not a regular file, read-only, disk full)."""
 
 
+class TimeLimitExceeded(OnnxsmithError):
+    """A run of a model went past its time limit and was stopped (not an InputError: nothing that retries
+    a run another way may take it for a model that failed)."""
+
+
 class GateFailed(OnnxsmithError):
     """A verification gate refused a variant; nothing was written."""
+
+    exit_code = EXIT_GATE_FAILED
+
+
+class NothingGained(OnnxsmithError):
+    """A transform would write a variant no better than its source (nothing it does applies); nothing was
+    written. The problem says why, so a user knows what would change that."""
 
     exit_code = EXIT_GATE_FAILED
 

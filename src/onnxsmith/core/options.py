@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -30,6 +31,54 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, default_factor
     """A field of an ``Options`` dataclass: its default, its help text and, where fixed, its choices."""
     metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+# ---- argparse types: one per kind of number, so every command refuses nonsense in one line -----------
+# (argparse reports an ArgumentTypeError as "argument --flag: <message>"; cli/main.py prints it as one line.)
+
+
+def _number(text: str, kind: type, what: str, ok) -> int | float:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError, OverflowError):
+        value = None
+    if value is None or (kind is float and not math.isfinite(value)) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A seed, a count that may be 0 (warm-up runs, threads: 0 is onnxruntime's choice)."""
+    return _number(text, int, "a non-negative integer", lambda v: v >= 0)
+
+
+def positive_int(text: str) -> int:
+    """A count of at least one (samples, runs, windows)."""
+    return _number(text, int, "a positive integer", lambda v: v > 0)
+
+
+def finite_float(text: str) -> float:
+    """Any finite number: 'nan' and 'inf' are never a sensible option value."""
+    return _number(text, float, "a finite number", lambda v: True)
+
+
+def tolerance(text: str) -> float:
+    """A gate's rtol / atol: finite and >= 0 (0 is exact, e.g. an absolute bound alone with rtol 0)."""
+    return _number(text, float, "a finite number >= 0", lambda v: v >= 0)
+
+
+def cosine(text: str) -> float:
+    """A cosine similarity bound: in [-1, 1]."""
+    return _number(text, float, "a cosine in [-1, 1]", lambda v: -1 <= v <= 1)
+
+
+def share(text: str) -> float:
+    """A share of values or rows (the gate's label agreement): in [0, 1]."""
+    return _number(text, float, "a share in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+#: The argparse type of an ``Options`` field of each scalar type (ranges are the dataclass's ``validate()``).
+ARGUMENT_TYPES = {int: int, float: finite_float}
 
 
 def _base_type(annotation) -> tuple[type, bool]:
@@ -76,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
             group.add_argument(
                 flag,
                 dest=f.name,
-                type=kind,
+                type=ARGUMENT_TYPES.get(kind, kind),
                 default=None,
                 choices=f.metadata.get("choices"),
                 help=f"{help_text} (default: {shown})",
@@ -131,6 +180,8 @@ def _coerce(value, kind, optional, f, prefix):
         if isinstance(value, bool):
             return value
     elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # TOML has nan and inf: no option means either
+            raise UsageError(f"{prefix}option '{f.name}' expects a finite number, got {value!r}")
         return float(value)
     elif kind is int and isinstance(value, int) and not isinstance(value, bool):
         return value

@@ -67,6 +67,9 @@ class TransformContext:
     #: Whether ``feeds`` are real inputs (the user's, a task's data) rather than random ones from the input spec:
     #: what a calibration that fixes scales needs (int8's Convs: activation scales real data would overflow).
     real_inputs: bool = False
+    #: Whether made-up ``feeds`` look like the real thing (every float input an image, a waveform or a state
+    #: beside one: :func:`onnxsmith.analysis.input_roles.plausible`): ranges a calibration may fix scales from.
+    plausible_inputs: bool = False
 
     @contextlib.contextmanager
     def model_file(self, model: ir.Model) -> Iterator[Path]:
@@ -119,6 +122,9 @@ class Transform:
     #: The task whose gate judges this transform's variants (e.g. ``"lm"``: next-token KL and
     #: top-1 agreement) instead of the one gate on every output (:mod:`onnxsmith.verify.gate`).
     gate_task: ClassVar[str | None] = None
+    #: Whether the variant holds what was measured on the calibration inputs (int8's static activation scales):
+    #: then made-up inputs calibrate it and other made-up inputs judge it, so the gate sees inputs it was not fit to.
+    judged_on_unseen: ClassVar[bool] = False
 
     def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
         raise NotImplementedError

@@ -1,4 +1,10 @@
-"""Files on disk: their sha256, their size, and writing them atomically through locked staging folders."""
+"""Files on disk: their sha256, their size, and writing them atomically through locked staging folders.
+
+Every file onnxsmith makes is new (:func:`create_file`: never opened through a link, never an existing
+file truncated), and every file it removes is inside a folder it owns, reached without following a
+link (:func:`remove_inside`, the staging sweep): a link planted where onnxsmith writes or removes
+leaves its target untouched.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,16 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from onnxsmith.core.errors import OutputError, UsageError
-from onnxsmith.io.lock import LockHeld, hold_lock
+from onnxsmith.io.lock import LockHeld, NotALock, hold_lock
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -86,6 +94,71 @@ def refuse_protected(targets: Iterable[str | os.PathLike], protect: Iterable[str
             raise UsageError("refusing to overwrite the input model or its data; choose another output path", target)
 
 
+#: A new file of ours: created here or refused, a link at its path never followed.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_file(path: str | os.PathLike, *, dir_fd: int | None = None) -> BinaryIO:
+    """A new file at ``path``, open for writing; FileExistsError if anything (a link too) is there.
+
+    The one way onnxsmith makes a file: what it writes can never land in a file it did not make.
+    """
+    return os.fdopen(os.open(path, _NEW_FILE, 0o666, dir_fd=dir_fd), "wb")
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """``data`` as the new file ``path`` (:func:`create_file`); on failure (a full disk) it is removed."""
+    fd = os.open(path, _NEW_FILE, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """``source``'s bytes as the new file ``target`` (:func:`create_file`)."""
+    with open(source, "rb") as src, create_file(target) as dst:
+        shutil.copyfileobj(src, dst, _CHUNK)
+
+
+def remove_inside(folder: str | os.PathLike, relative: str) -> bool:
+    """Remove the file ``folder``/``relative`` and the folders it leaves empty (up to ``folder``).
+
+    Each folder on the way is opened without following a link, so the removal cannot leave
+    ``folder``; a path through a link (or one that climbs with ``..``) is left alone: False.
+    """
+    parts = Path(relative).parts
+    if not parts or any(p in ("", ".", "..", "/") for p in parts):
+        return False
+    fds = []
+    try:
+        fds.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+    except OSError:  # a link (ELOOP, ENOTDIR) or nothing there: nothing of ours to remove
+        for fd in fds:
+            os.close(fd)
+        return False
+    try:
+        if stat.S_ISDIR(os.lstat(parts[-1], dir_fd=fds[-1]).st_mode):
+            return False
+        os.unlink(parts[-1], dir_fd=fds[-1])  # unlink never follows the last link
+        for name, parent in zip(reversed(parts[:-1]), reversed(fds[:-1])):
+            os.rmdir(name, dir_fd=parent)  # only while empty: OSError ends the climb
+    except OSError:
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
 def fsync_file(path: str | os.PathLike) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -111,40 +184,68 @@ def new_private_dir(parent: str | os.PathLike, *, prefix: str = STAGING_PREFIX) 
     lock = contextlib.ExitStack()
     try:
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        lock.enter_context(hold_lock(folder / _LOCK_FILE))
     except OSError as err:
         raise OutputError(f"cannot write in '{display(parent)}': {describe_os_error(err)}", parent) from None
+    try:
+        lock.enter_context(hold_lock(folder / _LOCK_FILE, new=True))
+    except BaseException as exc:
+        shutil.rmtree(folder, ignore_errors=True)  # made, but not owned yet: nothing may be left of it
+        if isinstance(exc, (OSError, NotALock)):
+            why = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+            raise OutputError(f"cannot write in '{display(parent)}': {why}", parent) from None
+        raise
     _held_locks[folder] = lock
     return folder
 
 
 def remove_private_dir(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-    lock = _held_locks.pop(folder, None)
-    if lock is not None:
-        lock.close()
+    try:
+        shutil.rmtree(folder, ignore_errors=True)  # never follows a link (a folder replaced by one stays)
+    finally:
+        lock = _held_locks.pop(folder, None)
+        if lock is not None:
+            lock.close()
 
 
 def remove_stale_dirs(parent: Path, prefix: str = STAGING_PREFIX) -> None:
-    """Remove ``prefix*`` folders in ``parent`` whose owning process is gone."""
+    """Remove ``prefix*`` folders in ``parent`` whose owning process is gone.
+
+    Each is opened without following a link and its lock taken through that open folder, so a
+    folder swapped for a link, or a lock file that is a link, is left alone with what it points at.
+    """
     try:
-        entries = [e for e in os.scandir(parent) if e.name.startswith(prefix)]
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return
-    for entry in entries:
-        if not entry.is_dir(follow_symlinks=False):
-            continue
-        folder = Path(entry.path)
-        if not (folder / _LOCK_FILE).exists():
-            with contextlib.suppress(OSError):
-                if time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNLOCKED_GRACE_S:
-                    shutil.rmtree(folder, ignore_errors=True)
-            continue
-        try:
-            with hold_lock(folder / _LOCK_FILE):  # taken: its owner is gone
-                shutil.rmtree(folder, ignore_errors=True)
-        except (LockHeld, OSError):
-            continue  # alive, or someone else's
+    try:
+        for name in [n for n in os.listdir(parent_fd) if n.startswith(prefix)]:
+            try:
+                folder_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+            except OSError:
+                continue  # a file, a link, or gone
+            try:
+                _remove_if_stale(name, parent_fd, folder_fd)
+            finally:
+                os.close(folder_fd)
+    finally:
+        os.close(parent_fd)
+
+
+def _remove_if_stale(name: str, parent_fd: int, folder_fd: int) -> None:
+    try:
+        os.lstat(_LOCK_FILE, dir_fd=folder_fd)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            if time.time() - os.fstat(folder_fd).st_mtime > _UNLOCKED_GRACE_S:
+                shutil.rmtree(name, dir_fd=parent_fd, ignore_errors=True)
+        return
+    except OSError:
+        return
+    try:
+        with hold_lock(_LOCK_FILE, dir_fd=folder_fd):  # taken: its owner is gone
+            shutil.rmtree(name, dir_fd=parent_fd, ignore_errors=True)
+    except (LockHeld, NotALock, OSError):
+        pass  # alive, or someone else's
 
 
 class PrivateFolder:
@@ -257,10 +358,26 @@ def commit_files(pairs: list[tuple[Path, Path]], *, protect: Iterable[str | os.P
 def write_text_atomic(path: str | os.PathLike, text: str, *, protect: Iterable[str | os.PathLike] = ()) -> FileRecord:
     path = Path(path)
     with staging_dir(path.parent) as tmp:
-        staged = tmp / path.name
-        try:
-            staged.write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise OutputError(f"cannot write: {describe_os_error(err)}", path) from None
-        commit_files([(staged, path)], protect=protect)
+        commit_files([(stage_text(tmp, path, text), path)], protect=protect)
     return FileRecord.of(path)
+
+
+def stage_texts(stack: contextlib.ExitStack, texts: list[tuple[Path, str]]) -> list[tuple[Path, Path]]:
+    """Each (destination, text) written into a private folder beside its destination, which ``stack``
+    holds: the (staged, destination) pairs to commit with other files (:func:`commit_files`), so
+    a text that cannot be written stops the commit before anything moves."""
+    pairs = []
+    for final, text in texts:
+        folder = stack.enter_context(staging_dir(final.parent))
+        pairs.append((stage_text(folder, final, text), final))
+    return pairs
+
+
+def stage_text(folder: Path, final: Path, text: str) -> Path:
+    """``text`` (UTF-8) as a new file in the private ``folder``, to be committed to ``final``."""
+    staged = folder / final.name
+    try:
+        write_file(staged, text.encode("utf-8"))
+    except OSError as err:
+        raise OutputError(f"cannot write: {describe_os_error(err)}", final) from None
+    return staged

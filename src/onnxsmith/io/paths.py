@@ -7,6 +7,8 @@
   device, fifo, socket or folder is never replaced by the atomic rename.
 * The files a source reads (its .onnx and each data file it references) are never
   overwritten or removed.
+* A file named to be read (an image, a boxes file, an .npz, a text) is a regular file,
+  refused before it is opened: opening a fifo waits for a writer, and a device reads forever.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import BinaryIO
 
 from onnxsmith.core.errors import InputError, OutputError, UsageError
 from onnxsmith.io.files import describe_os_error, display, refuse_protected
@@ -45,6 +48,16 @@ def data_file(location: str, model_path: Path, tensor: str) -> Path:
     if not resolved.is_relative_to(folder):
         raise refuse(f"which resolves to {display(resolved)} through a symbolic link")
     return path
+
+
+def resolves_outside(path: str | os.PathLike, folder: str | os.PathLike) -> Path | None:
+    """Where ``path`` really is (symbolic links followed) when that is outside ``folder``; None when inside.
+
+    The one test of what a release publishes (``build``'s ``include``, ``quantize``'s copied tokenizer
+    and config): a link leading out of the folder must not publish ~/.ssh/id_rsa by accident.
+    """
+    real = Path(path).resolve()
+    return None if real.is_relative_to(Path(folder).resolve()) else real
 
 
 def check_outputs(outputs: Iterable[str | os.PathLike | None], *, protect: Iterable[str | os.PathLike] = ()) -> None:
@@ -102,6 +115,11 @@ def check_output(
     return path
 
 
+def file_kind(path: str | os.PathLike) -> str | None:
+    """What is at ``path`` (links followed) if not a regular file ("a fifo", "a folder"); None if one, or nothing."""
+    return _kind(Path(path))
+
+
 def _kind(path: Path) -> str | None:
     """What exists at ``path`` (links followed) other than a regular file, or None."""
     try:
@@ -110,7 +128,7 @@ def _kind(path: Path) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    return next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")
+    return _kind_of(mode)
 
 
 def _probe_writable(folder: Path, path: Path) -> None:
@@ -120,3 +138,52 @@ def _probe_writable(folder: Path, path: Path) -> None:
         raise OutputError(f"cannot write in '{display(folder)}': {describe_os_error(err)}", path) from None
     os.close(fd)
     os.unlink(probe)
+
+
+def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` as a file to read: a regular file (links followed); raise naming it otherwise, without
+    opening it (opening a fifo blocks until something writes to it; a device never ends)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except OSError as err:
+        raise InputError(f"cannot read the {what}: {describe_os_error(err)}", path) from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"is {_kind_of(mode)}; the {what} must be a regular file", path)
+    return path
+
+
+def open_readable(path: str | os.PathLike, what: str = "file") -> BinaryIO:
+    """The regular file ``path`` opened for reading (binary), after :func:`check_readable`. It is opened
+    without waiting (O_NONBLOCK) and checked again once open: a fifo swapped in meanwhile cannot block."""
+    path = check_readable(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise InputError(f"cannot read the {what}: {describe_os_error(err)}", path) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(f"is {_kind_of(mode)}; the {what} must be a regular file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text(path: str | os.PathLike, what: str = "text file") -> str:
+    """A regular file's UTF-8 text (:func:`open_readable`); one-line errors naming it."""
+    with open_readable(path, what) as f:
+        try:
+            return f.read().decode("utf-8")
+        except OSError as err:
+            raise InputError(f"cannot read the {what}: {describe_os_error(err)}", path) from None
+        except UnicodeDecodeError as err:
+            raise InputError(f"the {what} is not UTF-8 text ({err})", path) from None
+
+
+def _kind_of(mode: int) -> str:
+    return next((kind for test, kind in _KINDS.items() if test(mode)), "not a regular file")

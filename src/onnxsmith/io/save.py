@@ -17,9 +17,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,14 +37,19 @@ from onnxsmith.io.check import check_with_onnx, tensors
 from onnxsmith.io.files import (
     FileRecord,
     commit_files,
+    copy_file,
+    create_file,
     describe_os_error,
     made_dirs,
     protected,
+    remove_inside,
     same_file_system,
+    stage_texts,
     staging_dir,
+    write_file,
 )
 from onnxsmith.io.load import passed_onnx_checker
-from onnxsmith.io.paths import check_output
+from onnxsmith.io.paths import check_output, check_outputs
 
 PROTOBUF_LIMIT = 2**31 - 1
 #: Room left for the graph structure when deciding whether weights fit one file.
@@ -132,8 +137,17 @@ class StagedModel:
         """The files as they are now, the data file first."""
         return [self.data_path, self.path] if self.external else [self.path]
 
-    def commit(self, final: str | os.PathLike | None = None) -> list[FileRecord]:
+    def commit(
+        self,
+        final: str | os.PathLike | None = None,
+        *,
+        alongside: tuple[str | os.PathLike, Callable[[list[FileRecord]], str]] | None = None,
+    ) -> list[FileRecord]:
         """Put the model at ``final`` (default: where it was staged for); return what is there.
+
+        ``alongside``: (path, render) of a text file committed with the model (a ``--report``),
+        ``render`` given the records of what is put in place. It is written before anything
+        moves, so one that cannot be written (a full disk) leaves no model either.
 
         The same checks as before any work: a regular file in a writable place, never a file
         a source reads. A model with a data file names it after ``final``: the .onnx is
@@ -145,8 +159,7 @@ class StagedModel:
             raise UsageError("no output path given; say where to save the model")
         final = Path(final) if final is not None else self.final
         finals = [final.with_name(data_file_name(final)), final] if self.external else [final]
-        for path in finals:
-            check_output(path, protect=self._protect)
+        check_outputs([*finals, alongside and alongside[0]], protect=self._protect)
         staged = self._records.result() if self._records is not None and self._staged else None
         # The data file of the model being replaced goes with it, unless a source reads it.
         leftover = None if self.external else _own_data_file(final)
@@ -155,15 +168,20 @@ class StagedModel:
             moving = self._staged and same_file_system(self.path.parent, final.parent)
             here = self.path.parent if moving else stack.enter_context(staging_dir(final.parent))
             placed = self._place(here, final, copy=not moving)
-            commit_files(list(zip(placed, finals)), protect=self._protect)
+            records = [
+                # renamed as staged: the bytes hashed then hold; a copy or a rewritten .onnx is hashed
+                FileRecord(path, record.bytes, record.sha256)
+                if record is not None and was == now
+                else dataclasses.replace(FileRecord.of(now), path=path)
+                for record, was, now, path in zip(staged or [None] * len(finals), self.files(), placed, finals)
+            ]
+            pairs = list(zip(placed, finals))
+            if alongside is not None:
+                path, render = Path(alongside[0]), alongside[1]
+                pairs += stage_texts(stack, [(path, render(records[::-1]))])
+            commit_files(pairs, protect=self._protect)
         if leftover is not None and not protected(leftover, self._protect):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-        records = [
-            # renamed as staged: the bytes hashed then hold; a copy or a rewritten .onnx is hashed again
-            FileRecord(path, record.bytes, record.sha256) if record is not None and was == now else FileRecord.of(path)
-            for record, was, now, path in zip(staged or [None] * len(finals), self.files(), placed, finals)
-        ]
+            remove_inside(final.parent, leftover.name)
         self.path, self._staged, self._records = final, False, None
         self.committed = records[::-1]  # the model first
         return self.committed
@@ -176,7 +194,7 @@ class StagedModel:
                 data = self.data_path
                 if copy:
                     data = folder / data_file_name(final)
-                    shutil.copyfile(self.data_path, data)
+                    copy_file(self.data_path, data)
                 placed.append(data)
             model = self.path
             if self.external and final.name != self.path.name:
@@ -184,7 +202,7 @@ class StagedModel:
                 _relocate(self.path, data_file_name(self.path), data_file_name(final), model)
             elif copy:
                 model = folder / final.name
-                shutil.copyfile(self.path, model)
+                copy_file(self.path, model)
             placed.append(model)
         except OSError as err:
             raise OutputError(f"cannot write: {describe_os_error(err)}", final) from None
@@ -201,14 +219,14 @@ def _relocate(path: Path, old: str, new: str, to: Path) -> None:
         for entry in tensor.external_data:
             if entry.key == "location" and entry.value == old:
                 entry.value = new
-    to.write_bytes(proto.SerializeToString())
+    write_file(to, proto.SerializeToString())
 
 
 def _own_data_file(path: Path) -> Path | None:
     """``<path>.data`` if the model now at ``path`` reads it (a stale data file once it is replaced)."""
     data = path.with_name(data_file_name(path))
     try:
-        if not data.is_file() or not path.is_file() or path.stat().st_size > _OWN_DATA_PARSE_BYTES:
+        if data.is_symlink() or not data.is_file() or not path.is_file() or path.stat().st_size > _OWN_DATA_PARSE_BYTES:
             return None
         proto = onnx.load(os.fspath(path), load_external_data=False)
     except (OSError, DecodeError, RuntimeError, ValueError):
@@ -296,7 +314,7 @@ def stage_model(
                 ir.save(model, staged.path, external_data=data_name)
             check_written(onnx.load(os.fspath(staged.path), load_external_data=False), staged.path, data_name, shown)
         else:
-            with open(staged.path, "wb") as f:
+            with create_file(staged.path) as f:
                 write_single_file(model, f, check=lambda proto: check_written(proto, staged.path, None, shown))
             passed_onnx_checker(staged.path)  # the gate loads it next: no need to check it twice
     except OSError as err:

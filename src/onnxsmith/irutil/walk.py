@@ -34,6 +34,23 @@ def visit(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir.Val
         pending.extend(step(value))
 
 
+def outputs_no_input_reaches(model: ir.Model) -> set[str]:
+    """The graph outputs computed from constants alone: no graph input reaches them (a node whose subgraph reads a
+    reached value counts as reached)."""
+    owner: dict[ir.Node, ir.Node] = {}  # a node inside an If/Loop/Scan body -> the top-level node holding it
+    for node in model.graph:
+        for sub in subgraphs_of(node):
+            for inner in ir.traversal.RecursiveGraphIterator(sub):
+                owner[inner] = node
+
+    def step(value: ir.Value) -> Iterator[ir.Value]:
+        for user, _ in value.uses():
+            yield from owner.get(user, user).outputs
+
+    reached = reachable(model.graph.inputs, step)
+    return {value.name for value in model.graph.outputs if value not in reached}
+
+
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
     """The graphs a node holds in its attributes (If branches, Loop and Scan bodies)."""
     graphs: list[ir.Graph] = []

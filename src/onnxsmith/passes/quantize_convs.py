@@ -74,16 +74,31 @@ class Conv:
         return self.node.attributes.get_int("group", 1)
 
 
+#: The weight ranks of the Convs that go int8: 1-D Convs (audio, HiFi-GAN: [B, C, T]) and 2-D ones, which
+#: onnxruntime's CPU provider fuses with their QDQ into QLinearConv. It fuses 3-D ones too, but their int8
+#: speed is unmeasured: they stay fp32 and the Convs table says so (:func:`int8_rank_problem`).
+CONV_WEIGHT_RANKS = (3, 4)
+
+
+def int8_rank_problem(conv: Conv) -> str:
+    """Why a Conv of its kernel rank stays fp32, or "" for a 1-D or 2-D Conv."""
+    rank = len(conv.shape)
+    if rank in CONV_WEIGHT_RANKS:
+        return ""
+    return f"a {rank - 2}-D Conv: only 1-D and 2-D Convs go int8 (QLinearConv's speed on {rank - 2}-D unmeasured)"
+
+
 def find_convs(model: ir.Model) -> list[Conv]:
-    """Every 2-D Conv of the main graph whose weight (and bias) are constant fp32, in graph order."""
+    """Every Conv of the main graph whose weight (and bias) are constant fp32, in graph order (the 1-D and 2-D
+    ones go int8; :func:`int8_rank_problem` says why the others stay fp32)."""
     found = []
     for node in model.graph:
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
             continue
         if node.inputs[0] is None or not all(_const_float(v) for v in node.inputs[1:] if v is not None):
             continue
-        if len(node.inputs[1].const_value.shape) != 4:
-            continue
+        if len(node.inputs[1].const_value.shape) < 3:
+            continue  # not a convolution's weight: onnxruntime rejects the model anyway
         y = node.outputs[0]
         uses = list(y.uses())
         relu = None

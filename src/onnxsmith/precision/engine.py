@@ -29,7 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import TensorRange
-from onnxsmith.core.errors import OnnxsmithError
+from onnxsmith.core.errors import OnnxsmithError, TimeLimitExceeded
 from onnxsmith.core.transform import ReferenceOutputs, TransformContext
 from onnxsmith.io.files import staging_dir
 from onnxsmith.io.load import load_model
@@ -193,6 +193,8 @@ def _check_store_low(model: ir.Model, plan: Plan, measurement: Measurement | Non
         def others() -> dict[str, np.ndarray]:
             try:
                 return measurement.outputs_with_weights_rounded(weights_converted_anyway(model, plan), dtype)
+            except TimeLimitExceeded:  # stopped, not failed: the next run would be stopped too
+                raise
             except OnnxsmithError:  # rounded, a constant computing sizes or indices made the model fail
                 return {}
 

@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,12 +38,20 @@ from typing import Any
 import numpy as np
 
 from onnxsmith.analysis.summary import summarize
-from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.core.errors import GateFailed, InputError, UsageError
 from onnxsmith.core.options import to_json as options_json
 from onnxsmith.core.version import __version__
-from onnxsmith.io.files import FileRecord, sha256_file, staging_dir, write_text_atomic
+from onnxsmith.io.files import (
+    FileRecord,
+    copy_file,
+    remove_inside,
+    sha256_file,
+    staging_dir,
+    write_file,
+    write_text_atomic,
+)
 from onnxsmith.io.load import load_model
-from onnxsmith.io.lock import LockHeld, hold_lock
+from onnxsmith.io.lock import LockHeld, NotALock, hold_lock
 from onnxsmith.release.bench import bench_models
 from onnxsmith.release.card import TIMED_END, TIMED_START, render_card
 from onnxsmith.release.recipe import (
@@ -146,6 +155,10 @@ def _exclusive(out: Path):
                 f"another onnxsmith build ({who}) is writing this release; wait for it to finish or choose another --out",
                 out,
             ) from None
+        except NotALock as planted:  # never written through: the file it names is someone's
+            raise UsageError(
+                f"is {planted.what}, where the build's lock file for --out {out} goes; remove it", lock
+            ) from None
         except OSError as err:
             raise UsageError(
                 f"cannot create the build's lock file {lock.name} beside it ({err.strerror})", out
@@ -188,7 +201,11 @@ def _check_out(out: Path, recipe: Recipe, force: bool) -> _Previous:
 
 
 def _made_by_earlier_build(out: Path) -> set[str]:
-    """The files of the release in ``out``: those its SHA256SUMS pins and those every build writes."""
+    """The files of the release in ``out``: those its SHA256SUMS pins and those every build writes.
+
+    Only regular files reached without following a link count: a pinned path through a link
+    (``link/victim``, ``link`` leading out of the folder) or to one is not the release's, and stays.
+    """
     if not _is_release(out / MEASUREMENTS):
         return set()
     made = {name for name in GENERATED if (out / name).is_file() and not (out / name).is_symlink()}
@@ -198,9 +215,23 @@ def _made_by_earlier_build(out: Path) -> set[str]:
         return made
     for line in lines:
         found = re.fullmatch(r"[0-9a-f]{64}  (.+)", line)
-        if found and _plain_relative(found.group(1)):
+        if found and _plain_relative(found.group(1)) and _regular_inside(out, found.group(1)):
             made.add(found.group(1))
     return made
+
+
+def _regular_inside(folder: Path, relative: str) -> bool:
+    """Whether ``folder``/``relative`` is a regular file with no link on the way (lstat each part)."""
+    path = folder
+    for part in PurePosixPath(relative).parts:
+        path = path / part
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            return False
+        if stat.S_ISLNK(mode):
+            return False
+    return stat.S_ISREG(mode)
 
 
 def _plain_relative(path: str) -> bool:
@@ -225,9 +256,10 @@ def _files_in(folder: Path) -> list[str]:
 
 def _is_release(path: Path) -> bool:
     try:
-        return "onnxsmith" in json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return False
+    return isinstance(data, dict) and "onnxsmith" in data  # JSON, but maybe a list or a number
 
 
 def _refuse_collisions(out: Path, planned: list[str], previous: _Previous) -> None:
@@ -237,7 +269,8 @@ def _refuse_collisions(out: Path, planned: list[str], previous: _Previous) -> No
         parts = PurePosixPath(path).parts
         for n in range(1, len(parts) + 1):
             prefix = "/".join(parts[:n])
-            if prefix in foreign or (n < len(parts) and (out / prefix).exists() and not (out / prefix).is_dir()):
+            inside = out / prefix  # a link is never a folder the release writes into
+            if prefix in foreign or (n < len(parts) and os.path.lexists(inside) and not _real_dir(inside)):
                 raise UsageError(
                     f"holds {prefix}, which no earlier build made and the release would write over "
                     f"(for {path}); move it away or choose another --out",
@@ -245,6 +278,10 @@ def _refuse_collisions(out: Path, planned: list[str], previous: _Previous) -> No
                 )
         if (out / path).is_dir() and not (out / path).is_symlink():
             raise UsageError(f"holds a folder {path} where the release writes a file; move it away", out)
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
 
 
 def _replace_files(release: Path, out: Path, previous: _Previous) -> None:
@@ -261,10 +298,7 @@ def _replace_files(release: Path, out: Path, previous: _Previous) -> None:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(release / rel, out / rel)
     for rel in sorted(previous.made - set(new), key=lambda f: -f.count("/")):
-        (out / rel).unlink(missing_ok=True)
-        folder = (out / rel).parent
-        if folder != out and not any(folder.iterdir()):
-            folder.rmdir()
+        remove_inside(out, rel)  # never through a link put in since: the removal stays in --out
     for rel in last:
         os.replace(release / rel, out / rel)
 
@@ -296,9 +330,9 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
                 summary = "; " + ", ".join(
                     f"{m.label} {m.display}" for m in outcome.validation.metrics if m.gate is not None
                 )
-            log(f"[green]published[/] {variant.name} ({variant.file}{summary})")
+            log(f"published {variant.name} ({variant.file}{summary})")
         else:
-            log(f"[red]not published[/] {variant.name}: {outcome.reason}")
+            log(f"not published {variant.name}: {outcome.reason}")
 
     published = [o for o in outcomes if o.published]
     progress("measuring the source's activation ranges")
@@ -326,13 +360,13 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
 
     included = []
     for path in recipe.include:
-        shutil.copyfile(path, release / path.name)
+        copy_file(path, release / path.name)
         shutil.copymode(path, release / path.name)  # a private file stays private
         included.append(FileRecord.of(release / path.name).to_json(release))
     files = [f for o in published for f in o.data["files"]] + included
     checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
-    (release / CHECKSUMS).write_text(checksums, encoding="utf-8")
-    (release / RECIPE_COPY).write_text(recipe.text, encoding="utf-8")
+    write_file(release / CHECKSUMS, checksums.encode("utf-8"))
+    write_file(release / RECIPE_COPY, recipe.text.encode("utf-8"))
     measurements = {
         "onnxsmith": __version__,
         "tools": _tool_versions(),
@@ -357,7 +391,10 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
             "samples": len(task_run.samples),
             "gates": recipe.validation.gates,
             "calibration_samples": len(feeds),
-            "options": {k: _relative(v, recipe.folder) for k, v in options_json(recipe.validation.options).items()},
+            # paths as the recipe wrote them: the same bytes however the recipe was named (relative, absolute)
+            "options": {
+                k: recipe.validation.written.get(k, v) for k, v in options_json(recipe.validation.options).items()
+            },
         },
         "variants": [_variant_json(o) for o in outcomes],
         "included": included,
@@ -367,9 +404,9 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
         "bench": bench,
     }
     progress("writing the card and the report")
-    (release / MEASUREMENTS).write_text(json.dumps(measurements, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    (release / CARD).write_text(render_card(measurements), encoding="utf-8")
-    (release / REPORT).write_text(render_report(measurements), encoding="utf-8")
+    write_file(release / MEASUREMENTS, (json.dumps(measurements, indent=1, allow_nan=False) + "\n").encode("utf-8"))
+    write_file(release / CARD, render_card(measurements).encode("utf-8"))
+    write_file(release / REPORT, render_report(measurements).encode("utf-8"))
     return BuildResult(release, measurements, outcomes)
 
 
@@ -388,7 +425,12 @@ def _make_variant(
                 target,
                 steps,
                 feeds=feeds,
-                gate=GateOptions(min_cosine=variant.min_cosine, rtol=variant.rtol, atol=variant.atol),
+                gate=GateOptions(
+                    min_cosine=variant.min_cosine,
+                    rtol=variant.rtol,
+                    atol=variant.atol,
+                    min_agreement=variant.min_agreement,
+                ),
                 judge=judge,
                 real_inputs=task_run is not None and task_run.real_inputs,
                 progress=progress,
@@ -540,16 +582,6 @@ def _finite_json(data):
     return data
 
 
-def _relative(value, folder: Path):
-    """Paths in the options, as the recipe wrote them (no machine-specific absolute paths)."""
-    if isinstance(value, str) and os.path.isabs(value):
-        try:
-            return Path(os.path.relpath(value, folder.resolve())).as_posix()
-        except ValueError:
-            return Path(value).name
-    return value
-
-
 def _tool_versions() -> dict[str, str]:
     versions = {"onnxsmith": __version__, "python": platform.python_version()}
     for name in _TOOLS:
@@ -569,12 +601,16 @@ def rewrite_card(release: Path, card_fields: dict | None = None) -> FileRecord:
     path = release / MEASUREMENTS
     if not path.is_file():
         raise UsageError("is not an onnxsmith release (no measurements.json)", release)
-    measurements = json.loads(path.read_text(encoding="utf-8"))
+    measurements = _read_measurements(path)
     pinned = [f for v in measurements["variants"] for f in v.get("files", [])] + measurements.get("included", [])
     for f in pinned:
         file = release / f["path"]
-        if not file.is_file():
+        if not _plain_relative(f["path"]):  # the card pins only the release's own files
+            raise InputError(f"lists '{f['path']}', which is not a path inside the release folder", path)
+        if not os.path.lexists(file):
             raise UsageError(f"the release's file {f['path']} is missing", release)
+        if not _regular_inside(release, f["path"]):  # a link (out of the folder, maybe) or not a file
+            raise InputError(f"lists '{f['path']}', which is a link or not a regular file in the release", path)
         if file.stat().st_size != f["bytes"] or sha256_file(file) != f["sha256"]:
             raise UsageError(
                 f"{f['path']} changed since the build (its sha256 differs from the one measured); rebuild instead",
@@ -582,8 +618,54 @@ def rewrite_card(release: Path, card_fields: dict | None = None) -> FileRecord:
             )
     if card_fields:
         measurements["card"].update(card_fields)
+    try:
+        card = render_card(measurements)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:  # hand-edited, not as built
+        problem = f"{type(err).__name__}: {' '.join(str(err).split())}"
+        raise InputError(f"is not a measurements.json as onnxsmith build writes it ({problem})", path) from None
+    if card_fields:
         write_text_atomic(path, json.dumps(measurements, indent=1, allow_nan=False) + "\n")
-    return write_text_atomic(release / CARD, render_card(measurements))
+    return write_text_atomic(release / CARD, card)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_measurements(path: Path) -> dict:
+    """A release's measurements.json, checked as far as the card's files depend on it: one-line errors naming it."""
+    try:
+        measurements = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise InputError(f"is not JSON ({' '.join(str(err).split())})", path) from None
+    problem = _measurements_problem(measurements)
+    if problem:
+        raise InputError(f"is not a measurements.json as onnxsmith build writes it: {problem}", path)
+    return measurements
+
+
+def _measurements_problem(m) -> str | None:
+    """What is wrong with the parts of ``m`` the card's files come from; None if nothing."""
+    if not isinstance(m, dict):
+        return f"expected an object, got {type(m).__name__}"
+    for key, kind in (("variants", list), ("card", dict), ("source", dict), ("tools", dict)):
+        if not isinstance(m.get(key), kind):
+            return f"'{key}' must be {'a list' if kind is list else 'an object'}"
+    if not isinstance(m.get("included", []), list):
+        return "'included' must be a list"
+    for i, v in enumerate(m["variants"]):
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not isinstance(v.get("files", []), list):
+            return f"variants[{i}] must be an object with a name and a list of files"
+    entries = [f for v in m["variants"] for f in v.get("files", [])] + m.get("included", [])
+    for f in entries:
+        if not (
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("bytes"), int)
+            and isinstance(f.get("sha256"), str)
+            and _SHA256.fullmatch(f["sha256"])
+        ):
+            return f"a file entry must be {{path, bytes, sha256}}, got {json.dumps(f)[:80]}"
+    return None
 
 
 def strip_timed(text: str) -> str:

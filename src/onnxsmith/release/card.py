@@ -3,12 +3,18 @@
 A pure function of measurements.json, so ``onnxsmith card`` can re-render it and
 two builds give the same card apart from the timed benchmark section (between
 the ``<!-- timed -->`` markers). No dates, no absolute paths.
+
+Names from the model and values from the recipe go in through ``md`` (text) and ``code``
+(a code span) of core/text.py: a ``|`` cannot add a table cell, nor a name raw HTML or a link.
+Only the recipe's prose (``description``, ``license``) is the author's own Markdown, as documented.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from onnxsmith.core.text import for_markdown as md
+from onnxsmith.core.text import for_markdown_code as code
 from onnxsmith.release.bench import notes
 
 TIMED_START = "<!-- timed -->"
@@ -26,12 +32,12 @@ def render_card(m: dict[str, Any]) -> str:
     source = m["source"]
     variants = m["variants"]
     published = [v for v in variants if v["published"]]
-    out: list[str] = [f"# {card['title']}", ""]
+    out: list[str] = [f"# {md(card['title'])}", ""]
     if card.get("description"):
         out += [card["description"].strip(), ""]
-    origin = f" ({card['homepage']})" if card.get("homepage") else ""
+    origin = f" ({md(card['homepage'])})" if card.get("homepage") else ""
     out += [
-        f"Variants of `{source['file']}`{origin}, sha256 `{source['sha256']}`, built by onnxsmith {m['onnxsmith']} "
+        f"Variants of {code(source['file'])}{origin}, sha256 `{source['sha256']}`, built by onnxsmith {m['onnxsmith']} "
         "from `recipe.toml` (included). Each was verified against the source before it was published; "
         "every number below was measured by that build.",
         "",
@@ -60,7 +66,7 @@ def _files(published: list[dict], included: list[dict]) -> list[str]:
     out += ["| file | variant | bytes | sha256 |", "|---|---|---:|---|"]
     rows = [(f, v["name"]) for v in published for f in v["files"]] + [(f, "all (included)") for f in included]
     for f, name in rows:
-        out.append(f"| `{f['path']}` | {name} | {f['bytes']:,} | `{f['sha256']}` |")
+        out.append(f"| {code(f['path'], table=True)} | {md(name)} | {f['bytes']:,} | `{f['sha256']}` |")
     out += ["", "Check them with `sha256sum -c SHA256SUMS`; pin them by these hashes.", ""]
     return out
 
@@ -69,34 +75,34 @@ def _outside(names: list[str]) -> list[str]:
     """What the recipe took from outside its folder (it said allow_outside = true)."""
     if not names:
         return []
-    what = [f"`{n}`" if n != "license_file" else "the license text (license_file)" for n in names]
+    what = [code(n) if n != "license_file" else "the license text (license_file)" for n in names]
     return [f"Taken from outside the recipe's folder (the recipe sets `allow_outside = true`): {', '.join(what)}.", ""]
 
 
 def _variants(variants: list[dict]) -> list[str]:
     out = ["## Variants", ""]
     for v in variants:
-        out += [f"### {v['name']}" + ("" if v["published"] else " (not published)"), ""]
+        out += [f"### {md(v['name'])}" + ("" if v["published"] else " (not published)"), ""]
         if v.get("description"):
             out += [v["description"].strip(), ""]
         steps = (
-            " → ".join(f"`{s['name']}`" + _options(s.get("options", {})) for s in v.get("steps", []))
+            " → ".join(code(s["name"]) + _options(s.get("options", {})) for s in v.get("steps", []))
             or "none (the source re-saved)"
         )
         out += [f"Steps: {steps}.", ""]
         if not v["published"]:
-            out += [f"Not published: {v['reason']}", ""]
+            out += [f"Not published: {md(v['reason'])}", ""]
             continue
         for i, line in enumerate(v.get("headline", [])):  # what was achieved and why not more, first
-            out += [f"**{line}**" if i == 0 else line, ""]
-        out += [f"- {n}" for n in variant_notes(v)]
+            out += [f"**{md(line)}**" if i == 0 else md(line), ""]
+        out += [f"- {md(n)}" for n in variant_notes(v)]
         nodes = v["nodes"]
         out.append(f"- {nodes['source']} nodes in the source, {nodes['variant']} in the variant.")
         peak = v.get("peak")
         if peak:
             verdict = "below" if peak["absmax"] <= FP16_MAX else "above"
             out.append(
-                f"- Largest activation {peak['absmax']:.4g} in `{peak['tensor']}` ({peak['storage']}), "
+                f"- Largest activation {peak['absmax']:.4g} in {code(peak['tensor'])} ({md(peak['storage'])}), "
                 f"{verdict} fp16's 65,504; NaN/inf: {peak['nonfinite'] or 'none'}."
             )
         out += [f"- Runtime: {line}" for line in runtime_needs(v)]
@@ -106,7 +112,7 @@ def _variants(variants: list[dict]) -> list[str]:
 
 def _options(options: dict) -> str:
     shown = [f"{k}={_value(val)}" for k, val in options.items() if val not in (None, [], {}, "")]
-    return f" ({', '.join(shown)})" if shown else ""
+    return f" ({md(', '.join(shown))})" if shown else ""
 
 
 def _value(value) -> str:
@@ -129,15 +135,15 @@ def variant_notes(v: dict) -> list[str]:
 
 
 def runtime_needs(v: dict) -> list[str]:
-    """What a program loading this variant must do or have."""
+    """What a program loading this variant must do or have, as Markdown (names escaped)."""
     needs = []
     if v.get("runtime"):
-        entries = ", ".join(f"`{k}` = `{val}`" for k, val in sorted(v["runtime"].items()))
+        entries = ", ".join(f"{code(k)} = {code(val)}" for k, val in sorted(v["runtime"].items()))
         needs.append(f"set the session config entries {entries}.")
     contrib = [d for d in v.get("op_domains", []) if d not in ("ai.onnx", "ai.onnx.ml")]
     if contrib:
         needs.append(
-            f"uses {', '.join(contrib)} operators: load it with onnxruntime (CPU, CUDA, WebGPU), "
+            f"uses {md(', '.join(contrib))} operators: load it with onnxruntime (CPU, CUDA, WebGPU), "
             "not a plain ONNX runtime."
         )
     dtypes = v.get("params_by_dtype", {})
@@ -159,19 +165,14 @@ def dtype_name(name: str) -> str:
 
 
 def _dims(io: dict) -> str:
-    return f"{dtype_name(io['dtype'])} [{', '.join(str(d) for d in io['dims'])}]"
-
-
-def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md(f"{dtype_name(io['dtype'])} [{', '.join(str(d) for d in io['dims'])}]")
 
 
 def _io_table(source: dict, published: list[dict]) -> list[str]:
     out = [
         "## Inputs and outputs",
         "",
-        "| | name | source | " + " | ".join(v["name"] for v in published) + " |",
+        "| | name | source | " + " | ".join(md(v["name"]) for v in published) + " |",
         "|---|---|---|" + "---|" * len(published),
     ]
     for kind in ("inputs", "outputs"):
@@ -180,7 +181,9 @@ def _io_table(source: dict, published: list[dict]) -> list[str]:
             for v in published:
                 match = next((t for t in v["io"][kind] if t["name"] == tensor["name"]), None)
                 cells.append("missing" if match is None else ("same" if match == tensor else _dims(match)))
-            out.append(f"| {kind[:-1]} | `{tensor['name']}` | {_dims(tensor)} | " + " | ".join(cells) + " |")
+            out.append(
+                f"| {kind[:-1]} | {code(tensor['name'], table=True)} | {_dims(tensor)} | " + " | ".join(cells) + " |"
+            )
     return out + [""]
 
 
@@ -190,14 +193,14 @@ def _validation(spec: dict, variants: list[dict]) -> list[str]:
     out = [
         "## Validation",
         "",
-        f"Against the source on {spec['data']}. Task `{spec['task']}`: {spec['summary']}."
+        f"Against the source on {md(spec['data'])}. Task {code(spec['task'])}: {md(spec['summary'])}."
         + (f" {FAITHFUL_NOTE}" if faithful else ""),
         "",
     ]
     if not validated:
         return out + ["No variant got as far as validation.", ""]
     out += [
-        "| metric | gate | " + " | ".join(v["name"] for v in validated) + " |",
+        "| metric | gate | " + " | ".join(md(v["name"]) for v in validated) + " |",
         "|---|---|" + "---:|" * len(validated),
     ]
     first = validated[0]["validation"]["metrics"]
@@ -207,8 +210,8 @@ def _validation(spec: dict, variants: list[dict]) -> list[str]:
         for v in validated:
             mv = v["validation"]["metrics"][i]
             mark = "" if mv["passed"] is None else (" ✓" if mv["passed"] else " ✗")
-            cells.append(_cell(mv["display"]) + mark)
-        out.append(f"| {_cell(metric['label'])} | {gate} | " + " | ".join(cells) + " |")
+            cells.append(md(mv["display"]) + mark)
+        out.append(f"| {md(metric['label'])} | {gate} | " + " | ".join(cells) + " |")
     out += [
         "",
         "Raw outputs on the calibration samples (the transforms' own gate):",
@@ -219,7 +222,10 @@ def _validation(spec: dict, variants: list[dict]) -> list[str]:
     for v in variants:
         for o in worst_outputs((v.get("verification") or {}).get("outputs", [])):
             cosine = "-" if o["cosine"] is None else f"{o['cosine']:.6f}"
-            out.append(f"| {v['name']} | `{o['name']}` | {o['max_abs']:.3g} | {cosine} | {o['nonfinite_test']} |")
+            out.append(
+                f"| {md(v['name'])} | {code(o['name'], table=True)} | {o['max_abs']:.3g} | {cosine} "
+                f"| {o['nonfinite_test']} |"
+            )
     return out + [""]
 
 
@@ -244,8 +250,8 @@ def _ranges(ranges: dict | None, published: list[dict]) -> list[str]:
     if tensors:
         top = max(tensors, key=lambda t: t["absmax"])
         out.append(
-            f"Source, measured on {ranges['measured_on']}: the largest activation is {top['absmax']:.4g} "
-            f"(`{top['name']}`)."
+            f"Source, measured on {md(ranges['measured_on'])}: the largest activation is {top['absmax']:.4g} "
+            f"({code(top['name'])})."
         )
     if massive:
         out.append(
@@ -269,7 +275,7 @@ def _bench(bench: dict | None, tools: dict) -> list[str]:
         TIMED_START,
         "## Benchmark",
         "",
-        f"onnxruntime {tools.get('onnxruntime', '?')}, {s['provider']} provider, {s['machine']}; "
+        f"onnxruntime {tools.get('onnxruntime', '?')}, {md(s['provider'])} provider, {md(s['machine'])}; "
         f"{s['runs']} timed runs per batch after {s['warmup']} warm-up run(s), each model in its own process. "
         "Timings are of the build machine at build time and differ from build to build.",
         "",
@@ -279,7 +285,7 @@ def _bench(bench: dict | None, tools: dict) -> list[str]:
     for r in bench["results"]:
         for i, b in enumerate(r["batches"]):
             name, load, rss = (
-                (r["name"], f"{r['load_ms']:.0f} ms", f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
+                (md(r["name"]), f"{r['load_ms']:.0f} ms", f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
                 if i == 0
                 else ("", "", "")
             )
@@ -288,7 +294,7 @@ def _bench(bench: dict | None, tools: dict) -> list[str]:
                 f"{b['throughput_per_s']:.1f}/s | {load} | {rss} |"
             )
     noted = notes(bench)
-    return out + ([""] + [f"- {line}" for line in noted] if noted else []) + ["", TIMED_END]
+    return out + ([""] + [f"- {md(line)}" for line in noted] if noted else []) + ["", TIMED_END]
 
 
 def _reproduce() -> list[str]:

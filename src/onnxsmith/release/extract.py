@@ -40,7 +40,7 @@ from onnxsmith.release.variant import (
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.exposed import run_exposed
 from onnxsmith.verify.compare import Comparison
-from onnxsmith.verify.gate import Bounds, GateOptions, judge_output
+from onnxsmith.verify.gate import Bounds, GateOptions, judge_all
 
 STEP = "extract"
 
@@ -253,7 +253,8 @@ def _verify(
                 f"{test[0].shape}, the source's {reference[0].shape}",
                 output,
             )
-        comparison.outputs.append(judge_output(value.name, _stack(reference), _stack(test), bounds))
+    stacked = {value.name: _stack(values[value.name]) for value in outputs}
+    comparison.outputs = judge_all(stacked, {value.name: _stack(results[value.name]) for value in outputs}, bounds)
     return comparison
 
 

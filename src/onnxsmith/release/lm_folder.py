@@ -16,28 +16,33 @@ a failure leaves OUT as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from onnxsmith.core import options as opts
-from onnxsmith.core.errors import GateFailed, InputError, UsageError
+from onnxsmith.core.errors import GateFailed, InputError, OutputError, UsageError
 from onnxsmith.core.transform import Progress
 from onnxsmith.io.files import (
     FileRecord,
     PrivateFolder,
     commit_files,
+    copy_file,
+    describe_os_error,
+    display,
     made_dirs,
     same_file,
     same_file_system,
+    stage_text,
+    stage_texts,
     staging_dir,
 )
 from onnxsmith.io.load import load_model, source_files
-from onnxsmith.io.paths import check_output
+from onnxsmith.io.paths import check_output, resolves_outside
 from onnxsmith.release.variant import StagedVariant, Staging, VariantResult, Verification, make_variant
 from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm import FOLDER_FILES
@@ -82,6 +87,8 @@ class StagedFolder:
     report: dict
     #: The files copied from the source folder (config, tokenizer).
     copied: list[str]
+    #: Those of them that a symbolic link took from outside the folder (``allow_outside``).
+    outside: list[str]
     folder: PrivateFolder
     #: The output folder it was staged for, if known.
     output: Path | None
@@ -95,8 +102,11 @@ class StagedFolder:
     def passed(self) -> bool:
         return self.failure is None
 
-    def commit(self, output: str | os.PathLike | None = None) -> list[FileRecord]:
+    def commit(self, output: str | os.PathLike | None = None, *, alongside=None) -> list[FileRecord]:
         """Move the folder's files into ``output`` (default: where it was staged for); return the models'.
+
+        ``alongside``: (path, render) of a text file committed with them (a ``--report``), written
+        before anything moves (see ``StagedModel.commit``).
 
         Staged on another file system, the files are first copied beside ``output``; all are
         then renamed into place, the models' data files before the models, the report last.
@@ -105,20 +115,26 @@ class StagedFolder:
         if output is None:
             raise UsageError("no output folder given; say where to save the quantized model")
         check_output(output, protect=self.protect, folder=True)
+        if alongside is not None:
+            check_output(alongside[0], protect=self.protect)
         tmp = self.folder.path
         models = [record for _, variant in self.variants for record in reversed(variant.staged.committed)]
         names = [f"onnx/{record.path.name}" for record in models] + self.copied + [REPORT_FILE]
-        with made_dirs(output / "onnx"), staging_dir(output) as copies:
+        records = [FileRecord(output / "onnx" / r.path.name, r.bytes, r.sha256) for r in reversed(models)]
+        with made_dirs(output / "onnx"), contextlib.ExitStack() as stack:
+            copies = stack.enter_context(staging_dir(output))
             pairs = []
             for name in names:
                 staged = tmp / name
                 if not same_file_system(tmp, output):
                     staged = copies / name
                     staged.parent.mkdir(exist_ok=True)
-                    shutil.copyfile(tmp / name, staged)
+                    _copy(tmp / name, staged, output / name)
                 pairs.append((staged, output / name))
+            if alongside is not None:
+                pairs += stage_texts(stack, [(Path(alongside[0]), alongside[1](records))])
             commit_files(pairs, protect=self.protect)
-        return [FileRecord(output / "onnx" / r.path.name, r.bytes, r.sha256) for r in reversed(models)]
+        return records
 
     def results(self, files: list[FileRecord]) -> list[tuple[str, VariantResult]]:
         """(file name, what was measured) per variant, with its files as committed (``files``)."""
@@ -139,6 +155,7 @@ def quantize_folder(
     gate_samples: int = 4,
     gate_length: int = 32,
     seed: int = 0,
+    allow_outside: bool = False,
     progress: Progress = _quiet,
 ) -> tuple[Path, list[tuple[str, VariantResult]], dict]:
     """Write OUT (see the module doc); return (the source .onnx, the variants, the report).
@@ -152,6 +169,7 @@ def quantize_folder(
         gate_samples=gate_samples,
         gate_length=gate_length,
         seed=seed,
+        allow_outside=allow_outside,
         progress=progress,
     )
     try:
@@ -174,12 +192,18 @@ def stage_folder(
     seed: int = 0,
     source_name: str | None = None,
     origin: str | None = None,
+    allow_outside: bool = False,
     progress: Progress = _quiet,
 ) -> StagedFolder:
-    """Make and judge the quantized folder of ``source``; commit nothing (see :class:`StagedFolder`)."""
+    """Make and judge the quantized folder of ``source``; commit nothing (see :class:`StagedFolder`).
+
+    ``allow_outside``: copy a file of the folder that a symbolic link takes outside it (a Hugging Face
+    cache links every file to its blobs); without it such a file is refused before any work.
+    """
     if gate_samples < 1 or gate_length < 2:
         raise UsageError("--gate-samples must be >= 1 and --gate-length >= 2")
     source, folder = source_model(Path(source))
+    to_copy = _folder_files(folder, allow_outside=allow_outside)
     model = load_model(source)
     protect = source_files(model, source)
     if output is not None:
@@ -215,31 +239,59 @@ def stage_folder(
             variants.append((file_name, variant))
             if not variant.passed:
                 break  # the folder is refused: the next variant would be judged for nothing
-        copied = _copy_folder_files(folder, tmp, output)
-        report = _report(source, folder, options, variants, copied)
-        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        copied = _copy_folder_files(to_copy, tmp, output)
+        outside = [name for name, _, real in to_copy if real is not None and name in copied]
+        report = _report(source, folder, options, variants, copied, outside)
+        stage_text(tmp, (output or tmp) / REPORT_FILE, json.dumps(report, indent=2, default=str) + "\n")
     except BaseException:
         private.close()
         raise
-    return StagedFolder(source, variants, report, copied, private, output, protect)
+    return StagedFolder(source, variants, report, copied, outside, private, output, protect)
 
 
-def _copy_folder_files(folder: Path | None, tmp: Path, output: Path | None) -> list[str]:
+def _folder_files(folder: Path | None, *, allow_outside: bool) -> list[tuple[str, Path, Path | None]]:
+    """(name, path, where it really is when a link takes it outside the folder) per file to copy.
+
+    What the output publishes comes from inside the model's folder, as ``build`` treats ``include``
+    (io/paths.py's one test): a ``special_tokens_map.json -> ~/secret`` is refused, naming both, unless
+    ``allow_outside``; then the report names it.
+    """
     if folder is None:
         return []
-    copied = []
+    found = []
     for name in FOLDER_FILES:
         src = folder / name
         if not src.is_file():
             continue
+        real = resolves_outside(src, folder)
+        if real is not None and not allow_outside:
+            raise InputError(
+                f"is a symbolic link out of the model folder, to {display(real)} (in {display(real.parent)}); "
+                "only files inside the folder are copied into the output, unless --allow-outside",
+                src,
+            )
+        found.append((name, src, real))
+    return found
+
+
+def _copy_folder_files(files: list[tuple[str, Path, Path | None]], tmp: Path, output: Path | None) -> list[str]:
+    copied = []
+    for name, src, _ in files:
         if output is not None and (output / name).exists() and same_file(src, output / name):
             continue  # OUT is the source folder: the file is already there
-        shutil.copyfile(src, tmp / name)
+        _copy(src, tmp / name, (output or tmp) / name)
         copied.append(name)
     return copied
 
 
-def _report(source: Path, folder: Path | None, options: QuantizeOptions, variants, copied) -> dict:
+def _copy(source: Path, staged: Path, final: Path) -> None:
+    try:
+        copy_file(source, staged)
+    except OSError as err:  # a full disk: one line naming the output, never a traceback
+        raise OutputError(f"cannot write: {describe_os_error(err)}", final) from None
+
+
+def _report(source: Path, folder: Path | None, options: QuantizeOptions, variants, copied, outside) -> dict:
     first = variants[0][1]
     step = first.reports[0]
     return {
@@ -264,4 +316,6 @@ def _report(source: Path, folder: Path | None, options: QuantizeOptions, variant
         "session_options": step.runtime,
         "targets": step.stats.get("targets", {}),
         "copied": copied if folder is not None else "nothing: the source is not in a model folder",
+        # taken through a symbolic link from outside the model folder (allow_outside): the report says so
+        "copied_from_outside": outside,
     }

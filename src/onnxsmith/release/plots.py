@@ -4,6 +4,10 @@ matplotlib's SVG is made deterministic: no date or creator in the metadata, a
 fixed salt for its element ids, text kept as text (no font-dependent glyph
 paths). Figures are returned as ``data:`` URIs for ``<img>`` tags, so each
 figure's ids and styles stay inside its own document.
+
+Labels hold names from the model and the recipe: mathtext is off (a tensor named ``$\\frac{a}{b}$``
+is those characters, not a formula that may not parse) and each name goes in through ``label``
+(core/text.py: control characters, which SVG's XML cannot hold, shown escaped).
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullLocator
 
+from onnxsmith.core.text import for_plot_label as label
+
 FP16_MAX = 65504.0
 _STYLE = {
     "svg.hashsalt": "onnxsmith",
     "svg.fonttype": "none",
+    "text.parse_math": False,
+    "text.usetex": False,
     "font.size": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -61,16 +69,16 @@ def latency_figure(results: list[dict]) -> str:
             upper = [max(0.0, b["p90_ms"] - b["median_ms"]) for b in r["batches"]]
             color = _COLORS[i % len(_COLORS)]
             latency.errorbar(
-                batches, med, yerr=[[0] * len(med), upper], marker="o", capsize=3, label=r["name"], color=color
+                batches, med, yerr=[[0] * len(med), upper], marker="o", capsize=3, label=label(r["name"]), color=color
             )
             throughput.plot(
-                batches, [b["throughput_per_s"] for b in r["batches"]], marker="o", label=r["name"], color=color
+                batches, [b["throughput_per_s"] for b in r["batches"]], marker="o", label=label(r["name"]), color=color
             )
         provider = results[0]["provider"] if results else "cpu"
         latency.set(
             xlabel="batch size",
             ylabel="latency per run (ms)",
-            title=f"latency vs batch ({provider}; median, whisker to p90)",
+            title=label(f"latency vs batch ({provider}; median, whisker to p90)"),
         )
         throughput.set(xlabel="batch size", ylabel="items per second", title="throughput at the median")
         for ax in (latency, throughput):
@@ -113,7 +121,7 @@ def ranges_figure(ranges: dict, title: str) -> str:
             )
         ax.axhline(FP16_MAX, color="#d62728", linestyle="--", linewidth=1, label="fp16 max 65,504")
         ax.set_yscale("log")
-        ax.set(xlabel="position in the graph (node order)", ylabel="max |x| (log)", title=title)
+        ax.set(xlabel="position in the graph (node order)", ylabel="max |x| (log)", title=label(title))
         if massive:
             peak = next(p for p in residual if p["tensor"] == massive["tensor"])
             over = massive["tensors_over_fp16_max"]
@@ -148,7 +156,7 @@ def ranges_figure(ranges: dict, title: str) -> str:
             channels_ax.set(
                 xlabel="channel",
                 ylabel="max |x| (log)",
-                title=f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)",
+                title=label(f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)"),
             )
             channels_ax.legend(fontsize=8, loc="upper right")
         else:
@@ -189,8 +197,8 @@ def error_histograms(series: list[tuple[str, str, list[float], float | None]]) -
             summary = f"n={len(values)}"
             if values:
                 summary += f", mean {sum(values) / len(values):.3g}, max {max(values):.3g}"
-            ax.set_title(f"{name}: {what} ({summary})", fontsize=9, loc="left")
+            ax.set_title(label(f"{name}: {what} ({summary})"), fontsize=9, loc="left")
             ax.set_ylabel("count")
-        axes[-1][0].set_xlabel(series[0][1] if series else "")
+        axes[-1][0].set_xlabel(label(series[0][1]) if series else "")
         fig.subplots_adjust(hspace=0.6)
         return svg_text(fig)

@@ -38,6 +38,7 @@ and a variant's folder, share a name (the files a build writes itself included).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 from onnxsmith.core.errors import InputError, OnnxsmithError
 from onnxsmith.io.files import sha256_file
+from onnxsmith.io.paths import resolves_outside
 from onnxsmith.io.save import data_file_name
 from onnxsmith.release.bench import BenchSettings
 from onnxsmith.release.key_lines import KeyPath, key_lines
@@ -92,6 +94,7 @@ class Variant:
     rtol: float | None = None
     min_cosine: float | None = None
     line: int | None = None
+    min_agreement: float | None = None
 
 
 @dataclass
@@ -101,6 +104,9 @@ class ValidationSpec:
     gates: dict[str, float]
     #: How many of the task's samples the transforms calibrate on (and their own gate runs on).
     calibration: int = 4
+    #: The path options as the recipe wrote them (``options`` holds them resolved against the recipe's folder,
+    #: which depends on how the recipe was named): what measurements.json records, the same however it is.
+    written: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -239,6 +245,7 @@ class _Reader:
             values["rtol"],
             values["min_cosine"],
             self.line(key),
+            values["min_agreement"],
         )
 
     def validation(self, values: dict | None) -> ValidationSpec | None:
@@ -250,19 +257,29 @@ class _Reader:
                 task.metric(metric)
             except OnnxsmithError as err:
                 self.fail(("validation", "gates", metric), f"[validation] gates: {err.problem}")
-        return ValidationSpec(task, values[OPTIONS], {**task.default_gates, **values["gates"]}, values["calibration"])
+        raw = self.data.get("validation") or {}
+        written = {
+            f.name: raw[key]
+            for f in dataclasses.fields(values[OPTIONS])
+            if f.metadata.get("path")
+            for key in dict.fromkeys((f.name, f.name.replace("_", "-")))
+            if key in raw
+        }
+        return ValidationSpec(
+            task, values[OPTIONS], {**task.default_gates, **values["gates"]}, values["calibration"], written
+        )
 
     def published(self, files: list[tuple[KeyPath, str, str, Path]], *, allow_outside: bool) -> list[str]:
         """Each file whose contents go into the release is a regular file (after symbolic links) inside
         the recipe's folder, unless the recipe says ``allow_outside = true``: a recipe must not publish
         /etc/shadow by accident. Returns what came from outside, as the card names it."""
         outside = []
-        folder = self.path.parent.resolve()
+        folder = self.path.parent
         for key, what, item, path in files:
-            real = path.resolve()
-            if not real.is_file():
+            if not path.resolve().is_file():
                 self.fail(key, f"{what}: '{item}' is not a regular file")
-            if not real.is_relative_to(folder):
+            real = resolves_outside(path, folder)
+            if real is not None:
                 if not allow_outside:
                     self.fail(
                         key,

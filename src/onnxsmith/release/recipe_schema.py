@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from onnxsmith.core import options as opts
 from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.core.registry import Registry
 from onnxsmith.io.files import sha256_file
+from onnxsmith.io.paths import file_kind
 from onnxsmith.runtime.inputs import parse_shape_options
 from onnxsmith.runtime.latency import PROVIDERS
 from onnxsmith.tasks import TASKS
@@ -241,8 +243,11 @@ class _Checker:
                 raise SchemaError(
                     at, f"{label} {name}: no such file or folder '{item}' (paths are relative to the recipe)"
                 )
-            if kind == "file" and not path.is_file():
-                raise SchemaError(at, f"{label} {name} is not a file: {item}")
+            found = file_kind(path)  # None: a regular file
+            if found is not None and (kind == "file" or found != "a folder"):
+                # A fifo or a device is never opened: reading one waits for a writer, or never ends.
+                expected = "a file" if kind == "file" else "a regular file or a folder"
+                raise SchemaError(at, f"{label} {name} is not {expected}: {item} is {found}")
             if published:
                 self.published.append((at, f"{label} {name}", item, path))
             resolved.append(str(path))
@@ -307,6 +312,8 @@ def _fits(kind: type, value, key: Key) -> bool:
         number = (int, float) if kind is float else int
         if isinstance(value, bool) or not isinstance(value, number):
             return False
+        if not math.isfinite(value):  # TOML writes nan and inf; no key of a recipe means either
+            return False
         return key.minimum is None or value >= key.minimum
     if kind is str:
         if not isinstance(value, str):
@@ -342,7 +349,7 @@ def _scalar(kind: type, key: Key, plural: bool) -> str:
         return "strings" if plural else "a string"
     if kind is bool:
         return "booleans" if plural else "true or false"
-    noun = ("integer" if kind is int else "number") + ("s" if plural else "")
+    noun = ("integer" if kind is int else "number") + ("s" if plural else "")  # nan and inf are not numbers
     if key.minimum is None:
         text = noun
     elif key.minimum == 1 and kind is int:
@@ -371,6 +378,12 @@ def _source_sha256(values: dict) -> str:
 
 def _variant_label(_enclosing: str, _index: int | None, values: dict) -> str:
     return f"variant '{values['name']}':" if values.get("name") else "[[variants]]"
+
+
+def _at_most_one(value: float) -> None:
+    """A share (the gate's ``min_agreement``) is at most 1."""
+    if value > 1:
+        raise ValueError(f"expected a share in [0, 1], not {value:g}")
 
 
 def _step_label(enclosing: str, index: int | None, _values: dict) -> str:
@@ -464,6 +477,14 @@ RECIPE = Table(
                 ),
                 Key("rtol", float, "... each value within RTOL·(|value| + its channel's RMS) (fp16: 0.25)", minimum=0),
                 Key("atol", float, "... or within ATOL + RTOL·|value| (an absolute bound instead)", minimum=0),
+                Key(
+                    "min_agreement",
+                    float,
+                    "... integer outputs: this share of values equal; detection lists: of confident rows matched "
+                    "(default: 1 at fp32, 0.99 at a coarser format)",
+                    minimum=0,
+                    check=_at_most_one,
+                ),
             ),
         ),
         Table(

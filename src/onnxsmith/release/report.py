@@ -3,14 +3,15 @@
 No script, no external CSS, fonts or images: the figures are SVG data URIs
 (see :mod:`onnxsmith.release.plots`), so the page renders offline and its bytes
 depend only on measurements.json. The latency section is timed and sits between
-the ``<!-- timed -->`` markers.
+the ``<!-- timed -->`` markers. Every string from the model or the recipe goes in through
+``escape`` (core/text.py's for_html: entities, and control characters shown as escapes).
 """
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
+from onnxsmith.core.text import for_html as escape
 from onnxsmith.release import plots
 from onnxsmith.release.bench import notes
 from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs, variant_notes
@@ -141,9 +142,7 @@ def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
             mv = v["validation"]["metrics"][i]
             cells.append(escape(mv["display"]) if mv["passed"] is None else _status(mv["passed"], mv["display"]))
         rows.append([escape(metric["label"]), gate, *cells])
-    out.append(
-        _table(["metric", "gate", *[escape(v["name"]) for v in validated]], rows, set(range(1, 2 + len(validated))))
-    )
+    out.append(_table(["metric", "gate", *[v["name"] for v in validated]], rows, set(range(1, 2 + len(validated)))))
     series = []
     for v in validated:
         errors = v["validation"]["errors"]

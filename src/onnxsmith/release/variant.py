@@ -118,9 +118,10 @@ class StagedVariant:
     def passed(self) -> bool:
         return self.failure is None
 
-    def commit(self, output: str | os.PathLike | None = None) -> list[FileRecord]:
-        """Put the variant at ``output`` (default: where it was staged for); see ``StagedModel.commit``."""
-        return self.staged.commit(output)
+    def commit(self, output: str | os.PathLike | None = None, *, alongside=None) -> list[FileRecord]:
+        """Put the variant at ``output`` (default: where it was staged for), and ``alongside`` (a report)
+        with it; see ``StagedModel.commit``."""
+        return self.staged.commit(output, alongside=alongside)
 
     def discard(self) -> None:
         self.folder.close()
@@ -170,7 +171,8 @@ class Verification:
     variant differs in, :mod:`onnxsmith.verify.gate`). ``judge``: a gate beyond the one gate that
     refused an earlier variant (``build``: the task's gates on the calibration feeds), handed to the
     steps that repair (``TransformContext.judge``) from the first make on. ``real_inputs``: the feeds are
-    real data, not random from the input spec (``TransformContext.real_inputs``).
+    real data, not random from the input spec (``TransformContext.real_inputs``); ``plausible_inputs``: made up,
+    but for what each input is (``TransformContext.plausible_inputs``).
     """
 
     feeds: list[dict[str, np.ndarray]]
@@ -178,6 +180,9 @@ class Verification:
     gate: GateOptions = dataclasses.field(default_factory=GateOptions)
     judge: Judge | None = None
     real_inputs: bool = False
+    plausible_inputs: bool = False
+    #: What each input was taken to be (analysis/input_roles.py), where onnxsmith made or converted the inputs.
+    inputs: tuple[str, ...] = ()
 
     @property
     def judged_on(self) -> list[dict[str, np.ndarray]]:
@@ -192,6 +197,7 @@ class Verification:
             progress=progress,
             judge=judge or self.judge,
             real_inputs=self.real_inputs,
+            plausible_inputs=self.plausible_inputs,
         )
 
 
@@ -249,8 +255,10 @@ def staged_variant(
     folder: PrivateFolder,
     *,
     what: str,
+    inputs: tuple[str, ...] = (),
 ) -> StagedVariant:
-    """A :class:`StagedVariant`, with its size and the headline of its report."""
+    """A :class:`StagedVariant`, with its size and the headline of its report (``inputs``: what each input
+    was taken to be, :attr:`Verification.inputs`)."""
     variant_bytes = sum(path.stat().st_size for path in staged.files())
     lines = headline(
         what=what,
@@ -259,6 +267,7 @@ def staged_variant(
         nodes=nodes,
         comparison=comparison,
         reports=reports,
+        inputs=inputs,
     )
     return StagedVariant(info, reports, comparison, *nodes, variant_bytes, lines, failure, staged, folder)
 
@@ -302,7 +311,15 @@ def make_variant(
             comparison = dataclasses.replace(comparison, candidate=name)
             failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
             variant = staged_variant(
-                info, reports, (nodes_before, nodes_after), comparison, failure, staged, folder, what=what
+                info,
+                reports,
+                (nodes_before, nodes_after),
+                comparison,
+                failure,
+                staged,
+                folder,
+                what=what,
+                inputs=verification.inputs,
             )
         if variant.passed or context.judge is not None or judge is not None or not repairable(steps):
             return variant
@@ -350,7 +367,7 @@ def _gate_options(settings: list[dict[str, Any]], given: GateOptions) -> GateOpt
     for step in settings:
         for key, value in step.items():
             if value is not None:
-                pick = min if key == "min_cosine" else max
+                pick = min if key.startswith("min_") else max
                 merged[key] = pick(merged.get(key, value), value)
     return GateOptions(**{**merged, **{k: v for k, v in vars(given).items() if v is not None}})
 
@@ -381,6 +398,7 @@ def _judge(
         min_cosine=bounds.min_cosine,
         rtol=bounds.rtol,
         atol=bounds.atol,
+        min_agreement=bounds.min_agreement,
         reference_outputs=None if reference is None else reference.outputs,
         reference_mode=NATIVE if reference is None else reference.mode,
         reference_formats=source_formats,

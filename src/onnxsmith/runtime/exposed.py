@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.core.errors import OnnxsmithError
-from onnxsmith.io.files import new_private_dir, remove_private_dir
+from onnxsmith.io.files import copy_file, new_private_dir, remove_private_dir, write_file
 from onnxsmith.io.paths import data_file
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
@@ -58,7 +57,7 @@ def session_in_place(model: ir.Model, *, near: list[Path]) -> Iterator[object]:
     with _linked_folder(files, near) as folder:
         path = folder / _MODEL_NAME
         # Serialised as is, external tensors stay references to their (linked) files.
-        path.write_bytes(ir.serde.serialize_model(model).SerializeToString())
+        write_file(path, ir.serde.serialize_model(model).SerializeToString())
         yield runner.open_session(path, label="the source with cut tensors exposed")
 
 
@@ -101,7 +100,7 @@ def _linked_folder(files: dict[str, Path], near: list[Path]) -> Iterator[Path]:
         if folder is None:  # no folder could link: copy (slow for big models, but correct)
             folder = new_private_dir(near[0] if near else tempfile.gettempdir())
             for location, source in files.items():
-                shutil.copyfile(source, _place(folder, location))
+                copy_file(source, _place(folder, location))
         yield folder
     finally:
         if folder is not None:

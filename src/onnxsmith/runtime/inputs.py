@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -10,13 +11,41 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.input_roles import index_bound, input_roles, with_given
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.io.files import human_bytes
 from onnxsmith.io.load import SOURCE_PATH
+from onnxsmith.io.paths import open_readable
+from onnxsmith.runtime.plausible import past_length, role_value
 
 DEFAULT_SEED = 0
-#: An integer scalar input with such a name is a sample rate (silero VAD's ``sr``): it gets :data:`SAMPLE_RATE`.
-SAMPLE_RATE_NAME = re.compile(r"sr|sample_?rate|sampling_?rate|sample_?rate_?hz")
-SAMPLE_RATE = 16000
+#: The most bytes onnxsmith makes for one input it invents (4 GiB, or a quarter of the machine's memory where
+#: that is less): an input declared [2**31, 4] (32 GiB) or sized 2**62 is refused in one line naming it and its
+#: shape, before numpy allocates anything (it would die of memory, or raise "array is too big").
+MAX_FEED_BYTES = 4 * 2**30
+
+
+def feed_byte_limit() -> int:
+    """:data:`MAX_FEED_BYTES`, or a quarter of the physical memory where that is less."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: the fixed cap alone
+        return MAX_FEED_BYTES
+    return min(MAX_FEED_BYTES, physical // 4) if physical > 0 else MAX_FEED_BYTES
+
+
+def check_feed_size(spec: InputSpec, shape: tuple[int, ...], path: str | os.PathLike | None = None) -> None:
+    """Refuse an input of ``shape`` whose array would exceed :func:`feed_byte_limit` (computed in Python
+    integers: numpy's own product of 2**62-sized dims overflows)."""
+    size = math.prod(shape) * spec.dtype.itemsize
+    limit = feed_byte_limit()
+    if size > limit:
+        raise InputError(
+            f"input '{spec.name}' of shape [{', '.join(map(str, shape))}] ({spec.dtype.name}) would take "
+            f"{human_bytes(size)}, more than the {human_bytes(limit)} onnxsmith makes for one input; "
+            "give it smaller sizes with --shape",
+            path,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +121,10 @@ def parse_shape_options(
             raise UsageError(f"{option} {item}: expected NAME:d0,d1,... or DIM=N")
         try:
             shapes[name] = tuple(int(d) for d in rest.split(",") if d.strip() != "")
+            if any(d < 0 for d in shapes[name]):
+                raise ValueError
         except ValueError:
-            raise UsageError(f"{option} {item}: dims must be integers") from None
+            raise UsageError(f"{option} {item}: dims must be integers >= 0") from None
     return shapes, dims
 
 
@@ -142,16 +173,30 @@ def random_inputs(
     shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
     seed: int = DEFAULT_SEED,
+    given: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Seeded values fitting each input: normal floats, valid token ids, all-ones masks, a sample rate of 16 kHz.
+    """Seeded plausible values for what each input is (:func:`~onnxsmith.analysis.input_roles.input_roles`;
+    :mod:`onnxsmith.runtime.plausible`): images in their range, speech-like waveforms, lengths as long as what
+    they measure, valid token ids, all-ones masks, a sample rate of 16 kHz, zero states; normal floats and
+    small integers for inputs nothing identifies.
 
     Sizes: ``shapes`` and ``dims`` where given, else :func:`default_dim` (see
-    :func:`onnxsmith.runtime.sizing.inputs_that_run` for sizes checked to run)."""
+    :func:`onnxsmith.runtime.sizing.inputs_that_run` for sizes checked to run). ``given``: the user's
+    corrections of what the inputs are (:func:`~onnxsmith.analysis.input_roles.parse_role_options`)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:  # numpy raises, deep down
+        raise UsageError(f"the seed must be a non-negative integer, not {seed!r}")
     rng = np.random.default_rng(seed)
+    specs = input_specs(model)
+    sized = {spec.name: resolve_shape(spec, shapes or {}, dims or {}) for spec in specs}
+    for spec in specs:  # before anything is allocated
+        check_feed_size(spec, sized[spec.name], model.meta.get(SOURCE_PATH))
+    roles = with_given(input_roles(model), given)
+    past = past_length(roles, sized)
     feeds = {}
-    for spec in input_specs(model):
-        shape = resolve_shape(spec, shapes or {}, dims or {})
-        feeds[spec.name] = _random_value(model, spec, shape, rng)
+    for spec in specs:
+        shape = sized[spec.name]
+        made = role_value(roles[spec.name], spec.dtype, shape, sized, rng, past=past)
+        feeds[spec.name] = made if made is not None else _random_value(model, spec, shape, rng)
     return feeds
 
 
@@ -163,39 +208,29 @@ def _random_value(model: ir.Model, spec: InputSpec, shape: tuple[int, ...], rng)
     if kind == "b":
         return np.ones(shape, dtype=bool) if "mask" in name else rng.random(shape) < 0.5
     if kind in "iu":
-        if "mask" in name:
-            return np.ones(shape, dtype=spec.dtype)
-        if "position" in name and shape:
-            return np.broadcast_to(np.arange(shape[-1], dtype=spec.dtype), shape).copy()
-        if SAMPLE_RATE_NAME.fullmatch(name) and int(np.prod(shape)) == 1:
-            return np.full(shape, SAMPLE_RATE, dtype=spec.dtype)  # a voice model's branch for 16 kHz, not for 7 Hz
-        high = _index_bound(model, spec.name) or 10
+        high = index_bound(model, spec.name) or 10
         return rng.integers(0, high, size=shape).astype(spec.dtype)
-    raise InputError(f"cannot make random values for input '{spec.name}' of type {spec.dtype}")
+    raise InputError(
+        f"cannot make random values for input '{spec.name}' of type {_type_name(model, spec)}; "
+        "give the inputs as arrays (--inputs NPZ)",
+        model.meta.get(SOURCE_PATH),
+    )
 
 
-def _index_bound(model: ir.Model, input_name: str) -> int | None:
-    """If the input indexes a constant table (a token embedding, say), the table's length."""
-    value = next((v for v in model.graph.inputs if v.name == input_name), None)
-    if value is None:
-        return None
-    for user, index in value.uses():
-        if user.op_type == "Gather" and index == 1:
-            table = user.inputs[0]
-            axis = user.attributes.get_int("axis", 0)
-            if table is not None and table.shape is not None and isinstance(table.shape[axis], int):
-                return int(table.shape[axis])
-    return None
+def _type_name(model: ir.Model, spec: InputSpec) -> str:
+    """The input's ONNX element type (STRING), not numpy's name for how it holds it (object)."""
+    value = next((v for v in model.graph.inputs if v.name == spec.name), None)
+    return value.dtype.name if value is not None and value.dtype is not None else str(spec.dtype)
 
 
 def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
     """Inputs from an .npz whose array names are the model's input names."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_readable(path, ".npz") as f, np.load(f, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
+    except InputError:
+        raise
     except Exception as err:
         raise InputError(f"not a readable .npz ({err})", path) from None
     feeds = {}
@@ -209,17 +244,6 @@ def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
             array = array.astype(spec.dtype)
         feeds[spec.name] = array
     return feeds
-
-
-def load_input_sets(path: str | os.PathLike, model: ir.Model) -> list[dict[str, np.ndarray]]:
-    """Input sets from an .npz (one set) or a folder of .npz files (one set each, in name order)."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.npz"))
-        if not files:
-            raise InputError("folder has no .npz files", path)
-        return [load_npz(f, model) for f in files]
-    return [load_npz(path, model)]
 
 
 def adapt_feeds(feeds: dict[str, np.ndarray], model: ir.Model) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ values too small for fp16) whose scalar results are the only extra outputs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -161,27 +162,29 @@ def measure_ranges(
     else:
         ensure_types(model)
     targets = measurable_values(model, skip_movement=derive_movement)
-    names = instrument(model, [v for v, _, _ in targets])
     # Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip
     # the measured tensors anyway), and in priority order, so each measured tensor is reduced and
     # freed as soon as it is made rather than held until the whole graph has run.
     options = runner.session_options(optimize=False)
     options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    session = runner.open_session(model, options=options, label=model_path)
     stats: dict[str, dict[str, float]] = {}
     collected: dict[str, list[np.ndarray]] = {}
-    for feeds in feeds_list:
-        results = runner.run(session, adapt_feeds(feeds, model), own + names, label=model_path)
-        for name in own:
-            collected.setdefault(name, []).append(results.pop(name))
-        for name, array in results.items():
-            tensor, _, suffix = name.rpartition("::")
-            entry = stats.setdefault(
-                tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0}
-            )
-            value = float(array)
-            entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
-    del session  # it reads the weights' maps: free it before unmapping them
+    for chunk in _chunks([v for v, _, _ in targets], len(model.graph)):
+        with _instrumented(model, chunk) as names:
+            session = runner.open_session(model, options=options, label=model_path)
+        for feeds in feeds_list:
+            results = runner.run(session, adapt_feeds(feeds, model), own + names, label=model_path)
+            for name in own:
+                collected.setdefault(name, []).append(results.pop(name))
+            for name, array in results.items():
+                tensor, _, suffix = name.rpartition("::")
+                entry = stats.setdefault(
+                    tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0}
+                )
+                value = float(array)
+                entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
+        del session  # it reads the weights' maps: free it before unmapping them (and before the next one)
+        own = []  # the model's own outputs: from the first session
     release_weights(model)
     if outputs is not None:
         outputs.update({name: np.stack(values) for name, values in collected.items()})
@@ -204,6 +207,39 @@ def measure_ranges(
             )
         )
     return ranges
+
+
+#: Nodes :func:`instrument` adds per measured value (at most).
+NODES_PER_VALUE = 18
+#: Nodes one measuring session may add to a model, at least (see :func:`_chunks`).
+SESSION_ADDED_NODES = 100_000
+
+
+def _chunks(values: list[ir.Value], nodes: int) -> list[list[ir.Value]]:
+    """``values`` in groups measured one session each, a session adding at most as many nodes as the model
+    has (or :data:`SESSION_ADDED_NODES`).
+
+    Instrumenting every value at once adds ~18 nodes per value: a 100,000-node chain becomes 1.8 M nodes,
+    and onnxruntime's memory for a graph grows faster than its node count (gigabytes here, where the
+    chain alone runs in 0.4 GB). In groups, memory stays proportional to the model; an ordinary model
+    (a U-Net, a ViT) is measured in one session, as before.
+    """
+    size = max(1, max(nodes, SESSION_ADDED_NODES) // NODES_PER_VALUE)
+    return [values[i : i + size] for i in range(0, len(values), size)] or [[]]
+
+
+@contextlib.contextmanager
+def _instrumented(model: ir.Model, values: list[ir.Value]):
+    """``model`` :func:`instrument`-ed for ``values`` (the output names added), as it was afterwards."""
+    graph = model.graph
+    before, outputs = set(graph), len(graph.outputs)
+    names = instrument(model, values)
+    try:
+        yield names
+    finally:
+        while len(graph.outputs) > outputs:
+            graph.outputs.pop()
+        graph.remove([node for node in graph if node not in before], safe=True)
 
 
 def _derive_movement(model: ir.Model, targets, stats: dict[str, dict[str, float]]):

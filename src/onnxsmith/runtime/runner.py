@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +17,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from onnxsmith.core.errors import InputError
+from onnxsmith.core.errors import InputError, TimeLimitExceeded, UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.fp16_storage import emulate_fp16_storage, has_fp16
 from onnxsmith.runtime.inputs import adapt_feeds
@@ -192,12 +198,145 @@ def run(
     """Outputs by name."""
     names = outputs or [o.name for o in session.get_outputs()]
     feeds = {**feeds, **session.weights}
+    values = _bounded(lambda options: session.ort_session.run(names, feeds, options), 1, label)
+    return dict(zip(names, values))
+
+
+def timed_runs(session: Session, feeds: dict[str, np.ndarray], runs: int, *, label=None) -> float:
+    """Mean seconds per run of ``runs`` runs, timed in the thread that runs them: handing each run over
+    (see :func:`_bounded`) would cost more than a small model's run, and be timed with it."""
+    feeds = {**feeds, **session.weights}
+
+    def timed(options: ort.RunOptions) -> float:
+        start = time.perf_counter()
+        for _ in range(runs):
+            session.ort_session.run(None, feeds, options)
+        return (time.perf_counter() - start) / runs
+
+    return _bounded(timed, runs, label)
+
+
+#: The environment variable that sets the time limit of one run, in seconds (0: none).
+RUN_TIMEOUT_ENV = "ONNXSMITH_RUN_TIMEOUT"
+#: The default: a real model's run takes seconds; one still running after this never ends (a Loop of 2^62).
+DEFAULT_RUN_TIMEOUT = 600.0
+
+
+def run_timeout() -> float | None:
+    """Seconds one run of a model may take (:data:`RUN_TIMEOUT_ENV`, else the default); None: no limit."""
+    text = os.environ.get(RUN_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_RUN_TIMEOUT
     try:
-        values = session.ort_session.run(names, feeds)
-    except Exception as err:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"{RUN_TIMEOUT_ENV}={text!r}: expected seconds, a number > 0 (0: no limit)")
+    return seconds or None
+
+
+#: How often a thread waiting on a run looks up: a signal that another thread took is seen this late.
+_WAKE_SECONDS = 0.25
+
+
+def _bounded(call: Callable[[ort.RunOptions], object], runs: int, label):
+    """``call(run_options)`` (onnxruntime runs) in a worker thread, stopped through its RunOptions past the
+    time limit (``runs`` times :func:`run_timeout`) or when this thread is interrupted.
+
+    A run is C++: the thread in it takes no Python signal handler until it returns, so Ctrl-C would wait for
+    a run that may never end. This thread waits on the run instead, where a signal interrupts it; then the
+    run is told to stop (onnxruntime checks between nodes, Loop iterations included), and only once it has
+    stopped does KeyboardInterrupt (or SIGTERM's Terminated) go on unwinding: its arrays are in use until then.
+    """
+    limit = run_timeout()
+    options = ort.RunOptions()
+    job = _Job(lambda: call(options))
+    _WORKERS.submit(job)
+    try:
+        _wait(job, None if limit is None else time.monotonic() + limit * runs)
+    except BaseException:  # Ctrl-C, SIGTERM: stop the run; a second Ctrl-C interrupts this wait too
+        options.terminate = True
+        _wait(job, None)
+        raise
+    if not job.done.is_set():
+        options.terminate = True
+        _wait(job, None)
+        if job.error is not None:  # stopped; a run that ended just then is kept
+            seconds = f"{limit:g}"
+            raise TimeLimitExceeded(
+                f"onnxruntime ran the model past the {seconds} s limit of one run and was stopped; "
+                f"if it needs longer, raise the limit: {RUN_TIMEOUT_ENV}=SECONDS (0: none)",
+                label,
+            )
+    if job.error is not None:
+        err = job.error
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"onnxruntime failed to run the model: {message}", label) from None
-    return dict(zip(names, values))
+    return job.result
+
+
+def _wait(job: _Job, deadline: float | None) -> None:
+    """Until ``job`` is done or ``deadline`` (time.monotonic()) passes, waking every :data:`_WAKE_SECONDS`:
+    a signal handler runs in this thread between waits even when the signal interrupted another thread."""
+    while not job.done.wait(
+        _WAKE_SECONDS if deadline is None else max(0.0, min(_WAKE_SECONDS, deadline - time.monotonic()))
+    ):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+
+
+@dataclass
+class _Job:
+    call: Callable[[], object]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
+class _Workers:
+    """Daemon threads that run jobs for the threads waiting on them (:func:`_bounded`), kept for the next
+    job: starting a thread per run would cost more than a small model's run."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+
+    def submit(self, job: _Job) -> None:
+        with self.lock:
+            start = self.idle == 0
+            if not start:
+                self.idle -= 1
+        if start:
+            threading.Thread(target=self._serve, name="onnxsmith-run", daemon=True).start()
+        self.jobs.put(job)
+
+    def _serve(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):  # signals go to the waiting thread: one in a run cannot act
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        while True:
+            job = self.jobs.get()
+            try:
+                job.result = job.call()
+            except BaseException as err:  # onnxruntime's own exception types; reported by the waiting thread
+                job.error = err
+            # The call holds the feeds, weights memory-mapped from a file among them: kept by this idle thread,
+            # they would keep the map alive (release_weights could not close it) until the next job.
+            job.call = _done
+            with self.lock:
+                self.idle += 1  # before done: the waiting thread's next run finds this thread idle
+            job.done.set()
+            del job  # its feeds and outputs are the waiting thread's to keep or drop
+
+
+def _done() -> None:
+    """What a finished job's call becomes (see :meth:`_Workers._serve`)."""
+
+
+_WORKERS = _Workers()
+if hasattr(os, "register_at_fork"):  # a child made by fork has none of these threads
+    os.register_at_fork(after_in_child=_WORKERS.__init__)
 
 
 FP16_MODES = ("auto", "native")

@@ -9,6 +9,9 @@ itself that they run:
 * an image's height and width (the spatial axes of a 4-D float input) are what the
   model's metadata says (Ultralytics writes ``imgsz``), else stride-friendly 224, then
   320 and 640;
+* the samples of a waveform a length input measures (an utterance, as an ASR front end takes it:
+  :mod:`onnxsmith.analysis.input_roles`) are one second at 16 kHz first: a front end runs at 1 sample
+  too, and its few frames prove nothing;
 * other unsized dims (a sequence, an audio window) start at the usual default
   (:func:`~onnxsmith.runtime.inputs.default_dim`) and grow (64, 512) when the model
   does not run (an unnamed one only on an input's last axis); a batch stays 1 and a past
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.input_roles import LENGTH, SAMPLE_RATE, WAVEFORM, input_roles
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
@@ -64,17 +68,19 @@ def inputs_that_run(
     dims: dict[str, int] | None = None,
     samples: int = 1,
     seed: int = 0,
+    given: dict[str, dict[str, str]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """``samples`` seeded input sets at sizes the model runs at (see the module doc).
 
     ``shapes`` / ``dims``: what the user sized (``--shape``), kept as given. A model whose only
-    unsized dims are batches (or past lengths) is not run here: there is nothing to choose.
+    unsized dims are batches (or past lengths) is not run here: there is nothing to choose. ``given``: the
+    user's corrections of what the inputs are (:func:`~onnxsmith.runtime.inputs.random_inputs`).
     """
     shapes, dims = dict(shapes or {}), dict(dims or {})
     guesses = unsized_dims(model, shapes, dims)
     choices = [g for g in guesses if len(g.sizes) > 1]
     if not choices:
-        return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + i) for i in range(samples)]
+        return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + i, given=given) for i in range(samples)]
     label = model.meta.get(SOURCE_PATH)
     session = runner.open_session(model, label=label)
     tried: list[str] = []
@@ -86,13 +92,15 @@ def inputs_that_run(
             continue
         tried.append(described)
         sized = _shapes(model, shapes, dims, sizes)
-        feeds = random_inputs(model, shapes=sized, dims=dims, seed=seed)
+        feeds = random_inputs(model, shapes=sized, dims=dims, seed=seed, given=given)
         try:
             runner.run(session, feeds, label=label)
         except InputError as err:
             problem = err.problem.removeprefix(_FAILED)
             continue
-        return [feeds] + [random_inputs(model, shapes=sized, dims=dims, seed=seed + i) for i in range(1, samples)]
+        return [feeds] + [
+            random_inputs(model, shapes=sized, dims=dims, seed=seed + i, given=given) for i in range(1, samples)
+        ]
     raise InputError(
         f"onnxruntime failed to run the model at every size tried for its unsized dims ({'; '.join(tried)}): "
         f"{problem}; give the sizes it runs at with --shape, e.g. --shape {_example(model, shapes, guesses)}",
@@ -103,6 +111,8 @@ def inputs_that_run(
 def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> list[Guess]:
     """The symbolic input dims that ``shapes`` and ``dims`` leave unsized, with the sizes to try."""
     image = image_size(model)
+    roles = input_roles(model)
+    measured = {r.measures: r.axis for r in roles.values() if r.kind == LENGTH and r.measures}
     found: dict[str, Guess] = {}
     for spec in input_specs(model):
         if spec.name in shapes:
@@ -110,13 +120,18 @@ def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict
         for axis, dim in enumerate(spec.dims):
             if isinstance(dim, int) or (dim is not None and dim in dims):
                 continue
-            guess = _guess(spec, axis, dim, image)
+            utterance = roles[spec.name].kind == WAVEFORM and measured.get(spec.name) == axis
+            guess = _guess(spec, axis, dim, image, utterance=utterance)
             found.setdefault(guess.label, guess)  # a named dim is one size everywhere it appears
     return list(found.values())
 
 
-def _guess(spec: InputSpec, axis: int, dim: str | None, image: tuple[int, int] | None) -> Guess:
+def _guess(
+    spec: InputSpec, axis: int, dim: str | None, image: tuple[int, int] | None, *, utterance: bool = False
+) -> Guess:
     default = default_dim(dim)
+    if utterance:  # a waveform's samples, measured by a length: one second of speech first
+        return Guess(dim, spec.name, axis, (SAMPLE_RATE, default, *(s for s in GROWN_SIZES if s > default)))
     lowered = (dim or "").lower()
     if "past" in lowered or "batch" in lowered or (axis == 0 and len(spec.dims) >= 2):
         return Guess(dim, spec.name, axis, (default,))

@@ -46,22 +46,17 @@ def seconds_per_run(
     }
     block = {}
     for key, session in sessions.items():
-        start = time.perf_counter()
-        runner.run(session, feeds, label=paths[key])  # the first run allocates
-        if time.perf_counter() - start < block_seconds:  # a short run: how many make a block, from a second one
-            start = time.perf_counter()
-            runner.run(session, feeds, label=paths[key])
-        block[key] = max(1, int(block_seconds / max(time.perf_counter() - start, 1e-6)))
+        seconds_one = runner.timed_runs(session, feeds, 1, label=paths[key])  # the first run allocates
+        if seconds_one < block_seconds:  # a short run: how many make a block, from a second one
+            seconds_one = runner.timed_runs(session, feeds, 1, label=paths[key])
+        block[key] = max(1, int(block_seconds / max(seconds_one, 1e-6)))
     times: dict[str, list[float]] = {key: [] for key in sessions}
     began = time.perf_counter()
     while True:
         for key, session in sessions.items():
             if block[key] > 1:
                 runner.run(session, feeds, label=paths[key])  # wakes this session's threads
-            start = time.perf_counter()
-            for _ in range(block[key]):
-                runner.run(session, feeds, label=paths[key])
-            times[key].append((time.perf_counter() - start) / block[key])
+            times[key].append(runner.timed_runs(session, feeds, block[key], label=paths[key]))
         rounds = len(times[next(iter(times))])
         if rounds >= max_rounds or (rounds >= min_rounds and time.perf_counter() - began >= seconds):
             break

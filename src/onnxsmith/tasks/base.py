@@ -84,6 +84,8 @@ class Sample:
     target: Any = None
     #: Made up from the input spec (random values), not the model's real data.
     random: bool = False
+    #: What each input was taken to be where onnxsmith made or converted the values (analysis/input_roles.py).
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass

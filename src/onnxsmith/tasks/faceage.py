@@ -14,6 +14,8 @@ Decoding: the age is the sum of the sigmoids of the 100 CORAL threshold logits
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -24,6 +26,7 @@ from PIL import Image, UnidentifiedImageError
 
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.options import option
+from onnxsmith.io.paths import open_readable
 from onnxsmith.runtime.inputs import input_specs
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.widerface import padded_box, read_boxes
@@ -33,6 +36,8 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 GENDERS = ("female", "male")
 DEFAULT_SIZE = 224
+#: The most pixels an image may declare (PIL's own warning threshold, 89 megapixels: 268 MB as RGB).
+MAX_IMAGE_PIXELS = 89_478_485
 
 
 @dataclass
@@ -68,21 +73,43 @@ class FaceAgeOptions:
 def load_image(path: str | os.PathLike) -> Image.Image:
     path = Path(path)
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except FileNotFoundError:
-        raise InputError("no such image", path) from None
+        # A few hundred bytes of PNG can declare 50000x50000 pixels (7.5 GB decoded): the size is checked
+        # from the header, before anything is decoded; PIL's own bomb warning becomes this error too.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with open_readable(path, "image") as f, Image.open(f) as image:
+                if image.width * image.height > MAX_IMAGE_PIXELS:
+                    raise Image.DecompressionBombError(
+                        f"{image.width}x{image.height}: {image.width * image.height} pixels"
+                    )
+                return image.convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        declared = re.search(r"(\d+) pixels", str(err))  # PIL's and ours both say "N pixels"
+        size = f"{int(declared.group(1)):,} pixels" if declared else str(err)
+        raise InputError(
+            f"the image declares {size}, more than the {MAX_IMAGE_PIXELS:,} onnxsmith decodes", path
+        ) from None
     except (UnidentifiedImageError, OSError) as err:
         raise InputError(f"not a readable image ({err})", path) from None
 
 
-def face_crop(image: Image.Image, box: tuple[float, float, float, float] | None, padding: float = 0.1) -> Image.Image:
-    """The padded face crop of ``box`` (x, y, w, h); the whole image when ``box`` is None."""
+def face_crop(
+    image: Image.Image,
+    box: tuple[float, float, float, float] | None,
+    padding: float = 0.1,
+    where: str | os.PathLike | None = None,
+    image_name: str = "",
+) -> Image.Image:
+    """The padded face crop of ``box`` (x, y, w, h); the whole image when ``box`` is None.
+    ``where``: the file the error names (the image, or the boxes file and line the box is on);
+    ``image_name``: the image's name where that file is not the image."""
     if box is None:
         return image
     left, top, right, bottom = padded_box(box, padding, image.width, image.height)
     if right <= left or bottom <= top:
-        raise UsageError(f"the face box {box} lies outside the {image.width}x{image.height} image")
+        shown = "(" + ", ".join(f"{v:g}" for v in box) + ")"
+        image_text = f"'{image_name}' ({image.width}x{image.height})" if image_name else f"{image.width}x{image.height}"
+        raise InputError(f"the face box {shown} lies outside the {image_text} image", where)
     return image.crop((left, top, right, bottom))
 
 
@@ -158,10 +185,10 @@ class FaceAge(Task):
             )
         cache: dict[Path, Image.Image] = {}
         samples = []
-        for sample_id, image_path, box in found:
+        for sample_id, image_path, box, where in found:
             if image_path not in cache:
                 cache = {image_path: load_image(image_path)}  # boxes of one image are consecutive
-            crop = face_crop(cache[image_path], box, options.padding)
+            crop = face_crop(cache[image_path], box, options.padding, where, image_path.name)
             samples.append(Sample(sample_id, {name: face_tensor(crop, size)}))
         return samples
 
@@ -178,7 +205,8 @@ class FaceAge(Task):
             elif min(box.w, box.h) < options.min_face:
                 self._skipped[f"under {options.min_face} px"] = self._skipped.get(f"under {options.min_face} px", 0) + 1
             else:
-                found.append((box.id, folder / box.image, (box.x, box.y, box.w, box.h)))
+                where = f"{boxes_path}:{box.line}"  # the line of the box
+                found.append((box.id, folder / box.image, (box.x, box.y, box.w, box.h), where))
         return found
 
     def _crops(self, options: FaceAgeOptions):
@@ -187,7 +215,7 @@ class FaceAge(Task):
             raise InputError("no such folder of face crops", folder)
         self._source = folder.name + "/"
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        return [(p.name, p, None) for p in files]
+        return [(p.name, p, None, p) for p in files]
 
     def _skipped_text(self) -> str:
         return ", ".join(f"{n} {why}" for why, n in self._skipped.items()) + " skipped"
@@ -204,7 +232,7 @@ class FaceAge(Task):
     def predict_feeds(self, model: ir.Model, image: str | os.PathLike, box, options: FaceAgeOptions) -> dict:
         """The feeds for one face: ``box`` (x, y, w, h) in ``image``, or the whole image as a crop."""
         name, size = model_input(model)
-        return {name: face_tensor(face_crop(load_image(image), box, options.padding), size)}
+        return {name: face_tensor(face_crop(load_image(image), box, options.padding, image), size)}
 
     # ---- outputs ----------------------------------------------------------------------------
 

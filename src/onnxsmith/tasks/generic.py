@@ -1,7 +1,9 @@
 """Any model: its raw outputs judged by the one gate, as ``compare`` and the transforms judge them.
 
-Inputs are seeded random values fitting the input spec, or arrays from .npz
-files (one input set per file, named like the model's inputs). The verdict is
+Inputs are seeded plausible values for what each input is (analysis/input_roles.py), arrays from .npz
+files (one input set per file, named like the model's inputs), or a folder of images, audio or text made
+into input sets through what each input is (runtime/data_folder.py); the report says what each input
+was taken to be, and ``input_role`` corrects it. The verdict is
 :mod:`onnxsmith.verify.gate`'s at the number format the two models differ in
 (``within_gate``: every output within its bounds; no new NaN/inf); the metrics
 show what it measured.
@@ -16,13 +18,17 @@ from typing import ClassVar
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.input_roles import describe_inputs, parse_role_options
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.options import option
-from onnxsmith.runtime.inputs import DEFAULT_SEED, load_npz, parse_shape_options
+from onnxsmith.runtime.data_folder import data_files, load_data
+from onnxsmith.runtime.data_folder import describe_data as describe_folder
+from onnxsmith.runtime.inputs import DEFAULT_SEED, parse_shape_options
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import judge_outputs
+from onnxsmith.verify.evidence import check_feeds, check_reference
 from onnxsmith.verify.gate import Bounds, GateOptions, verdict
 
 #: Histograms need no more than this many |Δ| values per variant.
@@ -33,7 +39,16 @@ _HISTOGRAM_VALUES = 20000
 class GenericOptions:
     data: str | None = field(
         default=None,
-        metadata={"help": "an .npz of inputs, or a folder of them (default: seeded random inputs)", "path": True},
+        metadata={
+            "help": "an .npz of inputs, or a folder of them, or of images, audio (.wav) or text (.txt): one input set "
+            "each (default: seeded plausible inputs)",
+            "path": True,
+        },
+    )
+    input_role: list[str] = option(
+        help="NAME=WORD,...: correct what an input was taken to be: image, waveform or generic; an image's layout "
+        "NCHW|NHWC and values 0..255|0..1|normalized (e.g. x=NHWC,0..255)",
+        default_factory=list,
     )
     samples: int = option(4, "random input sets when there is no data")
     seed: int = option(DEFAULT_SEED, "seed of the random inputs")
@@ -41,15 +56,22 @@ class GenericOptions:
     min_cosine: float | None = option(None, "the gate: every float output's cosine to the source's at least this")
     rtol: float | None = option(None, "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value")
     atol: float | None = option(None, "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|")
+    min_agreement: float | None = option(
+        None, "the gate: integer outputs' share of equal values, detection lists' share of matched rows"
+    )
 
     def validate(self) -> None:
         if self.samples < 1:
             raise ValueError("samples must be >= 1")
+        if self.seed < 0:
+            raise ValueError("seed must be >= 0")
         try:
             parse_shape_options(self.shape, option="shape")
+            parse_role_options(self.input_role, option="input_role")
         except UsageError as err:
             raise ValueError(err.problem) from None
-        GateOptions(self.min_cosine, self.rtol, self.atol)  # raises ValueError on a bound out of range
+        # raises ValueError on a bound out of range
+        GateOptions(self.min_cosine, self.rtol, self.atol, self.min_agreement)
 
 
 @register_task
@@ -68,33 +90,41 @@ class Generic(Task):
     default_gates: ClassVar[dict[str, float]] = {"nonfinite": 0, "within_gate": 1.0}
 
     def samples(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
+        shapes, dims = parse_shape_options(options.shape)
+        given = parse_role_options(options.input_role)
         if options.data:
             path = Path(options.data)
-            if path.is_dir():
-                files = sorted(path.glob("*.npz"))
-                if not files:
-                    raise InputError("no .npz files in the folder", path)
-            else:
-                files = [path]
-            return [Sample(f.name, load_npz(f, model)) for f in files]
-        shapes, dims = parse_shape_options(options.shape)
-        feeds = inputs_that_run(model, shapes=shapes, dims=dims, samples=options.samples, seed=options.seed)
-        return [Sample(f"random#{options.seed + i}", f, random=True) for i, f in enumerate(feeds)]
+            _, files = data_files(path)
+            sets = load_data(path, model, shapes=shapes, dims=dims, seed=options.seed, given=given)
+            taken = describe_folder(path, model, given)
+            return [Sample(f.name, feeds, inputs=taken) for f, feeds in zip(files, sets)]
+        feeds = inputs_that_run(
+            model, shapes=shapes, dims=dims, samples=options.samples, seed=options.seed, given=given
+        )
+        taken = tuple(describe_inputs(model, given))
+        return [Sample(f"random#{options.seed + i}", f, random=True, inputs=taken) for i, f in enumerate(feeds)]
 
     def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
+        taken = samples[0].inputs if samples else ()
+        roles = f"; inputs taken to be: {'; '.join(taken)}" if taken else ""
         if options.data:
-            return f"{len(samples)} input set(s) from {Path(options.data).name}"
-        return f"{len(samples)} seeded random input set(s) (seed {options.seed})"
+            return f"{len(samples)} input set(s) from {Path(options.data).name}{roles}"
+        return f"{len(samples)} seeded plausible input set(s) (seed {options.seed}){roles}"
 
     def evaluate(
         self, reference, candidate, samples, options: GenericOptions, *, number_format: NumberFormat = FP32
     ) -> Evaluation:
-        bounds = Bounds.for_format(number_format, GateOptions(options.min_cosine, options.rtol, options.atol))
+        bounds = Bounds.for_format(
+            number_format, GateOptions(options.min_cosine, options.rtol, options.atol, options.min_agreement)
+        )
         missing = [name for name in reference[0] if name not in candidate[0]]
         if missing:
             raise InputError(f"the variant has no output '{missing[0]}'")
         stacked = {name: np.stack([r[name] for r in reference]) for name in reference[0]}
         tested = {name: np.stack([c[name] for c in candidate]) for name in reference[0]}
+        feeds = [s.feeds for s in samples]
+        check_feeds(feeds)
+        check_reference(feeds, stacked)  # refuses a comparison that exercised nothing
         diffs = judge_outputs(stacked, tested, bounds)
         errors: list[np.ndarray] = []
         for name, ref in stacked.items():

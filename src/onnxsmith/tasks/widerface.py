@@ -14,13 +14,30 @@ An image with no face still has one all-zero box line (WIDER's own quirk)::
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from onnxsmith.core.errors import InputError
+from onnxsmith.io.paths import read_text
 
 _INVALID_FLAG = 7  # index of WIDER's "invalid" attribute on a box line
+#: No coordinate or size of a face box is larger (in pixels): beyond any image an image file may declare
+#: (faceage refuses more than 89 megapixels), and small enough that rounding it to a pixel is exact.
+MAX_BOX_PIXELS = 1 << 24
+
+
+def box_problem(box: tuple[float, float, float, float]) -> str | None:
+    """What is wrong with a face box (x, y, w, h), in words; None if nothing. The one check of every box:
+    a boxes file's lines and ``predict --box``. ('nan' and '1e999' parse as floats, then break the crop.)"""
+    if not all(math.isfinite(v) for v in box):
+        return "coordinates must be finite numbers"
+    if any(abs(v) > MAX_BOX_PIXELS for v in box):
+        return f"coordinates must be within ±{MAX_BOX_PIXELS} pixels"
+    if box[2] < 0 or box[3] < 0:
+        return f"width and height must not be negative ({box[2]:g} x {box[3]:g})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -42,12 +59,7 @@ class FaceBox:
 def read_boxes(path: str | os.PathLike) -> list[FaceBox]:
     """Every box in the file, in file order; one-line errors naming the file and line."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read the annotation file ({err})", path) from None
+    lines = read_text(path, "annotation file").splitlines()
     boxes: list[FaceBox] = []
     i = 0
 
@@ -79,8 +91,9 @@ def read_boxes(path: str | os.PathLike) -> list[FaceBox]:
             if count == 0:
                 continue
             x, y, w, h = numbers[:4]
-            if w < 0 or h < 0:
-                raise InputError(f"box of '{name}' has a negative size ({w:g} x {h:g})", where(i + k))
+            problem = box_problem((x, y, w, h))
+            if problem:
+                raise InputError(f"box of '{name}': {problem} (got '{lines[i + k].strip()}')", where(i + k))
             invalid = len(numbers) > _INVALID_FLAG and numbers[_INVALID_FLAG] == 1
             boxes.append(FaceBox(name, k, x, y, w, h, invalid, i + k + 1))
         i += rows

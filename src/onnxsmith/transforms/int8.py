@@ -4,7 +4,7 @@ Every MatMul/Gemm by a constant weight is a candidate Linear; it becomes
 DynamicQuantizeLinear + com.microsoft MatMulIntegerToFloat (int8 weight per output column,
 activation quantized per tensor at run time; passes/quantize_linears.py) or stays fp32.
 Every big table read only by Gathers (token and position embeddings) is a candidate for int8
-storage per row (passes/quantize_tables.py). Every Conv by a constant weight (not grouped:
+storage per row (passes/quantize_tables.py). Every 1-D or 2-D Conv by a constant weight (not grouped:
 depthwise int8 measured no faster) is a candidate for QDQ that onnxruntime runs as QLinearConv,
 activation scales from the ranges measured on the calibration inputs (passes/quantize_convs.py).
 Fused ops onnxruntime's CPU kernels run slower than their parts (SkipLayerNormalization, BiasGelu)
@@ -50,13 +50,22 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedNodesPass
 
+from onnxsmith.analysis.input_roles import describe_inputs
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, roles, search
-from onnxsmith.core.errors import InputError
+from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
-from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, QuantizeConvsPass, find_convs, uint8_params
+from onnxsmith.passes.quantize_convs import (
+    MIN_OPSET,
+    Conv,
+    ConvPlan,
+    QuantizeConvsPass,
+    find_convs,
+    int8_rank_problem,
+    uint8_params,
+)
 from onnxsmith.passes.quantize_linears import (
     Int8Form,
     Linear,
@@ -300,6 +309,7 @@ class Int8(Transform):
     name = "int8"
     summary = "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU"
     Options = Options
+    judged_on_unseen = True  # its Convs' activation scales are the calibration inputs' ranges
 
     def repairs(self, options: Options) -> bool:
         return not options.two_pass_activations  # two passes leave ~100x less activation rounding error
@@ -316,8 +326,9 @@ class Int8(Transform):
 
     def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
-        # Convs' activation scales are fixed from the calibration inputs' ranges: only real inputs give real ranges.
-        with_convs = options.convs if options.convs is not None else context.real_inputs
+        # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs give real ranges, and so
+        # do made-up ones that look like the real thing (images, speech); random normal values do not.
+        with_convs = options.convs if options.convs is not None else context.real_inputs or context.plausible_inputs
         # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
         # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
         smallest = 1 if with_convs else MIN_SIDE * MIN_SIDE
@@ -341,7 +352,7 @@ class Int8(Transform):
         convs = found_convs if with_convs else []
         if not linears and not tables and not convs:
             hint = f"; its {len(found_convs)} Convs {_why_convs_fp32(options)}" if found_convs else ""
-            raise InputError(
+            raise NothingGained(
                 "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8" + hint,
                 context.source_path,
             )
@@ -444,9 +455,18 @@ class Int8(Transform):
                 f"inputs beyond them are clipped; give at least {MIN_CONV_SAMPLES} real ones (--inputs, a recipe's "
                 "task data)"
             )
+        if chosen_convs and not context.real_inputs:
+            report.notes.append(
+                f"the {len(chosen_convs)} int8 Convs' activation scales come from made-up inputs shaped like the real "
+                f"thing ({'; '.join(describe_inputs(model))}) and the variant was judged on other made-up ones; real "
+                "data (--inputs) gives the real ranges"
+            )
         if found_convs and not with_convs:
             report.notes[0] += f"; {len(found_convs)} Convs fp32: they {_why_convs_fp32(options)}"
             report.why_not_more.append(f"{len(found_convs)} Conv(s) stay fp32: they {_why_convs_fp32(options)}")
+        if not plan and not chosen_tables and not chosen_convs:  # a copy of the source is no variant: say why not
+            why = "; ".join(report.why_not_more) or "no part of it measured worth int8"
+            raise NothingGained(f"nothing went int8, no variant written: {why}", context.source_path)
         return report
 
     def _without_search(self, decisions, candidates, options: Options) -> set[str]:
@@ -683,8 +703,9 @@ def _why_convs_fp32(options: Options) -> str:
     if options.convs is False:
         return "stay fp32 by --no-convs"
     return (
-        "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
-        "random inputs' ranges are not real data's (--convs forces it)"
+        "go int8 with real calibration inputs (--inputs) or made-up ones onnxsmith recognises (an image, a waveform): "
+        "the activation scales come from their ranges, and random values' ranges are not real data's (--convs "
+        "forces it)"
     )
 
 
@@ -710,6 +731,8 @@ def _measure_convs(path, context, convs: list[Conv], opset: int, linear_flops: i
         read_by_fp32 = conv.output.is_graph_output() or any(user not in conv_nodes for user, _ in conv.output.uses())
         if opset < MIN_OPSET:
             d.reason, d.kind = f"opset {opset} < {MIN_OPSET} (no QuantizeLinear)", "opset"
+        elif int8_rank_problem(conv):
+            d.reason, d.kind = int8_rank_problem(conv), f"{len(conv.shape) - 2}-D (int8 takes 1-D and 2-D Convs)"
         elif conv.group > 1:
             d.reason, d.kind = "grouped (depthwise) conv: its int8 kernel measured no faster", "grouped conv"
         elif d.depth < MIN_CONV_DEPTH:

@@ -16,8 +16,12 @@ import numpy as np
 from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import load_model
-from onnxsmith.runtime.runner import NATIVE, prepare_session, run_all
-from onnxsmith.verify.gate import Bounds, GateOptions, OutputDiff, format_cosine, judge_output, verdict
+from onnxsmith.irutil.walk import outputs_no_input_reaches
+from onnxsmith.runtime.inputs import adapt_feeds
+from onnxsmith.runtime.runner import NATIVE, prepare_session, run, run_all
+from onnxsmith.verify import cache
+from onnxsmith.verify.evidence import Evidence, check_feeds, check_reference
+from onnxsmith.verify.gate import Bounds, GateOptions, OutputDiff, format_cosine, judge_all, verdict
 
 __all__ = ["Comparison", "OutputDiff", "compare_models", "judge_outputs"]
 
@@ -30,6 +34,7 @@ class Comparison:
     samples: int
     bounds: Bounds | None = None  # None: judged by something else (a task's gate)
     outputs: list[OutputDiff] = field(default_factory=list)
+    evidence: Evidence | None = None  # what the inputs exercised (None: not checked, a task judged)
 
     @property
     def passed(self) -> bool:
@@ -44,13 +49,20 @@ class Comparison:
         parts.append(f"max |Δ| {worst.max_abs:.3g}")
         if worst.argmax_agreement is not None:
             parts.append(f"argmax {worst.argmax_agreement:.0%}")
+        elif worst.agreement is not None:  # labels equal, detections matched
+            parts.append(f"{worst.kind} {worst.agreement:.0%} {'matched' if worst.kind == 'detections' else 'equal'}")
         where = (
             f"output '{worst.name}'"
             if len(self.outputs) == 1
             else f"worst of {len(self.outputs)} outputs '{worst.name}'"
         )
         gate = f"{self.bounds.format} gate; " if self.bounds is not None else ""
-        return f"{where}: {', '.join(parts)} ({gate}{self.samples} input set(s))"
+        idle = ""
+        if self.evidence is not None and self.evidence.idle:
+            idle = "; not evidence: " + ", ".join(f"'{name}' ({why})" for name, why in self.evidence.idle)
+        step = cache.describe(self.outputs)
+        step = f"; {step}" if step else ""
+        return f"{where}: {', '.join(parts)}{step} ({gate}{self.samples} input set(s){idle})"
 
     def failures(self) -> list[str]:
         """One line per failing output."""
@@ -67,6 +79,7 @@ class Comparison:
             "modes": self.modes,
             "gate": None if self.bounds is None else self.bounds.to_json(),
             "samples": self.samples,
+            "evidence": None if self.evidence is None else self.evidence.to_json(),
             "passed": self.passed,
             "outputs": [o.to_json() for o in self.outputs],
         }
@@ -75,11 +88,12 @@ class Comparison:
 def judge_outputs(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds, label=None
 ) -> list[OutputDiff]:
-    """Every output of ``reference`` judged against ``candidate``'s (each stacked over the input sets)."""
+    """Every output of ``reference`` judged against ``candidate``'s (each stacked over the input sets), each
+    for what it is (:func:`onnxsmith.verify.gate.judge_all`: labels, detection lists, tensors)."""
     missing = [name for name in reference if name not in candidate]
     if missing:
         raise InputError(f"has no output named '{missing[0]}' (the reference has it)", label)
-    return [judge_output(name, value, candidate[name], bounds) for name, value in reference.items()]
+    return judge_all(reference, candidate, bounds)
 
 
 def compare_models(
@@ -90,6 +104,7 @@ def compare_models(
     min_cosine: float | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    min_agreement: float | None = None,
     fp16_mode: str = "auto",
     reference_outputs: dict[str, np.ndarray] | None = None,
     reference_mode: str = NATIVE,
@@ -98,11 +113,15 @@ def compare_models(
     """Compare ``candidate`` against ``reference`` output by output on every feed.
 
     The bounds are the gate's for the number format the two differ in, unless set
-    (``min_cosine``, ``rtol``, ``atol``). ``reference_outputs``: the reference's outputs
+    (``min_cosine``, ``rtol``, ``atol``, ``min_agreement``). ``reference_outputs``: the reference's outputs
     on these feeds, already computed (as :func:`run_all` stacks them) and how it was run;
     the reference is then not run again. ``reference_formats``: its number formats, if
     known (:func:`formats_of` of the model as loaded), else read from the file.
+
+    Before anything is judged, the feeds and the source's outputs must be evidence
+    (:mod:`onnxsmith.verify.evidence`): an empty, all-NaN or constant comparison is refused.
     """
+    check_feeds(feeds_list, reference)
     if reference_outputs is not None:
         ref_out, ref_mode = reference_outputs, reference_mode
         if reference_formats is None:
@@ -113,16 +132,57 @@ def compare_models(
         ref_out = run_all(ref_session, ref_model, feeds_list, reference)
         del ref_session
     cand_session, cand_model, cand_mode = prepare_session(candidate, fp16_mode)
+    evidence = check_reference(feeds_list, ref_out, reference, constant_outputs=outputs_no_input_reaches(cand_model))
     fmt = compared_format(reference_formats, formats_of(cand_model))
     cand_out = run_all(cand_session, cand_model, feeds_list, candidate)
-    del cand_session, cand_model
-    bounds = Bounds.for_format(fmt, GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol))
+    layout = cache.cache_layout(cand_model)
+    if not cache.applies(layout, feeds_list, ref_out):
+        layout = None
+    steps = None
+    if layout is not None:  # a cached decoder: its present.* are judged by one more step of each model
+        cand_next = _next_step(layout, cand_session, cand_model, feeds_list, ref_out, cand_out, candidate)
+        del cand_session, cand_model
+        # run as the source's outputs were: storage-faithful fp16 or natively
+        mode = fp16_mode if reference_outputs is None else ("native" if ref_mode == NATIVE else "auto")
+        ref_session, ref_model, _ = prepare_session(reference, mode)
+        if cache.cache_layout(ref_model) == layout:
+            steps = (_next_step(layout, ref_session, ref_model, feeds_list, ref_out, ref_out, reference), cand_next)
+        del ref_session, ref_model
+    else:
+        del cand_session, cand_model
+    bounds = Bounds.for_format(
+        fmt, GateOptions(min_cosine=min_cosine, rtol=rtol, atol=atol, min_agreement=min_agreement)
+    )
     comparison = Comparison(
         reference=Path(reference).name,
         candidate=Path(candidate).name,
         modes={"reference": ref_mode, "candidate": cand_mode},
         samples=len(feeds_list),
         bounds=bounds,
+        evidence=evidence,
     )
-    comparison.outputs = judge_outputs(ref_out, cand_out, bounds, candidate)
+    if steps is None:
+        comparison.outputs = judge_outputs(ref_out, cand_out, bounds, candidate)
+        return comparison
+    presents = set(layout.presents)
+    rest = judge_outputs(
+        {k: v for k, v in ref_out.items() if k not in presents},
+        {k: v for k, v in cand_out.items() if k not in presents},
+        bounds,
+        candidate,
+    )
+    judged = {d.name: d for d in [*rest, *cache.judge_cache(layout, ref_out, cand_out, *steps, bounds)]}
+    comparison.outputs = [judged[name] for name in ref_out]
     return comparison
+
+
+def _next_step(layout, session, model, feeds_list, reference, outputs, label) -> np.ndarray:
+    """The logits of one more step of a cached decoder on each input set, fed its own ``present.*``
+    (``outputs``) and the source's (``reference``) greedy next token: stacked over the input sets."""
+    tokens = cache.next_tokens(layout, reference)
+    logits = []
+    for index, feeds in enumerate(feeds_list):
+        own = {name: outputs[name][index] for name in layout.presents}
+        step = cache.step_feeds(layout, feeds, own, tokens[index])
+        logits.append(run(session, adapt_feeds(step, model), [layout.logits], label=label)[layout.logits])
+    return np.stack(logits)

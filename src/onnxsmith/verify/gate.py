@@ -23,41 +23,73 @@ output must have:
   largest one: a local defect (a shifted bias in the score head) fails where cosine cannot
   see it.
 
-fp32 and fp64 count as 18-bit formats: reordered fp32 arithmetic (a fused kernel, a folded
+fp32 and fp64 count as 17-bit formats: reordered fp32 arithmetic (a fused kernel, a folded
 constant) moves the outputs of an ill-conditioned model far more than one rounding
 (measured: the face-age ViT-L, whose residual stream carries 1.5e5, moves by up to 1.3e-4 of
-a value's magnitude under fusion). The constants are set from the real-model corpus (the
+a value's magnitude under fusion; its small fixture, fused, on photo crops rather than noise:
+cosine 1 - 6.7e-8, over the 1 - 3e-8 an 18-bit budget allows). The constants are set from the real-model corpus (the
 worst fp16 variants there need 1/4 of the direction and 1/3 of the value budget) and from
 deliberately broken variants (a flipped sign, a shifted bias), which fail.
 
 Argmax agreement (over the last axis) is measured and reported: where the source's top two
 values are further apart than twice the allowed |Δ|, the bounds let no argmax move.
 
+Structured outputs (:mod:`onnxsmith.verify.structure`) are judged for what they are. Integer
+outputs (labels, token ids, indices) by their agreement: the share of values equal to the source's,
+at least ``min_agreement`` (1 at fp32: equal; 0.99 at a coarser format, where a near tie may flip).
+A detection list (boxes, score, class; ranked by score or not) by matching its rows: every confident
+row of either side (score >= 1/4 of the list's best, at most 100) must find a row of the same class
+with IoU >= 1 - 3·ε (fp16: 0.906; at least 0.5, at most 0.99) among the other side's, in at least
+``min_agreement`` of the rows; the matched rows' values are then judged as a tensor's (each column a
+channel). Near-tied scores reorder a ranked list under any rounding; matched rows do not move.
+A top-k's values as sorted lists and its indices as sets within near ties (:func:`judge_ranked`); a
+CTC output's text by its character error rate (:func:`_judge_sequences`); a decoder's KV cache by the
+next step's logits (:mod:`onnxsmith.verify.cache`, run by :func:`onnxsmith.verify.compare.compare_models`).
+Probabilities need no rule: their channel (the row's RMS) already makes the bound on a tiny one absolute.
+
 Each bound can be set instead (``--min-cosine``; ``--rtol``; ``--atol``: an absolute |Δ| in
-place of rtol·m; the magnitude follows the cosine bound). A refusal is one line: the worst
-output's cosine, argmax agreement and worst value, and the options that would accept it.
+place of rtol·m; the magnitude follows the cosine bound; ``--min-agreement``). A refusal is one
+line: the worst output's cosine, argmax agreement and worst value, and the options that would
+accept it, but never a bound that would accept anything (a cosine below 0.9, an rtol above 1, an
+atol above the output's RMS, an agreement below 90 %): a variant that far from its source is said
+to be so.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError
+from onnxsmith.verify import structure
 
 #: ε = DIRECTION_UNITS · u: the relative error the direction and magnitude bounds allow.
 DIRECTION_UNITS = 64
 #: rtol = VALUE_FACTOR · ε: a single value may be off by this much more than the output as a whole.
 VALUE_FACTOR = 8
 #: fp32 and fp64 are judged as if they had this many bits (see the module doc).
-FINEST_BITS = 18
+FINEST_BITS = 17
 #: A channel's magnitude is at least this share of the whole output's RMS.
 CHANNEL_FLOOR = 1 / 1024
 #: An axis defines channels when each of its slices holds at least this many values.
 CHANNEL_VALUES = 16
+#: At a format coarser than fp32, this share of an integer output's values (or of the rows of a
+#: detection list) may differ: a near tie flips under rounding. At fp32 they must be equal.
+AGREEMENT_MISS = 0.01
+#: Two detections are the same when their IoU is at least 1 - IOU_UNITS·ε, within [MIN_IOU, MAX_IOU].
+IOU_UNITS = 3
+MIN_IOU = 0.5
+MAX_IOU = 0.99
+#: A refusal suggests no bound that would accept anything: a cosine below this, an rtol above
+#: MAX_SUGGESTED_RTOL (a value may move by as much as it is), an atol above MAX_SUGGESTED_ATOL_SHARE
+#: of the output's RMS (every value may move by as much as a typical one is), an agreement below this.
+MIN_SUGGESTED_COSINE = 0.9
+MAX_SUGGESTED_RTOL = 1.0
+MAX_SUGGESTED_ATOL_SHARE = 1.0
+MIN_SUGGESTED_AGREEMENT = 0.9
 
 
 @dataclass(frozen=True)
@@ -67,10 +99,13 @@ class GateOptions:
     min_cosine: float | None = None
     rtol: float | None = None
     atol: float | None = None
+    min_agreement: float | None = None  # labels equal, detections matched: at least this share
 
     def __post_init__(self) -> None:
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise ValueError(f"min_cosine must be in [-1, 1], not {self.min_cosine}")
+        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
+            raise ValueError(f"min_agreement must be in [0, 1], not {self.min_agreement}")
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -87,16 +122,27 @@ class Bounds:
     atol: float | None = None  # None: rtol times the value's channel magnitude
     explicit: tuple[str, ...] = ()  # which bounds were set rather than derived
     smallest_magnitude: float = 0.0  # the format's smallest normal number: no channel is judged as smaller
+    min_agreement: float = 1.0  # integer outputs: share of equal values; detection lists: share of matched rows
+    min_iou: float = MAX_IOU  # two detections are the same when their IoU is at least this
 
     @classmethod
     def for_format(cls, fmt: NumberFormat = FP32, options: GateOptions | None = None) -> Bounds:
         options = options or GateOptions()
         unit = max(fmt.unit_roundoff, 2.0**-FINEST_BITS)
         eps = DIRECTION_UNITS * unit
-        derived = {"min_cosine": 1 - eps * eps / 2, "rtol": VALUE_FACTOR * eps, "atol": None}
+        derived = {
+            "min_cosine": 1 - eps * eps / 2,
+            "rtol": VALUE_FACTOR * eps,
+            "atol": None,
+            "min_agreement": 1.0 if unit <= 2.0**-FINEST_BITS else 1 - AGREEMENT_MISS,
+        }
         given = {k: v for k, v in asdict(options).items() if v is not None}
         return cls(
-            fmt.name, **{**derived, **given}, explicit=tuple(sorted(given)), smallest_magnitude=fmt.smallest_normal
+            fmt.name,
+            **{**derived, **given},
+            explicit=tuple(sorted(given)),
+            smallest_magnitude=fmt.smallest_normal,
+            min_iou=min(MAX_IOU, max(MIN_IOU, 1 - IOU_UNITS * eps)),
         )
 
     @property
@@ -111,9 +157,10 @@ class Bounds:
             else (f"|Δ| <= {self.rtol:g}·(|value| + its channel's RMS)")
         )
         origin = f"set: {', '.join(self.explicit)}; " if self.explicit else ""
+        labels = "equal" if self.min_agreement >= 1 else f"{self.min_agreement:.3g} agree"
         return (
             f"{origin}{self.format}: cosine >= {format_cosine(self.min_cosine)}, "
-            f"RMS within ±{self.magnitude:.3g}, {values}"
+            f"RMS within ±{self.magnitude:.3g}, {values}; labels {labels}, detections IoU >= {self.min_iou:.3g}"
         )
 
     def to_json(self) -> dict:
@@ -141,8 +188,15 @@ class OutputDiff:
     worst_delta: float = 0.0  # |Δ| there
     worst_allowed: float = 0.0  # the |Δ| allowed there
     argmax_rows: int = 0
-    failed: list[str] = field(default_factory=list)  # "nonfinite", "cosine", "magnitude", "values"
+    #: "nonfinite", "cosine", "magnitude", "values", "labels", "detections"
+    failed: list[str] = field(default_factory=list)
     needed: dict[str, float] = field(default_factory=dict)  # option -> the value that would accept it
+    kind: str = "tensor"  # what it was judged as: "tensor", "labels", "detections", "cache" (verify/cache.py)
+    agreement: float | None = None  # labels: share of equal values; detections: share of confident rows matched
+    detections: dict | None = None  # detections: rows matched, missing, extra, lowest IoU, largest |Δscore|
+    #: cache (present.*): the measures above are the next step's logits'; here what judged it and its own cosine
+    cache: dict | None = None
+    sequences: dict | None = None  # CTC label sequences: how many equal after the collapse, the error rate
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -154,9 +208,36 @@ class OutputDiff:
         """What is wrong with this output, for one line (empty when it passed)."""
         if self.passed:
             return ""
+        effect = ""
+        if self.kind == "cache" and self.cache is not None:
+            effect = f"{self.cache['outputs']} judged by the next step's logits: "
         if "nonfinite" in self.failed:
+            if effect and not self.nonfinite_test:  # the cache is finite: the next step's logits are not
+                return f"output '{self.name}': {effect}{self.cache['next_nonfinite']} NaN/inf values"
             return f"output '{self.name}' has {self.nonfinite_test} NaN/inf values (the source {self.nonfinite_ref})"
         parts = []
+        if self.kind == "labels" and self.agreement is not None:
+            parts.append(f"labels: {self.agreement:.2%} equal (at least {bounds.min_agreement:.2%} required)")
+        if self.kind == "topk" and self.agreement is not None:
+            parts.append(
+                f"top-k indices: {self.agreement:.2%} the same within near ties "
+                f"(at least {bounds.min_agreement:.2%} required)"
+            )
+        if self.sequences is not None:
+            q = self.sequences
+            parts.append(
+                f"sequences: {q['equal']} of {q['sequences']} equal after CTC collapse, character error rate "
+                f"{q['error_rate']:.2%} (at most {1 - bounds.min_agreement:.2%})"
+            )
+        if self.detections is not None:
+            d = self.detections
+            part = (
+                f"detections: {d['matched']} of {d['required']} matched (same class, IoU >= {bounds.min_iou:.3g}; "
+                f"{d['missing']} of the source's missing, {d['extra']} new"
+            )
+            if d["matched"]:
+                part += f"; lowest IoU {d['lowest_iou']:.3g}, |Δscore| up to {d['score_delta']:.3g}"
+            parts.append(part + ")")
         if self.cosine is not None:
             part = f"cosine {format_cosine(self.cosine)}"
             if "cosine" in self.failed:
@@ -168,11 +249,13 @@ class OutputDiff:
             parts.append(f"argmax {self.argmax_agreement:.1%} of {self.argmax_rows} rows")
         if "values" in self.failed:
             at = ", ".join(str(i) for i in self.worst_at[1:])
+            if self.kind == "detections":  # the index is into the matched rows, not the output
+                at = f"matched row {self.worst_at[1]}, column {self.worst_at[2]}"
             parts.append(
                 f"|Δ| {self.worst_delta:.3g} at [{at}] (source {self.worst_ref:.4g}) > "
                 f"{self.worst_allowed:.3g} allowed there"
             )
-        return f"output '{self.name}': " + ", ".join(parts)
+        return f"output '{self.name}': {effect}" + ", ".join(parts)
 
 
 def format_cosine(value: float) -> str:
@@ -183,17 +266,209 @@ def format_cosine(value: float) -> str:
 
 
 def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -> OutputDiff:
-    """Measure and judge one output; the arrays stack the input sets on a leading axis."""
+    """Measure and judge one output; the arrays stack the input sets on a leading axis.
+
+    What the output is decides how (:mod:`onnxsmith.verify.structure`): integer labels by agreement,
+    a detection list by matching rows, anything else as a tensor, value by value.
+    """
     if ref.shape != test.shape:
         raise InputError(f"output '{name}' has shape {test.shape[1:]}, the reference {ref.shape[1:]}")
-    shape = tuple(int(d) for d in ref.shape[1:])
+    frames = structure.ctc_frames(name, ref)
     if ref.dtype.kind not in "fc" and test.dtype.kind not in "fc":
-        mismatched = int(np.count_nonzero(ref != test))
-        largest = float(np.max(np.abs(ref.astype(np.float64) - test.astype(np.float64)))) if mismatched else 0.0
-        diff = OutputDiff(name, shape, str(test.dtype), largest, mismatched / max(ref.size, 1), None, 0, 0, None, True)
-        if mismatched:
-            diff.passed, diff.failed = False, ["values"]
-        return diff
+        if frames is not None:
+            return _judge_sequences(_judge_labels(name, ref, test, bounds), frames, test, bounds, replace_labels=True)
+        return _judge_labels(name, ref, test, bounds)
+    layout = structure.detection_layout(name, ref)
+    if layout is not None:
+        return judge_detections(layout, {name: ref}, {name: test}, bounds)[0]
+    diff = judge_tensor(name, ref, test, bounds)
+    if frames is not None and np.all(np.isfinite(test)):  # probabilities of a CTC recogniser: their text too
+        diff = _judge_sequences(diff, frames, np.argmax(test, axis=-1), bounds, replace_labels=False)
+    return diff
+
+
+def _judge_sequences(
+    diff: OutputDiff, ref_frames: np.ndarray, test_frames: np.ndarray, bounds: Bounds, *, replace_labels: bool
+) -> OutputDiff:
+    """A CTC output's text: its collapsed sequences (repeats merged, blanks dropped) must agree in
+    ``bounds.min_agreement`` of their characters (1 - the character error rate). ``replace_labels``:
+    integer frames, whose frame-by-frame agreement this replaces (a label moved within its run of frames
+    is the same text); else probabilities, whose values are judged as a tensor's as well."""
+    seq = structure.sequence_agreement(ref_frames, test_frames)
+    agreement = max(0.0, 1 - seq.error_rate)
+    diff.sequences = {
+        "sequences": seq.sequences,
+        "equal": seq.equal,
+        "edits": seq.edits,
+        "characters": seq.characters,
+        "error_rate": seq.error_rate,
+    }
+    if replace_labels:
+        diff.kind = "sequences"
+        diff.failed = []
+        diff.needed = {}
+        diff.worst = 0.0
+    diff.agreement = agreement
+    if agreement < bounds.min_agreement:
+        diff.failed.append("sequences")
+        needed = _agreement_needed(agreement)
+        diff.needed = {**diff.needed, **needed} if needed and (diff.needed or diff.failed == ["sequences"]) else {}
+    allowed = 1 - bounds.min_agreement
+    share = 1 - agreement
+    diff.worst = max(diff.worst, share / allowed if allowed > 0 else (1 + share if seq.edits else 0.0))
+    diff.passed = not diff.failed
+    return diff
+
+
+def judge_all(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds) -> list[OutputDiff]:
+    """Every output of ``reference`` judged against ``candidate``'s, in the reference's order; a detection
+    list written as separate outputs (boxes, scores, labels) is judged as one, each of them with its verdict."""
+    for name, ref in reference.items():
+        if ref.shape != candidate[name].shape:
+            raise InputError(f"output '{name}' has shape {candidate[name].shape[1:]}, the reference {ref.shape[1:]}")
+    grouped: dict[str, OutputDiff] = {}
+    for layout in structure.separate_detections(reference):
+        for diff in judge_detections(layout, reference, candidate, bounds):
+            grouped[diff.name] = diff
+    for pair in structure.ranked_pairs({k: v for k, v in reference.items() if k not in grouped}):
+        for diff in judge_ranked(pair, reference, candidate, bounds):
+            grouped[diff.name] = diff
+    return [grouped.get(name) or judge_output(name, ref, candidate[name], bounds) for name, ref in reference.items()]
+
+
+def judge_ranked(
+    pair: structure.RankedPair, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds
+) -> list[OutputDiff]:
+    """A top-k (:func:`onnxsmith.verify.structure.ranked_pairs`): the values as sorted lists (the variant's
+    rows sorted as the source's are, then judged as a tensor's), the indices as sets within each run of
+    near-tied values (two neighbours within ε·(|value| + its channel's RMS) of each other's, added): which of two tied
+    entries ranks first does not matter. At least ``bounds.min_agreement`` of the indices must agree."""
+    ref_v, test_v = reference[pair.values], candidate[pair.values]
+    ref_i, test_i = reference[pair.indices], candidate[pair.indices]
+    if not np.all(np.isfinite(test_v.astype(np.float64))):  # NaN/inf are refused as a tensor's are
+        return [judge_tensor(pair.values, ref_v, test_v, bounds), _judge_labels(pair.indices, ref_i, test_i, bounds)]
+    order = np.argsort(-test_v if pair.descending else test_v, axis=-1, kind="stable")
+    test_v = np.take_along_axis(test_v, order, axis=-1)
+    test_i = np.take_along_axis(test_i, order, axis=-1)
+    values = judge_tensor(pair.values, ref_v, test_v, bounds)
+    values.kind = "topk"
+    a = ref_v.astype(np.float64)
+    channel = np.maximum(channel_magnitude(a, np.ones(a.shape, bool)), bounds.smallest_magnitude)
+    allowed = np.broadcast_to(
+        bounds.rtol * np.abs(a) + (bounds.atol if bounds.atol is not None else bounds.rtol * channel), a.shape
+    )
+    # Near ties: the typical error the output is allowed (ε, the direction bound's), not the worst single
+    # value's (rtol = 8ε): at fp16 that would tie every entry of a short list with every other.
+    allowed = allowed / VALUE_FACTOR
+    tied = np.abs(np.diff(a, axis=-1)) <= allowed[..., :-1] + allowed[..., 1:]
+    positions, agreed, excused = structure.index_agreement(a, ref_i, test_i, tied)
+    indices = _judge_labels(pair.indices, ref_i, test_i, bounds)
+    indices.kind = "topk"
+    indices.agreement = (agreed + excused) / max(positions, 1)
+    indices.failed, indices.needed = [], {}
+    if indices.agreement < bounds.min_agreement:
+        indices.failed = ["labels"]
+        indices.needed = _agreement_needed(indices.agreement)
+    allowed_miss = 1 - bounds.min_agreement
+    miss = 1 - indices.agreement
+    indices.worst = miss / allowed_miss if allowed_miss > 0 else (1 + miss if miss > 0 else 0.0)
+    indices.passed = not indices.failed
+    return [values, indices]
+
+
+def _judge_labels(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -> OutputDiff:
+    """Integer outputs: the share of values equal to the source's, at least ``bounds.min_agreement``."""
+    shape = tuple(int(d) for d in ref.shape[1:])
+    mismatched = int(np.count_nonzero(ref != test))
+    largest = float(np.max(np.abs(ref.astype(np.float64) - test.astype(np.float64)))) if mismatched else 0.0
+    share = mismatched / max(ref.size, 1)
+    diff = OutputDiff(name, shape, str(test.dtype), largest, share, None, 0, 0, None, True, kind="labels")
+    diff.agreement = 1 - share
+    if diff.agreement < bounds.min_agreement:
+        diff.passed, diff.failed = False, ["labels"]
+        diff.needed = _agreement_needed(diff.agreement)
+    # How far outside: the share that differs over the share allowed; all-or-nothing when equality is asked.
+    allowed = 1 - bounds.min_agreement
+    diff.worst = share / allowed if allowed > 0 else (1 + share if mismatched else 0.0)
+    return diff
+
+
+def _agreement_needed(agreement: float) -> dict[str, float]:
+    """The ``min_agreement`` that accepts ``agreement`` (rounded down), unless that would accept anything."""
+    if agreement < MIN_SUGGESTED_AGREEMENT:
+        return {}
+    return {"min_agreement": math.floor(agreement * 10**4) / 10**4}
+
+
+def judge_detections(
+    layout: structure.DetectionLayout,
+    reference: dict[str, np.ndarray],
+    candidate: dict[str, np.ndarray],
+    bounds: Bounds,
+) -> list[OutputDiff]:
+    """A detection list (one output, or separate ones: one verdict each) judged by matching rows.
+
+    The confident rows of each side must find the same detections on the other side (class, IoU,
+    :func:`onnxsmith.verify.structure.match_detections`) in ``bounds.min_agreement`` of the rows;
+    the matched rows' values (boxes, score, class) are then judged as a tensor's, each column a channel.
+    """
+    names = layout.outputs
+    nonfinite_ref = sum(int(np.count_nonzero(~np.isfinite(reference[n].astype(np.float64)))) for n in names)
+    nonfinite_test = sum(int(np.count_nonzero(~np.isfinite(candidate[n].astype(np.float64)))) for n in names)
+    if nonfinite_ref or nonfinite_test:  # judged value by value: NaN/inf are refused there
+        return [judge_tensor(n, reference[n], candidate[n], bounds) for n in names]
+    ref_lists = structure.detection_rows(layout, reference)
+    test_lists = structure.detection_rows(layout, candidate)
+    scores = np.concatenate([rows.scores for rows in ref_lists])
+    live = scores[scores > 0]
+    score_rms = max(math.sqrt(float(np.mean(live**2))) if live.size else 0.0, bounds.smallest_magnitude)
+
+    def tolerance(values: np.ndarray) -> np.ndarray:
+        """The |Δscore| the gate allows at each score (its channel: the list's scores)."""
+        absolute = bounds.atol if bounds.atol is not None else bounds.rtol * score_rms
+        return bounds.rtol * np.abs(values) + absolute
+
+    match = structure.match_detections(ref_lists, test_lists, bounds.min_iou, tolerance)
+    if match.reference:
+        a = np.stack(match.reference)[None]
+        b = np.stack(match.candidate)[None]
+        columns = np.sqrt(np.mean(a**2, axis=1, keepdims=True))
+        whole = math.sqrt(float(np.mean(a**2)))
+        channel = np.maximum(np.maximum(columns, CHANNEL_FLOOR * whole), bounds.smallest_magnitude)
+        base = judge_tensor(names[0], a, b, bounds, channel=channel)
+    else:  # nothing confident on either side (every score zero): nothing to judge but that
+        base = OutputDiff(names[0], (), "", 0.0, 0.0, None, 0, 0, None, True)
+    base.argmax_agreement, base.argmax_rows = None, 0  # a row's argmax over box, score and class means nothing
+    base.kind = "detections"
+    base.agreement = match.share
+    base.detections = {
+        "required": match.required,
+        "matched": match.matched,
+        "missing": match.missing,
+        "extra": match.extra,
+        "excused": match.excused,
+        "lowest_iou": match.lowest_iou,
+        "score_delta": match.score_delta,
+    }
+    if match.share < bounds.min_agreement:
+        base.failed.append("detections")
+        base.passed = False
+        needed = _agreement_needed(match.share)
+        base.needed = {**base.needed, **needed} if needed and (base.needed or base.failed == ["detections"]) else {}
+        base.worst = max(base.worst, (1 - match.share) / max(1 - bounds.min_agreement, AGREEMENT_MISS / 10))
+    diffs = []
+    for name in names:
+        shape = tuple(int(d) for d in reference[name].shape[1:])
+        diffs.append(replace(base, name=name, shape=shape, dtype=str(candidate[name].dtype), failed=list(base.failed)))
+    return diffs
+
+
+def judge_tensor(
+    name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds, *, channel: np.ndarray | None = None
+) -> OutputDiff:
+    """A float output value by value (see the module doc); ``channel``: each value's channel magnitude,
+    when it is known better than :func:`channel_magnitude` finds it."""
+    shape = tuple(int(d) for d in ref.shape[1:])
     a = ref.astype(np.float64)
     b = test.astype(np.float64)
     finite_a, finite_b = np.isfinite(a), np.isfinite(b)
@@ -234,7 +509,8 @@ def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -
             diff.failed.append("cosine")
         if abs(diff.magnitude - 1) > bounds.magnitude:
             diff.failed.append("magnitude")
-    channel = np.maximum(channel_magnitude(ref_finite, both), bounds.smallest_magnitude)
+    if channel is None:
+        channel = np.maximum(channel_magnitude(ref_finite, both), bounds.smallest_magnitude)
     floor = np.abs(ref_finite) * bounds.rtol
     allowed = floor + (bounds.atol if bounds.atol is not None else bounds.rtol * channel)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -274,8 +550,7 @@ def severity(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
     """How far ``candidate``'s outputs are outside ``bounds`` (the largest ratio of measured to allowed
     error over every output; <= 1 passes, inf for new NaN/inf): what a repair measures its choices with."""
     worst = 0.0
-    for name, ref in reference.items():
-        diff = judge_output(name, ref, candidate[name], bounds)
+    for diff in judge_all(reference, candidate, bounds):
         if "nonfinite" in diff.failed:
             return math.inf
         score = _severity(diff, bounds)
@@ -286,10 +561,13 @@ def severity(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
 
 
 def _needed(diff: OutputDiff, bounds: Bounds, delta, ref, channel) -> dict[str, float]:
-    """The value of each failing bound's option that would accept this output."""
+    """The value of each failing bound's option that would accept this output; empty when only a bound
+    that accepts anything would (see the module doc): such a variant is far from its source."""
     needed: dict[str, float] = {}
     if "cosine" in diff.failed or "magnitude" in diff.failed:
         cosine = min(diff.cosine, 1 - (diff.magnitude - 1) ** 2 / 2)
+        if cosine < MIN_SUGGESTED_COSINE:
+            return {}
         digits = max(4, math.ceil(-math.log10(max(1 - cosine, 1e-300))) + 2)
         needed["min_cosine"] = math.floor(cosine * 10**digits) / 10**digits
     if "values" in diff.failed:
@@ -297,10 +575,14 @@ def _needed(diff: OutputDiff, bounds: Bounds, delta, ref, channel) -> dict[str, 
         if bounds.atol is None and np.any(ref != 0):
             with np.errstate(divide="ignore", invalid="ignore"):
                 rtol = _round_up(float(np.max(np.where(delta > 0, delta / (np.abs(ref) + channel), 0.0))))
-        if rtol is not None and rtol <= 1:
+        if rtol is not None and rtol <= MAX_SUGGESTED_RTOL:
             needed["rtol"] = rtol
         else:  # an absolute bound: where the source's output is all zeros, or errors beyond the values themselves
-            needed["atol"] = _round_up(float(np.max(delta - bounds.rtol * np.abs(ref))))
+            atol = _round_up(float(np.max(delta - bounds.rtol * np.abs(ref))))
+            rms = math.sqrt(float(np.mean(ref**2))) if ref.size else 0.0
+            if rms > 0 and atol > MAX_SUGGESTED_ATOL_SHARE * rms:
+                return {}
+            needed["atol"] = atol
     return needed
 
 
@@ -320,14 +602,18 @@ def verdict(outputs: list[OutputDiff], bounds: Bounds) -> str:
     nonfinite = [o for o in failing if "nonfinite" in o.failed]
     worst = nonfinite[0] if nonfinite else max(failing, key=lambda o: _severity(o, bounds))
     line = worst.problem(bounds)
-    if len(failing) > 1:
-        line += f" (and {len(failing) - 1} more of {len(outputs)} outputs)"
+    # The cache outputs are judged together, by one next step: they fail as one.
+    groups = {"cache" if o.kind == "cache" else o.name for o in failing}
+    if len(groups) > 1:
+        line += f" (and {len(groups) - 1} more of {len(outputs)} outputs)"
     if nonfinite:
         return line + "; no bound accepts NaN/inf"
+    if any(not o.needed for o in failing):
+        return line + "; far from the source: no bound short of accepting anything accepts it"
     options: dict[str, float] = {}
     for o in failing:
         for option, value in o.needed.items():
-            pick = min if option == "min_cosine" else max
+            pick = min if option.startswith("min_") else max
             options[option] = pick(options.get(option, value), value)
     if options:
         flags = " ".join(f"--{k.replace('_', '-')} {_plain(v)}" for k, v in sorted(options.items()))

@@ -34,6 +34,8 @@ from onnxsmith.tasks.lm.scoring import (
     read_text,
     score_models,
     score_text,
+    split_pieces,
+    text_pieces,
     text_windows,
 )
 from onnxsmith.tasks.lm.task import LanguageModel, LMOptions
@@ -69,5 +71,7 @@ __all__ = [
     "sample_sequences",
     "score_models",
     "score_text",
+    "split_pieces",
+    "text_pieces",
     "text_windows",
 ]

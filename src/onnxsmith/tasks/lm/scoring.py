@@ -15,9 +15,11 @@ The function API (what ``eval-lm``, the quantize benchmark and a build's ``lm`` 
 
 from __future__ import annotations
 
+import io
 import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.io import paths
 from onnxsmith.runtime import runner
 from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, log_softmax
 from onnxsmith.tasks.lm.gate import Agreement
@@ -56,39 +59,103 @@ def load_tokenizer(path: str | os.PathLike):
 
     path = Path(path)
     file = path / TOKENIZER_FILE if path.is_dir() else path
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise InputError(
             f"no {TOKENIZER_FILE} here: text is tokenized with the model folder's tokenizer (pass --tokenizer FILE)",
             path,
         )
+    text = paths.read_text(file, "tokenizer")  # a regular file: a fifo is refused, never waited on
     try:
-        return Tokenizer.from_file(os.fspath(file))
+        return Tokenizer.from_str(text)
     except Exception as err:  # tokenizers raises plain Exceptions
         raise InputError(f"not a readable tokenizer.json ({str(err).splitlines()[0]})", file) from None
 
 
 def read_text(path: str | os.PathLike) -> str:
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read the text ({err})", path) from None
+    return paths.read_text(path, "text")
+
+
+#: Text is tokenized in pieces of about this many characters: a tokenizer holds ~150 bytes per character of
+#: what it is given at once, so a 200 MB one-line file handed over whole needs ~30 GB (the process died).
+TEXT_PIECE = 1 << 20
+
+
+def text_pieces(path: str | os.PathLike, *, piece: int = TEXT_PIECE) -> Iterator[str]:
+    """The text of a UTF-8 file in pieces of about ``piece`` characters (:func:`split_pieces`), read as
+    they are needed: memory stays bounded however long the file, or its one line, is."""
+    with paths.open_readable(path, "text") as raw:
+        stream = io.TextIOWrapper(raw, encoding="utf-8", newline="")  # newlines as paths.read_text keeps them
+        try:
+            yield from split_pieces(iter(lambda: stream.read(piece), ""))
+        except UnicodeDecodeError as err:
+            raise InputError(f"the text is not UTF-8 text ({err})", path) from None
+        except OSError as err:
+            raise InputError(f"cannot read the text ({err})", path) from None
+
+
+def split_pieces(chunks: Iterable[str], *, longest: int = 4 * TEXT_PIECE) -> Iterator[str]:
+    """``chunks`` of a text re-cut right before the last whitespace that precedes a word in each, so that a
+    piece never ends inside a word or a run of spaces: tokenizers' pre-tokenizers split text there, and
+    the pieces' tokens are the whole text's. Text with no such place is carried on to the next chunk up to
+    ``longest`` characters, then cut where it ends (a "word" that long has no right place to cut)."""
+    carry = ""
+    for chunk in chunks:
+        text = carry + chunk
+        cut = _last_word_start(text)
+        if cut <= 0:
+            if len(text) < longest:
+                carry = text
+                continue
+            cut = len(text)
+        carry = text[cut:]
+        yield text[:cut]
+    if carry:
+        yield carry
+
+
+def _string_pieces(text: str) -> Iterator[str]:
+    return split_pieces(text[i : i + TEXT_PIECE] for i in range(0, len(text), TEXT_PIECE))
+
+
+_WORD_START = re.compile(r"\s(?=\S)")
+
+
+def _last_word_start(text: str) -> int:
+    """The index of the last whitespace character that is followed by a non-whitespace one; -1 if none
+    (searched in a growing tail: near the end in ordinary text, a few passes over one without spaces)."""
+    tail = 4096
+    while True:
+        start = max(0, len(text) - tail)
+        starts = [m.start() for m in _WORD_START.finditer(text, start)]
+        if starts:
+            return starts[-1]
+        if start == 0:
+            return -1
+        tail *= 16
 
 
 def text_windows(
     tokenizer,
-    text: str,
+    text: str | Iterable[str],
     *,
     window: int = DEFAULT_WINDOW,
     max_windows: int | None = None,
     label: str | os.PathLike | None = None,
 ) -> np.ndarray:
-    """[n, window] token ids: the text encoded once (no special tokens) and cut into whole windows."""
+    """[n, window] token ids: the text (a string, or its pieces: :func:`text_pieces`) encoded (no special
+    tokens) and cut into whole windows. It is encoded piece by piece (a long string cut by
+    :func:`split_pieces`), and no further than ``max_windows`` windows need."""
     if window < 2:
         raise UsageError("the window must be at least 2 tokens")
-    ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+    pieces = _string_pieces(text) if isinstance(text, str) else text
+    needed = None if max_windows is None else max_windows * window
+    parts, count = [], 0
+    for piece in pieces:
+        parts.append(np.asarray(tokenizer.encode(piece, add_special_tokens=False).ids, dtype=np.int64))
+        count += parts[-1].size
+        if needed is not None and count >= needed:
+            break
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if ids.size < 2:
         raise InputError(f"the text has {ids.size} token(s); at least 2 are needed", label)
     if ids.size < window:
@@ -212,7 +279,7 @@ def score_text(
         raise UsageError("no models to score")
     windows = text_windows(
         load_tokenizer(tokenizer or folder_of(paths[0])),
-        read_text(text),
+        text_pieces(text),
         window=window,
         max_windows=max_windows,
         label=text,

@@ -65,7 +65,7 @@ class LanguageModel(Task):
         tokenizer = lm.load_tokenizer(options.tokenizer or lm.folder_of(source))
         windows = lm.text_windows(
             tokenizer,
-            lm.read_text(options.text),
+            lm.text_pieces(options.text),
             window=options.window,
             max_windows=options.max_windows,
             label=options.text,

@@ -1,0 +1,317 @@
+"""analysis/input_roles.py + runtime/plausible.py: inputs that exercise the model.
+
+The defect: a NeMo log-mel front end (``waveforms``, ``waveforms_lens``) got random lengths of 0 or 1,
+so it masked every frame and the gate compared zeros with zeros. Each input is now taken for what it is
+and gets plausible values: a length as long as what it measures, a speech-like waveform, images in the
+range the graph reads, token ids over the vocabulary, zero states, diffusion timesteps in range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsmith.analysis.input_roles import (
+    GENERIC,
+    IMAGE,
+    KV_CACHE,
+    LENGTH,
+    MASK,
+    POSITIONS,
+    SCALAR,
+    STATE,
+    TIMESTEP,
+    TOKEN_IDS,
+    WAVEFORM,
+    describe_inputs,
+    input_roles,
+)
+from onnxsmith.io.load import load_model
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.sizing import inputs_that_run
+
+OPSET = [helper.make_opsetid("", 17)]
+HOP = 160
+
+
+def _const(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def _front_end(save_proto, lens_name: str = "waveforms_lens"):
+    """A NeMo-like log-mel front end (onnx-asr's preprocessor, reduced): pre-emphasis masked by
+    ``Range(N) < lens``, STFT, mel MatMul, log, and the features masked by ``Range(T) < lens / hop``."""
+    n_fft, mels = 512, 8
+    window = np.pad(np.hanning(400), (56, 56)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    fbank = np.abs(rng.standard_normal((n_fft // 2 + 1, mels))).astype(np.float32) / 10
+    nodes = [
+        helper.make_node("Shape", ["waveforms"], ["n1"], start=1, end=2),
+        helper.make_node("Squeeze", ["n1"], ["n"]),
+        helper.make_node("Range", ["zero", "n", "one"], ["steps"]),
+        helper.make_node("Unsqueeze", [lens_name, "axis1"], ["lens2"]),
+        helper.make_node("Less", ["steps", "lens2"], ["timemask"]),
+        helper.make_node("Where", ["timemask", "waveforms", "fzero"], ["masked"]),
+        helper.make_node("Pad", ["masked", "pads"], ["padded"]),
+        helper.make_node("Unsqueeze", ["padded", "last"], ["signal"]),  # [batch, samples, 1]: a real signal
+        helper.make_node("STFT", ["signal", "hop", "window"], ["image"]),
+        helper.make_node("ReduceSumSquare", ["image"], ["power"], axes=[-1], keepdims=0),
+        helper.make_node("MatMul", ["power", "fbank"], ["mel"]),
+        helper.make_node("Add", ["mel", "guard"], ["guarded"]),
+        helper.make_node("Log", ["guarded"], ["logmel"]),
+        helper.make_node("Transpose", ["logmel"], ["x"], perm=[0, 2, 1]),
+        helper.make_node("Div", [lens_name, "hop"], ["frames_lens"]),
+        helper.make_node("Shape", ["x"], ["t1"], start=2, end=3),
+        helper.make_node("Squeeze", ["t1"], ["t"]),
+        helper.make_node("Range", ["zero", "t", "one"], ["frames"]),
+        helper.make_node("Unsqueeze", ["frames_lens", "axes12"], ["lens3"]),
+        helper.make_node("Less", ["frames", "lens3"], ["mask"]),
+        helper.make_node("Where", ["mask", "x", "fzero"], ["features"]),
+    ]
+    inits = [
+        _const("zero", np.int64(0)),
+        _const("one", np.int64(1)),
+        _const("axis1", np.array([1], np.int64)),
+        _const("axes12", np.array([1, 2], np.int64)),
+        _const("fzero", np.float32(0)),
+        _const("pads", np.array([0, n_fft // 2, 0, n_fft // 2], np.int64)),
+        _const("hop", np.int64(HOP)),
+        _const("window", window),
+        _const("last", np.array([-1], np.int64)),
+        _const("fbank", fbank),
+        _const("guard", np.float32(2**-24)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nemo_like",
+        [
+            helper.make_tensor_value_info("waveforms", TensorProto.FLOAT, ["batch_size", "N"]),
+            helper.make_tensor_value_info(lens_name, TensorProto.INT64, ["batch_size"]),
+        ],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch_size", mels, "T"])],
+        inits,
+    )
+    return save_proto(helper.make_model(graph, opset_imports=OPSET), f"front_end_{lens_name}.onnx")
+
+
+def _run(model, feeds):
+    return runner.run(runner.open_session(model), feeds)
+
+
+@pytest.mark.parametrize("lens_name", ["waveforms_lens", "valid"])  # by its name, and by its use alone
+def test_a_front_ends_length_is_the_full_length_and_its_output_is_not_all_masked(save_proto, lens_name):
+    model = load_model(_front_end(save_proto, lens_name))
+    roles = input_roles(model)
+    assert roles["waveforms"].kind == WAVEFORM
+    assert (roles[lens_name].kind, roles[lens_name].measures, roles[lens_name].axis) == (LENGTH, "waveforms", 1)
+
+    (feeds,) = inputs_that_run(model)  # nobody sized it: one second at 16 kHz, not 1 sample
+    assert feeds["waveforms"].shape == (1, 16000)
+    assert feeds[lens_name].tolist() == [16000]
+    features = _run(model, feeds)["features"]
+    assert np.isfinite(features).all()
+    frames = np.abs(features).max(axis=1)[0]
+    assert (frames > 0).mean() > 0.95  # every frame but the one past lens / hop is inside: nothing padded
+
+    # what the issue ran: --shape waveforms:1,16000 --shape waveforms_lens:1
+    given = random_inputs(model, shapes={"waveforms": (2, 16000), lens_name: (2,)}, seed=3)
+    assert given[lens_name].tolist() == [16000, 16000]
+    frames = np.abs(_run(model, given)["features"]).max(axis=1)
+    assert (frames > 0).mean(axis=-1).min() > 0.95
+
+
+def test_the_waveform_sounds_like_speech(save_proto):
+    model = load_model(_front_end(save_proto))
+    wave = random_inputs(model, shapes={"waveforms": (2, 16000), "waveforms_lens": (2,)})["waveforms"]
+    assert wave.dtype == np.float32
+    assert np.abs(wave).max() <= 1
+    rms = np.sqrt(np.mean(wave.astype(np.float64) ** 2, axis=1))
+    assert ((rms > 0.02) & (rms < 0.1)).all()  # speech level, not a unit normal's
+    assert not np.allclose(wave[0], wave[1])  # each row its own voice
+    spectrum = np.abs(np.fft.rfft(wave[0])) ** 2
+    freqs = np.fft.rfftfreq(16000, 1 / 16000)
+    assert spectrum[(freqs > 80) & (freqs < 4000)].sum() > 0.9 * spectrum.sum()  # voiced, not white noise
+    assert random_inputs(model, seed=5)["waveforms"].tobytes() == random_inputs(model, seed=5)["waveforms"].tobytes()
+
+
+def _image_model(save_proto, first: list[onnx.NodeProto], inits, shape, name, dtype=TensorProto.FLOAT):
+    graph = helper.make_graph(
+        [*first, helper.make_node("ReduceMean", ["h"], ["y"], keepdims=0)],
+        "image",
+        [helper.make_tensor_value_info("x", dtype, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        inits,
+    )
+    return load_model(save_proto(helper.make_model(graph, opset_imports=OPSET), name))
+
+
+MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+
+
+def _smooth(picture: np.ndarray) -> bool:
+    """Neighbouring pixels close compared with the spread: a picture, not white noise."""
+    steps = np.abs(np.diff(picture, axis=-1)).mean()
+    return steps < 0.5 * picture.std()  # white noise: about 1.1
+
+
+def test_an_image_the_graph_normalizes_is_fed_in_0_to_1(save_proto):
+    model = _image_model(
+        save_proto,
+        [helper.make_node("Sub", ["x", "mean"], ["c"]), helper.make_node("Div", ["c", "std"], ["h"])],
+        [_const("mean", MEAN), _const("std", STD)],
+        ["batch", 3, "height", "width"],
+        "normalizing.onnx",
+    )
+    role = input_roles(model)["x"]
+    assert (role.kind, role.layout, role.channels, role.value_range) == (IMAGE, "NCHW", 3, "0..1")
+    x = random_inputs(model, dims={"height": 64, "width": 96})["x"]
+    assert x.shape == (1, 3, 64, 96)
+    assert x.min() >= 0 and x.max() <= 1 and x.std() > 0.05
+    assert _smooth(x[0, 0])
+    normalized = (x - MEAN) / STD  # what the graph makes of it: normalized
+    assert abs(normalized.mean()) < 1.5 and 0.2 < normalized.std() < 3
+
+
+def test_an_image_the_graph_divides_by_255_is_fed_in_0_to_255(save_proto):
+    model = _image_model(
+        save_proto,
+        [helper.make_node("Div", ["x", "k"], ["h"])],
+        [_const("k", np.float32(255))],
+        [1, "height", "width", 3],
+        "div255.onnx",
+    )
+    role = input_roles(model)["x"]
+    assert (role.kind, role.layout, role.value_range) == (IMAGE, "NHWC", "0..255")
+    x = random_inputs(model, dims={"height": 32, "width": 32})["x"]
+    assert x.shape == (1, 32, 32, 3)
+    assert x.min() >= 0 and x.max() <= 255 and x.max() > 100
+    assert _smooth(x[0, :, :, 1])
+    # a Mul by 1/255 reads the same range; a Conv first reads it normalized
+    scaled = _image_model(
+        save_proto,
+        [helper.make_node("Mul", ["x", "k"], ["h"])],
+        [_const("k", np.float32(1 / 255))],
+        [1, 3, 8, 8],
+        "mul255.onnx",
+    )
+    assert input_roles(scaled)["x"].value_range == "0..255"
+    conv = _image_model(
+        save_proto,
+        [helper.make_node("Conv", ["x", "w"], ["h"])],
+        [_const("w", np.ones((2, 3, 3, 3), np.float32))],
+        [1, 3, 16, 16],
+        "conv.onnx",
+    )
+    assert input_roles(conv)["x"].value_range == "normalized"
+    assert random_inputs(conv)["x"].min() < 0
+
+
+def _lm(save_proto):
+    """input_ids -> a 1000-row table; attention_mask, position_ids and a KV cache beside it."""
+    dims_kv = ["batch", 2, "past_sequence_length", 8]
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["h"]),
+        helper.make_node("Identity", ["attention_mask"], ["m"]),
+        helper.make_node("Identity", ["position_ids"], ["p"]),
+        helper.make_node("Identity", ["past_key_values.0.key"], ["k"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lm",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info(
+                "attention_mask", TensorProto.INT64, ["batch", "past_sequence_length + sequence_length"]
+            ),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, dims_kv),
+        ],
+        [
+            helper.make_tensor_value_info(n, t, None)
+            for n, t in (
+                ("h", TensorProto.FLOAT),
+                ("m", TensorProto.INT64),
+                ("p", TensorProto.INT64),
+                ("k", TensorProto.FLOAT),
+            )
+        ],
+        [_const("embed", np.zeros((1000, 4), np.float32))],
+    )
+    return load_model(save_proto(helper.make_model(graph, opset_imports=OPSET), "lm.onnx"))
+
+
+def test_token_ids_spread_over_the_vocabulary_and_the_rest_is_consistent(save_proto):
+    model = _lm(save_proto)
+    roles = input_roles(model)
+    assert (roles["input_ids"].kind, roles["input_ids"].vocab) == (TOKEN_IDS, 1000)
+    assert (roles["attention_mask"].kind, roles["attention_mask"].measures) == (MASK, "input_ids")
+    assert roles["position_ids"].kind == POSITIONS
+    assert (roles["past_key_values.0.key"].kind, roles["past_key_values.0.key"].axis) == (KV_CACHE, 2)
+
+    feeds = random_inputs(model, dims={"sequence_length": 256})
+    ids = feeds["input_ids"]
+    assert ids.min() >= 0 and ids.max() < 1000
+    assert ids.max() > 800 and ids.min() < 200 and len(np.unique(ids)) > 150  # spread, not 0..9
+    assert feeds["past_key_values.0.key"].shape == (1, 2, 0, 8)  # an empty cache
+    assert (feeds["attention_mask"] == 1).all() and feeds["attention_mask"].shape == (1, 256)
+
+    # with a past: the mask covers past + new tokens, positions continue after the past
+    feeds = random_inputs(model, dims={"sequence_length": 4, "past_sequence_length": 3})
+    assert feeds["past_key_values.0.key"].shape == (1, 2, 3, 8)
+    assert feeds["attention_mask"].shape == (1, 7) and (feeds["attention_mask"] == 1).all()
+    assert feeds["position_ids"].tolist() == [[3, 4, 5, 6]]
+
+
+def _identity_model(save_proto, inputs: list[onnx.ValueInfoProto], name: str):
+    nodes = [helper.make_node("Identity", [i.name], [f"out{k}"]) for k, i in enumerate(inputs)]
+    outputs = [
+        helper.make_tensor_value_info(f"out{k}", i.type.tensor_type.elem_type, None) for k, i in enumerate(inputs)
+    ]
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    return load_model(save_proto(helper.make_model(graph, opset_imports=OPSET), f"{name}.onnx"))
+
+
+def test_a_diffusion_timestep_is_in_the_models_range(save_proto):
+    model = _identity_model(
+        save_proto,
+        [
+            helper.make_tensor_value_info("sample", TensorProto.FLOAT, ["batch", 4, 8, 8]),
+            helper.make_tensor_value_info("timestep", TensorProto.INT64, ["batch"]),
+            helper.make_tensor_value_info("sigma", TensorProto.FLOAT, []),
+        ],
+        "unet",
+    )
+    roles = input_roles(model)
+    assert roles["sample"].kind == GENERIC  # a noisy latent: normal noise, not a picture
+    assert (roles["timestep"].kind, roles["sigma"].kind) == (TIMESTEP, TIMESTEP)
+    steps = np.concatenate([random_inputs(model, dims={"batch": 16}, seed=s)["timestep"] for s in range(4)])
+    assert steps.min() >= 0 and steps.max() <= 999 and steps.max() > 100  # 0..999, not 0..9
+    sigmas = [float(random_inputs(model, seed=s)["sigma"]) for s in range(8)]
+    assert all(0.03 <= s <= 14.6 for s in sigmas) and max(sigmas) > 0.2
+
+
+def test_a_vad_streams_from_a_zero_state_at_16_khz(save_proto):
+    model = _identity_model(
+        save_proto,
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 128]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        "vad",
+    )
+    roles = input_roles(model)
+    assert (roles["state"].kind, roles["sr"].kind) == (STATE, SCALAR)
+    feeds = random_inputs(model, seed=1)
+    assert feeds["state"].shape == (2, 1, 128) and not feeds["state"].any()
+    assert feeds["sr"].tolist() == 16000
+
+
+def test_the_report_says_what_each_input_was_taken_to_be(save_proto):
+    lines = describe_inputs(load_model(_front_end(save_proto)))
+    assert lines[0].startswith("'waveforms': audio waveform")
+    assert lines[1].startswith("'waveforms_lens': length of 'waveforms' (axis 1), its full length")
