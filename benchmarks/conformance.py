@@ -271,7 +271,7 @@ def write_markdown(
         "anchors run as their documentation shows, with their defaults (AutoCast calibrates on random",
         "inputs), each in its own process capped at 12 GB of address space (the machine has 24 GB): a",
         "MemoryError or a signal there means it needed more. Each onnxsmith failure has its class",
-        "(issue 11's items, 10-11 new) in",
+        "(issue 11's items, 10-12 new) in",
         "tests/corpus/outcomes.toml.",
         "",
         f"Produced by `{shlex.join(['python', 'benchmarks/conformance.py', *argv])}` on "

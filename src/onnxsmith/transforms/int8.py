@@ -326,9 +326,10 @@ class Int8(Transform):
 
     def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
-        # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs give real ranges, and so
-        # do made-up ones that look like the real thing (images, speech); random normal values do not.
-        with_convs = options.convs if options.convs is not None else context.real_inputs or context.plausible_inputs
+        # Convs' activation scales are fixed from the calibration inputs' ranges: only real inputs give real ranges.
+        # Made-up ones, even shaped like the real thing (photo crops, speech), calibrated int8 Convs that real data
+        # then refused (ppocr_rec, ddddocr_det: docs/conformance.md), so they do not decide it.
+        with_convs = options.convs if options.convs is not None else context.real_inputs
         # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
         # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
         smallest = 1 if with_convs else MIN_SIDE * MIN_SIDE
@@ -351,7 +352,7 @@ class Int8(Transform):
         found_convs = find_convs(model)
         convs = found_convs if with_convs else []
         if not linears and not tables and not convs:
-            hint = f"; its {len(found_convs)} Convs {_why_convs_fp32(options)}" if found_convs else ""
+            hint = f"; its {len(found_convs)} Convs {_why_convs_fp32(options, context)}" if found_convs else ""
             raise NothingGained(
                 "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8" + hint,
                 context.source_path,
@@ -457,13 +458,15 @@ class Int8(Transform):
             )
         if chosen_convs and not context.real_inputs:
             report.notes.append(
-                f"the {len(chosen_convs)} int8 Convs' activation scales come from made-up inputs shaped like the real "
-                f"thing ({'; '.join(describe_inputs(model))}) and the variant was judged on other made-up ones; real "
-                "data (--inputs) gives the real ranges"
+                f"the {len(chosen_convs)} int8 Convs (--convs) have activation scales from made-up inputs "
+                f"({'; '.join(describe_inputs(model))}), and the variant was judged on other made-up ones; real data "
+                "(--inputs) gives the real ranges"
             )
         if found_convs and not with_convs:
-            report.notes[0] += f"; {len(found_convs)} Convs fp32: they {_why_convs_fp32(options)}"
-            report.why_not_more.append(f"{len(found_convs)} Conv(s) stay fp32: they {_why_convs_fp32(options)}")
+            report.notes[0] += f"; {len(found_convs)} Convs fp32: they {_why_convs_fp32(options, context)}"
+            report.why_not_more.append(
+                f"{len(found_convs)} Conv(s) stay fp32: they {_why_convs_fp32(options, context)}"
+            )
         if not plan and not chosen_tables and not chosen_convs:  # a copy of the source is no variant: say why not
             why = "; ".join(report.why_not_more) or "no part of it measured worth int8"
             raise NothingGained(f"nothing went int8, no variant written: {why}", context.source_path)
@@ -699,13 +702,13 @@ def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget,
     return dropped, measured
 
 
-def _why_convs_fp32(options: Options) -> str:
+def _why_convs_fp32(options: Options, context: TransformContext) -> str:
     if options.convs is False:
         return "stay fp32 by --no-convs"
+    made_up = "made-up inputs (even photo crops and speech)" if context.plausible_inputs else "random inputs"
     return (
-        "go int8 with real calibration inputs (--inputs) or made-up ones onnxsmith recognises (an image, a waveform): "
-        "the activation scales come from their ranges, and random values' ranges are not real data's (--convs "
-        "forces it)"
+        "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
+        f"{made_up}' ranges are not real data's (--convs forces it)"
     )
 
 
