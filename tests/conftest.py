@@ -10,14 +10,16 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``python -m onnxsmith ARGS`` as a user would; capture everything."""
+def run_cli(*args, cwd=None, preexec_fn=None) -> subprocess.CompletedProcess:
+    """Run ``python -m onnxsmith ARGS`` as a user would; capture everything. ``preexec_fn``: set up the child
+    (a resource limit) before it starts."""
     return subprocess.run(
         [sys.executable, "-m", "onnxsmith", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
         timeout=600,
+        preexec_fn=preexec_fn,
     )
 
 

@@ -14,7 +14,6 @@ import resource
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import assert_one_line_error, run_cli_in_process
+from tests.conftest import assert_one_line_error, run_cli, run_cli_in_process
 from tests.support.lm_models import TEXT, gpt2_folder
 from tests.support.models import mlp
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
@@ -38,14 +37,7 @@ def run_capped(*args, cwd=None) -> subprocess.CompletedProcess:
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
 
-    return subprocess.run(
-        [sys.executable, "-m", "onnxsmith", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        preexec_fn=cap,
-    )
+    return run_cli(*args, cwd=cwd, preexec_fn=cap)
 
 
 def _model(path: Path, inputs, outputs, nodes) -> Path:
