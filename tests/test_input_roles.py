@@ -26,12 +26,16 @@ from onnxsmith.analysis.input_roles import (
     TOKEN_IDS,
     WAVEFORM,
     describe_inputs,
+    guessed_ranges,
     input_roles,
+    parse_role_options,
+    with_given,
 )
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import random_inputs
 from onnxsmith.runtime.sizing import inputs_that_run
+from tests.support.realmodels import real_model
 
 OPSET = [helper.make_opsetid("", 17)]
 HOP = 160
@@ -315,3 +319,170 @@ def test_the_report_says_what_each_input_was_taken_to_be(save_proto):
     lines = describe_inputs(load_model(_front_end(save_proto)))
     assert lines[0].startswith("'waveforms': audio waveform")
     assert lines[1].startswith("'waveforms_lens': length of 'waveforms' (axis 1), its full length")
+
+
+# ---------------------------------------------------------------- a mask by its use, numbered states, known ranges
+
+
+def _torch_attention(path, style: str, dynamo: bool):
+    """One attention layer over embedded token ids, its mask a second input named nothing telling (``in1``):
+    BERT's extended mask ``(1 - m) * finfo.min`` added to the scores, ``masked_fill(m == 0, -inf)``, or a bool
+    mask given to scaled_dot_product_attention; exported by torch's TorchScript or dynamo exporter."""
+    import torch
+    import torch.nn.functional as F
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, 8)
+            self.qkv = torch.nn.Linear(8, 24)
+
+        def forward(self, ids, m):
+            h = self.embed(ids)
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            if style == "sdpa":
+                return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], m.bool()[:, None, None, :])
+            scores = q @ k.transpose(-1, -2) / 8**0.5
+            if style == "extended":
+                scores = scores + (1.0 - m[:, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+            else:
+                scores = scores.masked_fill(m[:, None, :] == 0, float("-inf"))
+            return torch.softmax(scores, -1) @ v
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (1, 6))
+    with torch.no_grad():
+        torch.onnx.export(
+            Attention().eval(), (ids, torch.ones_like(ids)), str(path), dynamo=dynamo, input_names=["in0", "in1"]
+        )
+    return load_model(path)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("style", ["extended", "fill", "sdpa"])
+def test_a_mask_named_nothing_is_found_by_what_the_graph_does_with_it(tmp_path, style, dynamo):
+    model = _torch_attention(tmp_path / f"{style}.onnx", style, dynamo)
+    roles = input_roles(model)
+    assert (roles["in0"].kind, roles["in0"].vocab) == (TOKEN_IDS, 50)
+    assert (roles["in1"].kind, roles["in1"].measures, roles["in1"].why) == (MASK, "in0", "masks attention scores")
+    feeds = random_inputs(model, seed=0)
+    assert (feeds["in1"] == 1).all()  # nothing masked: random 0s and 1s would mask some positions of each row
+
+
+def test_an_input_added_to_scores_without_a_large_fill_is_no_mask(save_proto):
+    """A relative-position bias (or any float) added before a Softmax is data, not a mask: no -inf, no 1e4."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["bias", "k"], ["scaled"]),
+            helper.make_node("Add", ["scores", "scaled"], ["s"]),
+            helper.make_node("Softmax", ["s"], ["y"]),
+        ],
+        "bias",
+        [
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 6, 6]),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 6, 6]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 6])],
+        [_const("k", np.float32(8.0))],
+    )
+    roles = input_roles(load_model(save_proto(helper.make_model(graph, opset_imports=OPSET), "bias.onnx")))
+    assert (roles["scores"].kind, roles["bias"].kind) == (GENERIC, GENERIC)
+
+
+@pytest.mark.realmodel
+def test_albert_s_unnamed_mask_is_all_ones_and_its_output_is_no_constant():
+    """sudachi's ALBERT: `onnx::Unsqueeze_1` was random 0/1, so every output was the same: the model vacuous."""
+    model = load_model(real_model("sudachi_albert"))
+    roles = input_roles(model)
+    mask = roles["onnx::Unsqueeze_1"]
+    assert (mask.kind, mask.measures) == (MASK, "input.1")  # the token ids (3788 rows), not the token types
+    assert (roles["input.1"].kind, roles["input.3"].kind) == (TOKEN_IDS, TOKEN_IDS)
+    first, second = (random_inputs(model, seed=s) for s in (0, 1))
+    assert (first["onnx::Unsqueeze_1"] == 1).all()
+    (a,), (b,) = (list(_run(model, feeds).values()) for feeds in (first, second))
+    assert np.abs(a - b).max() > 1  # other tokens, other tags
+
+
+def test_numbered_stream_states_are_zeros_not_images(save_proto):
+    """fsmn_vad's in_cache0..3 [1, 128, 19, 1] were taken for 1-channel NHWC images."""
+    caches = [helper.make_tensor_value_info(f"in_cache{i}", TensorProto.FLOAT, [1, 128, 19, 1]) for i in range(4)]
+    model = _identity_model(
+        save_proto,
+        [
+            helper.make_tensor_value_info("speech", TensorProto.FLOAT, [1, "T", 400]),
+            *caches,
+            *[helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 1, 8]) for name in ("state1", "enc.cache_2")],
+        ],
+        "fsmn",
+    )
+    roles = input_roles(model)
+    assert roles["speech"].kind == WAVEFORM
+    assert {name: roles[name].kind for name in roles if name != "speech"} == dict.fromkeys(
+        [f"in_cache{i}" for i in range(4)] + ["state1", "enc.cache_2"], STATE
+    )
+    feeds = random_inputs(model, dims={"T": 10})
+    assert feeds["in_cache3"].shape == (1, 128, 19, 1) and not feeds["in_cache3"].any()
+
+
+@pytest.mark.realmodel
+def test_fsmn_vad_streams_from_zero_caches():
+    roles = input_roles(load_model(real_model("fsmn_vad")))
+    assert [roles[f"in_cache{i}"].kind for i in range(4)] == [STATE] * 4
+
+
+def _conv_image(save_proto, name: str, metadata: dict[str, str] | None = None):
+    """An image a Conv reads first: nothing in the graph says its range."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"]),
+            helper.make_node("ReduceMean", ["c"], ["y"], keepdims=0),
+        ],
+        "image",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [_const("w", np.ones((2, 3, 3, 3), np.float32))],
+    )
+    proto = helper.make_model(graph, opset_imports=OPSET)
+    helper.set_model_props(proto, metadata or {})
+    return load_model(save_proto(proto, name))
+
+
+def test_an_image_range_nothing_states_is_a_guess_until_someone_states_it(save_proto):
+    conv = _conv_image(save_proto, "conv.onnx")
+    role = input_roles(conv)["x"]
+    assert (role.value_range, role.range_guessed) == ("normalized", True)
+    assert role.describe().endswith("(read as it comes: normalized outside the model)")
+    assert guessed_ranges(conv) == ["x"]
+    assert guessed_ranges(conv, parse_role_options("x=NCHW")) == ["x"]  # a layout says nothing of the range
+    given = parse_role_options("x=0..255")
+    assert guessed_ranges(conv, given) == []
+    corrected = with_given(input_roles(conv), given)["x"]
+    assert (corrected.value_range, corrected.range_guessed) == ("0..255", False)
+
+    # read from the graph: known, and a layout given beside it keeps it known
+    scaled = _image_model(
+        save_proto, [helper.make_node("Mul", ["x", "k"], ["h"])], [_const("k", np.float32(1 / 255))], [1, 3, 8, 8], "m"
+    )
+    assert input_roles(scaled)["x"].range_guessed is False
+    assert guessed_ranges(scaled) == guessed_ranges(scaled, parse_role_options("x=NCHW")) == []
+
+
+def test_an_ultralytics_export_says_its_images_are_0_to_1(save_proto):
+    model = _conv_image(save_proto, "yolo.onnx", {"author": "Ultralytics", "task": "detect"})
+    role = input_roles(model)["x"]
+    assert (role.layout, role.channels, role.value_range, role.range_guessed) == ("NCHW", 3, "0..1", False)
+    assert "Ultralytics" in role.describe() and guessed_ranges(model) == []
+    x = random_inputs(model)["x"]
+    assert x.min() >= 0 and x.max() <= 1 and x.max() > 0.5
+    assert input_roles(_conv_image(save_proto, "other.onnx", {"author": "someone"}))["x"].range_guessed
+
+
+@pytest.mark.realmodel
+def test_real_images_ranges_known_and_guessed():
+    def image(name):
+        (role,) = [r for r in input_roles(load_model(real_model(name))).values() if r.kind == IMAGE]
+        return role.value_range, role.range_guessed
+
+    assert image("nudenet_320n") == image("isbnx_yolo_e2e") == ("0..1", False)  # Ultralytics exports
+    assert image("captcha_crnn") == ("0..255", False)  # the graph multiplies by 1/255
+    assert image("ppocr_det") == ("normalized", True)  # PaddleOCR normalizes outside: a guess

@@ -13,7 +13,7 @@ from onnxsmith.release.variant import produce_variant
 from onnxsmith.transforms.fp16 import Options as Fp16Options
 from onnxsmith.verify import structure
 from onnxsmith.verify.compare import compare_models
-from onnxsmith.verify.gate import Bounds, GateOptions, judge_all, judge_output, judge_tensor, verdict
+from onnxsmith.verify.gate import Bounds, GateOptions, judge_all, judge_output, judge_tensor, severity, verdict
 from onnxsmith.verify.structure import detection_layout
 
 ROWS = 200  # anchors; all of them ranked, as an end-to-end head writes its top-k
@@ -225,8 +225,45 @@ def test_only_what_clearly_is_a_detection_list_is_judged_as_one():
     ranked = _ranked_rows(rng)
     assert detection_layout("y", ranked) is not None  # a ranked score and a class column: by its values
     unranked = ranked[:, rng.permutation(300)]
-    assert detection_layout("y", unranked) is None and detection_layout("dets", unranked) is not None
+    assert detection_layout("y", unranked) is None
+    for hint in ("dets", "output0", "boxes", "nms_out"):  # a name never makes a raw grid a list
+        assert detection_layout(hint, unranked) is None, hint
     assert judge_output("y", probs, probs.copy(), Bounds.for_format(FP16)).kind == "tensor"
+
+
+def _raw_grid(rng, sets: int = 1, anchors: int = 3549) -> np.ndarray:
+    """[sets, anchors, 6] a YOLO head's raw rows, one per anchor in grid order: boxes (centre, size in
+    pixels), a score in [0, 1] and a class, neither sorted nor filtered."""
+    grid = np.zeros((sets, anchors, 6))
+    grid[..., 0:2] = rng.uniform(0, 416, (sets, anchors, 2))
+    grid[..., 2:4] = rng.uniform(8, 120, (sets, anchors, 2))
+    grid[..., 4] = rng.uniform(0, 1, (sets, anchors)) ** 8
+    grid[..., 5] = rng.integers(0, 2, (sets, anchors))
+    return grid
+
+
+def test_a_raw_detector_grid_is_judged_as_a_tensor_not_a_detection_list():
+    """A raw grid's row i is anchor i: a variant whose rows moved to other anchors is another output, though
+    as a set of rows it is the same (matched by IoU, named ``output0``, it was accepted)."""
+    rng = np.random.default_rng(12)
+    grid = _raw_grid(rng)
+    assert detection_layout("output0", grid) is None and detection_layout("det_boxes", grid) is None
+    swapped = grid.copy()
+    swapped[0, 0:-1:2] = grid[0, 1::2]  # neighbouring anchors' rows exchanged: as a list, the same rows
+    swapped[0, 1::2] = grid[0, 0:-1:2]
+    for fmt in (FP16, INT8):
+        bounds = Bounds.for_format(fmt)
+        diff = judge_output("output0", grid, swapped, bounds)
+        assert diff.kind == "tensor" and diff.detections is None and not diff.passed, fmt.name
+        assert judge_output("output0", grid, grid.copy(), bounds).passed
+    # Separate boxes and scores outputs of a raw grid, unranked, stay tensors as well.
+    separate = {"boxes": grid[..., :4], "scores": grid[..., 4], "labels": grid[..., 5].astype(np.int64)}
+    assert structure.separate_detections(separate) == []
+    order = np.argsort(-grid[..., 4], axis=1)  # the same rows ranked by score: a detection list
+    ranked = {k: v[:, order[0]] for k, v in separate.items()}
+    (layout,) = structure.separate_detections(ranked)
+    assert layout.outputs == ("boxes", "scores", "labels")
+    assert detection_layout("y", grid[:, order[0]]) is not None
 
 
 # ---------------------------------------------------------------- labels
@@ -446,3 +483,82 @@ def test_probabilities_are_judged_by_their_row_magnitude_not_relative_to_tiny_va
     np.put_along_axis(swapped, top[..., None], 0.0, axis=-1)  # the top class loses its probability
     diff = judge_output("probs", probs, swapped, bounds)
     assert not diff.passed and diff.argmax_agreement == 0.0
+
+
+def _sigmoid_map(rng, sets: int = 4, size: int = 96, text: bool = False) -> np.ndarray:
+    """[sets, 1, 1, size, size] a text detector's Sigmoid map: ~1e-7 everywhere (a photo with no text), or
+    with ``text`` a few blocks of probabilities near 1 whose edges cross 0.5."""
+    logits = rng.normal(-16, 1.5, (sets, 1, 1, size, size))
+    if text:
+        for s in range(sets):
+            for r in (10, 40, 70):
+                logits[s, 0, 0, r : r + 12, 8 : size - 8] = rng.normal(4, 3, (12, size - 16))
+    return 1 / (1 + np.exp(-logits))
+
+
+def test_a_sigmoid_map_near_zero_with_tiny_absolute_noise_passes():
+    """ppocr_det's fp16 variant on photo crops: every probability ~1e-7, moved by ~1e-8; cosine (0.996 there)
+    measures that noise, not the map. Its probabilities and decisions are what it means: accepted."""
+    rng = np.random.default_rng(13)
+    ref = _sigmoid_map(rng)
+    noisy = ref * (1 + rng.normal(0, 0.1, ref.shape))  # |Δp| ~1e-8: fp16 holds 1e-7 with few bits
+    bounds = Bounds.for_format(FP16)
+    positional = judge_tensor("sigmoid_0.tmp_0", ref, noisy, bounds)
+    assert not positional.passed and "cosine" in positional.failed and "values" not in positional.failed
+    diff = judge_output("sigmoid_0.tmp_0", ref, noisy, bounds)
+    assert diff.passed, diff.problem(bounds)
+    assert diff.probabilities["kind"] == "sigmoid" and diff.probabilities["waived"]
+    assert diff.probabilities["rms_delta"] < 1e-7 and diff.probabilities["agreement"] == 1.0
+    assert severity({"m": ref}, {"m": noisy}, bounds) <= 1  # what the fp16 repair measures agrees
+    # A map with text, rounded to fp16: passes as it did (its cosine holds), decisions the same.
+    text = _sigmoid_map(rng, text=True)
+    diff = judge_output("m", text, text.astype(np.float16).astype(np.float64), bounds)
+    assert diff.passed and not diff.probabilities["waived"]
+
+
+@pytest.mark.parametrize("fmt", [FP16, INT8])
+def test_a_probability_map_far_off_is_refused(fmt):
+    rng = np.random.default_rng(14)
+    bounds = Bounds.for_format(fmt)
+    for ref in (_sigmoid_map(rng), _sigmoid_map(rng, text=True)):
+        shifted = np.clip(ref + 0.05, 0, 1)  # every probability moved by 0.05
+        diff = judge_output("m", ref, shifted, bounds)
+        assert not diff.passed and diff.probabilities["rms_delta"] > bounds.probability_rms
+        assert "--" not in verdict([diff], bounds) or ref.max() > 0.5  # a near-zero map: far from the source
+    # Decisions flipped on 2 % of the pixels of a map with text, each across 0.5 by 0.09 (beyond a near tie):
+    # cosine and every value's bound hold (at fp16), the thresholded text does not.
+    ref = _sigmoid_map(rng, text=True)
+    chosen = rng.choice(np.flatnonzero(ref > 0.9), int(0.02 * ref.size), replace=False)
+    ref.flat[chosen] = 0.5 + rng.choice([-0.045, 0.045], chosen.size)
+    flipped = ref.copy()
+    flipped.flat[chosen] = 1 - ref.flat[chosen]
+    tensor = judge_tensor("m", ref, flipped, bounds)
+    diff = judge_output("m", ref, flipped, bounds)
+    assert not diff.passed and "decisions" in diff.failed
+    assert diff.probabilities["agreement"] < 0.99
+    line = verdict([diff], bounds)
+    assert "sigmoid probabilities: " in line and "decisions " in line and "\n" not in line
+    if fmt is FP16:
+        assert tensor.passed  # as a tensor it passed: the decisions are what refuse it
+    # Flips by a hair where the source is itself a near tie at 0.5 are excused.
+    tie = ref.copy()
+    tie.flat[chosen] = 0.5 + np.where(ref.flat[chosen] > 0.5, 1e-5, -1e-5)
+    near = tie.copy()
+    near.flat[chosen] = 0.5 - (tie.flat[chosen] - 0.5)
+    assert judge_output("m", tie, near, bounds).probabilities["agreement"] == 1.0
+
+
+def test_a_softmax_is_decided_by_argmax_along_its_axis():
+    rng = np.random.default_rng(15)
+    logits = rng.standard_normal((2, 3, 8, 8)) * 4  # a segmentation softmax over axis 1 (classes)
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    kind = structure.probability_kind(probs)
+    assert kind is not None and kind.name == "softmax" and kind.axis == 1
+    assert structure.probability_kind(logits) is None
+    assert structure.probability_kind(_sigmoid_map(rng)).name == "sigmoid"
+    bounds = Bounds.for_format(FP16)
+    assert judge_output("p", probs, probs.astype(np.float16).astype(np.float64), bounds).passed
+    swapped = probs[:, ::-1].copy()  # classes reversed: every argmax moves
+    diff = judge_output("p", probs, swapped, bounds)
+    assert not diff.passed and diff.probabilities["agreement"] < 0.9
+    assert "far from the source" in verdict([diff], bounds)

@@ -9,6 +9,7 @@ user gets are what is recorded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -135,34 +136,122 @@ def _feed(feed, rng):
         return np.ones(feed.shape, feed.dtype)
     if feed.kind == "text":
         return _text_page(feed, rng)
+    if feed.kind == "photo":
+        return _photo(feed, rng)
     return np.full(feed.shape, feed.low, feed.dtype)
 
 
-def _text_page(feed, rng):
-    """A page of rendered lines of random words (see :class:`Feed`), one per batch element."""
+_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}  # PIL's mode for an image input's channel count
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_LINE_IMAGE = 96  # lower than this, a text image is one line (a recogniser's crop), not a page
+
+
+def _layout(shape) -> tuple[int, int, int, int, bool]:
+    """(batch, channels, height, width, nhwc) of an image input: NCHW when shape[1] is 1..4, else NHWC."""
+    if len(shape) != 4:
+        raise ValueError(f"an image feed is 4-D, not {shape}")
+    if 1 <= shape[1] <= 4:
+        (batch, channels, height, width), nhwc = shape, False
+    else:
+        (batch, height, width, channels), nhwc = shape, True
+    if channels not in _MODES:
+        raise ValueError(f"an image feed has 1..4 channels, not {shape}")
+    return batch, channels, height, width, nhwc
+
+
+def _pixels(images: list, feed, nhwc: bool):
+    """PIL images (one per batch element) as the feed's tensor: 0..255 mapped linearly onto [low, high]."""
     import numpy as np
+
+    # float32 arithmetic, as the text pages were always made (their values are recorded in tests/corpus)
+    stack = np.stack([np.asarray(image, np.float32).reshape(image.height, image.width, -1) for image in images])
+    values = (stack if nhwc else stack.transpose(0, 3, 1, 2)) / 255 * (feed.high - feed.low) + feed.low
+    if np.issubdtype(np.dtype(feed.dtype), np.integer):
+        values = np.rint(values)
+    return values.astype(feed.dtype)
+
+
+def _text_page(feed, rng):
+    """Rendered text (see :class:`Feed`): a page of lines of random words, or one line, per batch element."""
     from PIL import Image, ImageDraw, ImageFont
 
-    batch, _, height, width = feed.shape
-    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    batch, channels, height, width, nhwc = _layout(feed.shape)
     pages = []
     for _ in range(batch):
         paper, ink = rng.integers(170, 256, 3), rng.integers(0, 90, 3)
         page = Image.new("RGB", (width, height), tuple(int(v) for v in paper))
         draw = ImageDraw.Draw(page)
-        y = int(rng.integers(2, 12))
-        while y < height - 16:
-            size = int(rng.integers(14, 32))
-            words = [
-                "".join(rng.choice(list(letters), int(rng.integers(2, 9)))) for _ in range(int(rng.integers(1, 5)))
-            ]
-            font = ImageFont.load_default(size=size)
-            draw.text(
-                (int(rng.integers(0, width // 4)), y), " ".join(words), fill=tuple(int(v) for v in ink), font=font
-            )
-            y += size + int(rng.integers(6, 24))
-        pages.append(np.asarray(page, np.float32).transpose(2, 0, 1))
-    return (np.stack(pages) / 255 * (feed.high - feed.low) + feed.low).astype(feed.dtype)
+        fill = tuple(int(v) for v in ink)
+        if height < _LINE_IMAGE:
+            _text_line(draw, rng, width, height, fill)
+        else:
+            y = int(rng.integers(2, 12))
+            while y < height - 16:
+                size = int(rng.integers(14, 32))
+                font = ImageFont.load_default(size=size)
+                text = _words(rng)  # before the place: the pages' draws, and so the recorded pages, as they were
+                draw.text((int(rng.integers(0, width // 4)), y), text, fill=fill, font=font)
+                y += size + int(rng.integers(6, 24))
+        pages.append(page.convert(_MODES[channels]))
+    return _pixels(pages, feed, nhwc)
+
+
+def _words(rng) -> str:
+    return " ".join(
+        "".join(rng.choice(list(_LETTERS), int(rng.integers(2, 9)))) for _ in range(int(rng.integers(1, 5)))
+    )
+
+
+def _text_line(draw, rng, width: int, height: int, fill) -> None:
+    """One line of text as a recogniser is fed it: glyphs 50..80 % of the height, cut to fit the width."""
+    from PIL import ImageFont
+
+    size = int(rng.integers(height // 2, height * 4 // 5 + 1))
+    font = ImageFont.load_default(size=size)
+    x = int(rng.integers(0, max(1, width // 10)))
+    y = (height - size) // 2 + int(rng.integers(-(height - size) // 4, (height - size) // 4 + 1))
+    text = _words(rng)
+    while len(text) > 1 and draw.textlength(text, font=font) > width - x:
+        text = text[:-1].rstrip()
+    draw.text((x, y), text, fill=fill, font=font)
+
+
+@functools.cache
+def _photos() -> tuple:
+    """The real photos of the "photo" feeds (realmodels.PHOTOS), as RGB images, fetched once."""
+    from PIL import Image
+
+    from tests.support.realmodels import PHOTOS, real_model
+
+    photos = []
+    for name in PHOTOS:
+        with Image.open(real_model(name)) as image:
+            photos.append(image.convert("RGB"))
+    return tuple(photos)
+
+
+def _photo(feed, rng):
+    """A seeded crop of a real photo per batch element (see :class:`Feed`): a random photo, a crop of the
+    input's aspect ratio 40..100 % as wide as the largest that fits, at a random place, mirrored half the
+    time, resized to the input's height and width."""
+    from PIL import Image
+
+    batch, channels, height, width, nhwc = _layout(feed.shape)
+    photos = _photos()
+    crops = []
+    for _ in range(batch):
+        photo = photos[int(rng.integers(len(photos)))]
+        widest = min(photo.width, photo.height * width / height)
+        scale = rng.uniform(0.4, 1.0)
+        crop_w = min(photo.width, max(1, round(widest * scale)))
+        crop_h = min(photo.height, max(1, round(widest * scale * height / width)))
+        left = int(rng.integers(0, photo.width - crop_w + 1))
+        top = int(rng.integers(0, photo.height - crop_h + 1))
+        crop = photo.crop((left, top, left + crop_w, top + crop_h))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        crops.append(crop.resize((width, height), Image.Resampling.BILINEAR).convert(_MODES[channels]))
+    return _pixels(crops, feed, nhwc)
 
 
 def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:

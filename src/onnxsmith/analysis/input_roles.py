@@ -29,7 +29,8 @@ SAMPLE_RATE = 16000
 #: ``waveforms_lens`` measures ``waveforms``; ``speech_lengths`` measures ``speech``; ``x_len`` measures ``x``.
 _LENGTH_NAME = re.compile(r"(?P<stem>.*?)[_.]?(lens|lengths?|len)", re.IGNORECASE)
 _WAVEFORM_NAME = re.compile(r"wave|audio|speech|signal|pcm|samples|input_values", re.IGNORECASE)
-_STATE_NAME = re.compile(r"(.*[_.])?(states?|caches?)([_.].*)?|h0|c0|h|c|hn|cn", re.IGNORECASE)
+#: ``state``, ``enc_cache``, ``in_cache0`` (one of a stream's numbered states), ``h0``...
+_STATE_NAME = re.compile(r"(.*[_.])?(states?|caches?)\d*([_.].*)?|h0|c0|h|c|hn|cn", re.IGNORECASE)
 _KV_NAME = re.compile(r"past|present|key_?values?|kv", re.IGNORECASE)
 _TIMESTEP_NAME = re.compile(r"t|timesteps?|time_?steps?|sigmas?|noise_?level|ts", re.IGNORECASE)
 _TOKEN_NAME = re.compile(r".*(input_ids|token|_ids)$|ids", re.IGNORECASE)
@@ -41,6 +42,17 @@ _COMPARISONS = frozenset({"Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
 #: How far the graph-use rules look: a few ops from the input, a bounded walk up the other operand.
 _HOPS = 4
 _UPSTREAM = 64
+#: An attention mask becomes a bias of large negatives on the way to a Softmax (BERT's ``(1 - m) * -10000``,
+#: ``finfo.min``, ``masked_fill(m == 0, -inf)``, an SDPA bool mask's ``Where(m, 0, -inf)``): a constant at least
+#: this large on its path; the ops it goes through on the way (elementwise, shape, comparisons; a Gather of its
+#: values, as transformers' mask functions index the padding mask), for a few more hops.
+_MASK_FILL = 1e4
+_MASK_PATH = _PASS_THROUGH | _COMPARISONS | {"Sub", "Mul", "Add", "Div", "Neg", "Not", "Equal", "Where", "And", "Or"}
+_MASK_PATH |= {"Min", "Max", "Clip", "Slice", "Tile", "Concat", "Flatten", "Gather", "GatherND", "GatherElements"}
+_MASK_HOPS = 16
+#: Exporters that say what their images are fed: (metadata key, value) -> (layout, range). Ultralytics'
+#: preprocessing (outside the graph) feeds RGB divided by 255, NCHW.
+_STATED_IMAGES = {("author", "Ultralytics"): ("NCHW", "0..1")}
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,10 @@ class InputRole:
     """What one input is taken to be, and the parameters its plausible values need.
 
     ``measures``: the input a length or mask counts along (its ``axis``); ``value_range``: an image's
-    ``"0..255"``, ``"0..1"`` or ``"normalized"``; ``vocab``: how many token ids a table holds; ``axis``:
-    a kv cache's past axis; ``value``: a fixed scalar (a sample rate); ``why``: the rule that decided.
+    ``"0..255"``, ``"0..1"`` or ``"normalized"``; ``range_guessed``: that range is a guess (nothing in the graph,
+    its metadata or the user said it: a calibration must not fix scales from it); ``vocab``: how many token ids
+    a table holds; ``axis``: a kv cache's past axis; ``value``: a fixed scalar (a sample rate); ``why``: the rule
+    that decided.
     """
 
     name: str
@@ -62,6 +76,7 @@ class InputRole:
     axis: int | None = None
     vocab: int | None = None
     value: float | None = None
+    range_guessed: bool = False
 
     def describe(self) -> str:
         """One line for a report: ``'waveforms_lens': length of 'waveforms' (axis 1), full length (...)``."""
@@ -91,8 +106,15 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
     lengths = {v.name: role for v in inputs if (role := _length(v, inputs)) is not None}
     measured = {role.measures for role in lengths.values()}
     roles = {}
+    stated = _stated_images(model)
     for value in inputs:
-        roles[value.name] = lengths.get(value.name) or _role(value, inputs, measured)
+        role = roles[value.name] = lengths.get(value.name) or _role(value, inputs, measured)
+        if stated is not None and role.kind == IMAGE and role.range_guessed:
+            layout, value_range, why = stated
+            channels = role.channels if layout == role.layout else _channels(value.shape, layout)
+            roles[value.name] = replace(
+                role, layout=layout, channels=channels, value_range=value_range, range_guessed=False, why=why
+            )
     floats = [v.name for v in inputs if v.dtype is not None and v.dtype.is_floating_point()]
     if floats and all(roles[name].kind == STATE for name in floats):
         # A state is zeros beside the data a stream feeds; with no such data beside it, a tensor named like a
@@ -100,6 +122,12 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
         for name in floats:
             roles[name] = InputRole(name, GENERIC, "named like a state, but no other input carries data")
     return roles
+
+
+def guessed_ranges(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """The image inputs whose value range is still a guess (not read from the graph, its metadata or ``given``,
+    the user's corrections: :func:`parse_role_options`): made-up inputs there may be 255 times off."""
+    return [r.name for r in with_given(input_roles(model), given).values() if r.kind == IMAGE and r.range_guessed]
 
 
 def describe_inputs(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> list[str]:
@@ -156,6 +184,10 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
             if changes["layout"] != role.layout:
                 changes["channels"] = None  # the other axis: what it holds is the input's shape's to say
             changes["value_range"] = fields.get("value_range") or role.value_range or "normalized"
+            # the user's range is known; without one, what the graph read stays known, a new image's is a guess
+            changes["range_guessed"] = "value_range" not in fields and (role.kind != IMAGE or role.range_guessed)
+        else:
+            changes["range_guessed"] = False
         corrected[name] = replace(role, **changes)
     return corrected
 
@@ -209,6 +241,10 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
     rows = _table_rows(value) if kind in "iu" else None
     if rows is not None:
         return InputRole(name, TOKEN_IDS, f"indexes a table of {rows} rows", vocab=rows)
+    # a mask by its use: the graph turns it into large negatives added to attention scores (ALBERT's
+    # `onnx::Unsqueeze_1`). After the tables: ids whose 0 also masks padding (rxnmap's `roles`) are ids.
+    if kind in "iubf" and _masks_attention(value):
+        return InputRole(name, MASK, "masks attention scores", measures=_sequence_partner(value, inputs))
     if kind in "iu" and _TOKEN_NAME.fullmatch(lowered):
         return InputRole(name, TOKEN_IDS, "by its name")
     # a diffusion UNet's `timestep` / a k-diffusion model's `sigma`: one number per batch item
@@ -386,16 +422,46 @@ def _only_sequence(value: ir.Value, inputs: list[ir.Value]) -> ir.Value | None:
 
 
 def _sequence_partner(value: ir.Value, inputs: list[ir.Value]) -> str | None:
-    """What a mask counts positions of: the token ids (``input_ids``) or the input it has the shape of."""
+    """What a mask counts positions of: the token ids (``input_ids``) or the input it has the shape of (of
+    several, the one indexing the largest table: the token ids, not their token types)."""
     for v in inputs:
         if v is not value and v.name.lower().endswith("input_ids"):
             return v.name
     if value.shape is None:
         return None
-    for v in inputs:
-        if v is not value and v.shape is not None and len(v.shape) == len(value.shape) and v.shape == value.shape:
-            return v.name
-    return None
+    same = [v for v in inputs if v is not value and v.shape is not None and list(v.shape) == list(value.shape)]
+    if not same:
+        return None
+    return max(same, key=lambda v: (_table_rows(v) or 0) if _kind(v) in "iu" else 0).name
+
+
+def _masks_attention(value: ir.Value) -> bool:
+    """Whether ``value`` becomes a bias of large negatives (a constant of at least :data:`_MASK_FILL` on its
+    way) that reaches a Softmax through elementwise and shape ops only: what an attention mask becomes in
+    both torch exporters' graphs. Token ids (a Gather first) and images (a Conv) never get there."""
+    frontier, seen = [(value, False)], {value}
+    for _ in range(_MASK_HOPS):
+        following = []
+        for v, filled in frontier:
+            for user, index in v.uses():
+                if user.op_type == "Softmax" and filled:
+                    return True
+                if user.op_type not in _MASK_PATH or user.domain not in ("", "ai.onnx"):
+                    continue
+                if user.op_type.startswith("Gather") and index != 0:
+                    continue  # indices (token ids) pick rows; only the gathered data is still the mask
+                others = (constant(x) for i, x in enumerate(user.inputs) if i != index and x is not None)
+                large = any(c is not None and c.size and c.dtype.kind == "f" and _large(c) for c in others)
+                for out in user.outputs:
+                    if out not in seen:
+                        seen.add(out)
+                        following.append((out, filled or large))
+        frontier = following
+    return False
+
+
+def _large(array: np.ndarray) -> bool:
+    return bool((np.abs(array.astype(np.float64)) >= _MASK_FILL).any())  # -inf and finfo.min too
 
 
 def _image(value: ir.Value) -> InputRole | None:
@@ -418,16 +484,36 @@ def _image(value: ir.Value) -> InputRole | None:
         return None
     if kind == "u":
         return InputRole(value.name, IMAGE, "uint8 pixels", layout=layout, channels=channels, value_range="0..255")
-    value_range, why = _value_range(value)
-    return InputRole(value.name, IMAGE, why, layout=layout, channels=channels, value_range=value_range)
+    read = _value_range(value)
+    if read is None:  # nothing in the graph says: the most common convention, a guess
+        why = "read as it comes: normalized outside the model"
+        return InputRole(
+            value.name, IMAGE, why, layout=layout, channels=channels, value_range="normalized", range_guessed=True
+        )
+    return InputRole(value.name, IMAGE, read[1], layout=layout, channels=channels, value_range=read[0])
 
 
-def _value_range(value: ir.Value) -> tuple[str, str]:
+def _channels(shape: ir.Shape | None, layout: str) -> int | None:
+    """The channels of an image of ``shape`` in ``layout``, where the shape fixes them."""
+    dim = None if shape is None or len(shape) != 4 else shape[1 if layout == "NCHW" else 3]
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def _stated_images(model: ir.Model) -> tuple[str, str, str] | None:
+    """(layout, range, why) of the images of a model whose exporter says what they are fed (its metadata)."""
+    props = model.metadata_props
+    for (key, word), (layout, value_range) in _STATED_IMAGES.items():
+        if props.get(key) == word:
+            return layout, value_range, f"the model's metadata: {key} {word!r} feeds {layout} {value_range}"
+    return None
+
+
+def _value_range(value: ir.Value) -> tuple[str, str] | None:
     """An image's value range from the first arithmetic the graph does on it.
 
     A Div by ~255 or a Mul by ~1/255 scales raw 0..255 pixels; a Sub of a mean subtracts it from pixels in
     the mean's range (ImageNet's 0.485 from 0..1, 123.7 from 0..255); a Mul by 2 before a Sub of 1 maps
-    0..1 to -1..1. Read first by a Conv (or anything else): the model takes its input normalized already.
+    0..1 to -1..1. Read first by a Conv (or anything else): None, nothing says (it takes it as it comes).
     """
     current = value
     for _ in range(_HOPS + 2):
@@ -458,4 +544,4 @@ def _value_range(value: ir.Value) -> tuple[str, str]:
                 return "0..255", "the graph subtracts a mean in 0..255"
             return "0..1", "the graph subtracts a mean in 0..1"
         break
-    return "normalized", "read as it comes: normalized outside the model"
+    return None

@@ -70,6 +70,12 @@ class TransformContext:
     #: Whether made-up ``feeds`` look like the real thing (every float input an image, a waveform or a state
     #: beside one: :func:`onnxsmith.analysis.input_roles.plausible`): ranges a calibration may fix scales from.
     plausible_inputs: bool = False
+    #: Image inputs whose value range (0..255, 0..1, normalized) is a guess, not read from the graph, its metadata
+    #: or the user: made-up inputs in a guessed range give activation scales real data may overflow 100-fold.
+    guessed_ranges: tuple[str, ...] = ()
+    #: Input sets to measure static activation ranges on (int8's Convs), a superset of ``feeds`` where onnxsmith
+    #: makes them up: a scale from two photo crops clips a third's (None: ``feeds``).
+    range_feeds: list[dict[str, np.ndarray]] | None = None
 
     @contextlib.contextmanager
     def model_file(self, model: ir.Model) -> Iterator[Path]:

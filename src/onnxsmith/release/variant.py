@@ -172,7 +172,8 @@ class Verification:
     refused an earlier variant (``build``: the task's gates on the calibration feeds), handed to the
     steps that repair (``TransformContext.judge``) from the first make on. ``real_inputs``: the feeds are
     real data, not random from the input spec (``TransformContext.real_inputs``); ``plausible_inputs``: made up,
-    but for what each input is (``TransformContext.plausible_inputs``).
+    but for what each input is (``TransformContext.plausible_inputs``); ``guessed_ranges`` and ``range_feeds``:
+    see :class:`TransformContext`.
     """
 
     feeds: list[dict[str, np.ndarray]]
@@ -181,6 +182,8 @@ class Verification:
     judge: Judge | None = None
     real_inputs: bool = False
     plausible_inputs: bool = False
+    guessed_ranges: tuple[str, ...] = ()
+    range_feeds: list[dict[str, np.ndarray]] | None = None
     #: What each input was taken to be (analysis/input_roles.py), where onnxsmith made or converted the inputs.
     inputs: tuple[str, ...] = ()
 
@@ -198,6 +201,8 @@ class Verification:
             judge=judge or self.judge,
             real_inputs=self.real_inputs,
             plausible_inputs=self.plausible_inputs,
+            guessed_ranges=self.guessed_ranges,
+            range_feeds=self.range_feeds,
         )
 
 

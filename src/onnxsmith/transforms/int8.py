@@ -158,8 +158,8 @@ class Options:
     convs: bool | None = option(
         None,
         "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' ranges "
-        "(default: when those are real inputs, --inputs or a recipe's task data; random ones give scales that "
-        "real data overflows)",
+        "(default: when those are real inputs, --inputs or a recipe's task data, or made-up ones like the real "
+        "thing whose value ranges the model or --input-role states; random ones give scales real data overflows)",
     )
     speed: bool = option(
         True,
@@ -326,10 +326,10 @@ class Int8(Transform):
 
     def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
-        # Convs' activation scales are fixed from the calibration inputs' ranges: only real inputs give real ranges.
-        # Made-up ones, even shaped like the real thing (photo crops, speech), calibrated int8 Convs that real data
-        # then refused (ppocr_rec, ddddocr_det: docs/conformance.md), so they do not decide it.
-        with_convs = options.convs if options.convs is not None else context.real_inputs
+        # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs', or made-up ones shaped
+        # like the real thing (photo crops, speech) in a value range read from the model or given by the user. In a
+        # guessed range (an image "normalized" that is really 0..255) every scale would be off 100-fold.
+        with_convs = options.convs if options.convs is not None else _ranges_real(context)
         # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
         # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
         smallest = 1 if with_convs else MIN_SIDE * MIN_SIDE
@@ -449,8 +449,8 @@ class Int8(Transform):
                 f"for onnxruntime's CPU kernels: {hard_swishes} written-out hard swishes -> x * HardSigmoid(x) (two "
                 "passes over the activation instead of four; rules/hardswish.py)"
             )
-        samples = sum(_batch(feeds) for feeds in context.feeds)
-        if chosen_convs and samples < MIN_CONV_SAMPLES:
+        samples = sum(_batch(feeds) for feeds in context.range_feeds or context.feeds)
+        if chosen_convs and context.real_inputs and samples < MIN_CONV_SAMPLES:
             report.notes.append(
                 f"the {len(chosen_convs)} int8 Convs' activation ranges come from {samples} calibration sample(s): "
                 f"inputs beyond them are clipped; give at least {MIN_CONV_SAMPLES} real ones (--inputs, a recipe's "
@@ -458,9 +458,9 @@ class Int8(Transform):
             )
         if chosen_convs and not context.real_inputs:
             report.notes.append(
-                f"the {len(chosen_convs)} int8 Convs (--convs) have activation scales from made-up inputs "
-                f"({'; '.join(describe_inputs(model))}), and the variant was judged on other made-up ones; real data "
-                "(--inputs) gives the real ranges"
+                f"the {len(chosen_convs)} int8 Convs have activation scales from the ranges of {samples} made-up "
+                f"input sets ({'; '.join(describe_inputs(model))}), and the variant was judged on other made-up ones; "
+                "real data (--inputs) gives the real ranges"
             )
         if found_convs and not with_convs:
             report.notes[0] += f"; {len(found_convs)} Convs fp32: they {_why_convs_fp32(options, context)}"
@@ -702,13 +702,26 @@ def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget,
     return dropped, measured
 
 
+def _ranges_real(context: TransformContext) -> bool:
+    """Whether the calibration inputs' ranges are real data's: real inputs, or plausible made-up ones whose
+    every image is in a value range known from the model or the user."""
+    return context.real_inputs or (context.plausible_inputs and not context.guessed_ranges)
+
+
 def _why_convs_fp32(options: Options, context: TransformContext) -> str:
     if options.convs is False:
         return "stay fp32 by --no-convs"
-    made_up = "made-up inputs (even photo crops and speech)" if context.plausible_inputs else "random inputs"
+    if context.plausible_inputs and context.guessed_ranges:
+        names = ", ".join(f"'{name}'" for name in context.guessed_ranges)
+        example = context.guessed_ranges[0]
+        return (
+            f"take activation scales from the calibration inputs' ranges, and the value range of {names} is a guess "
+            f"(the model does not say it): give it with --input-role {example}=0..255 (or 0..1, normalized), or "
+            "real inputs (--inputs)"
+        )
     return (
         "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
-        f"{made_up}' ranges are not real data's (--convs forces it)"
+        "random inputs' ranges are not real data's (--convs forces it)"
     )
 
 
@@ -719,7 +732,8 @@ def _measure_convs(path, context, convs: list[Conv], opset: int, linear_flops: i
     if not convs:
         return decisions
     context.progress(f"int8: measuring the activation ranges of {len(convs)} Convs")
-    ranges = measure_ranges(path, context.feeds, {v.name for conv in convs for v in (conv.input, conv.output)})
+    feeds = context.range_feeds or context.feeds
+    ranges = measure_ranges(path, feeds, {v.name for conv in convs for v in (conv.input, conv.output)})
     for conv in convs:
         d = decisions[conv.name]
         x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)

@@ -45,7 +45,13 @@ channel). Near-tied scores reorder a ranked list under any rounding; matched row
 A top-k's values as sorted lists and its indices as sets within near ties (:func:`judge_ranked`); a
 CTC output's text by its character error rate (:func:`_judge_sequences`); a decoder's KV cache by the
 next step's logits (:mod:`onnxsmith.verify.cache`, run by :func:`onnxsmith.verify.compare.compare_models`).
-Probabilities need no rule: their channel (the row's RMS) already makes the bound on a tiny one absolute.
+Probabilities (a Softmax's distributions, a Sigmoid's map: told by the source's values,
+:func:`onnxsmith.verify.structure.probability_kind`) are judged for what they mean as well: a
+probability's scale is 1, so no value's channel is taken below the probability bound
+(``PROBABILITY_UNITS``·u: fp16 0.00098, int8 0.0078); their decisions (each value's side of 0.5, a
+softmax's argmax) must agree in ``min_agreement`` of them (a source within the bound of the threshold is a
+near tie, excused); and where only the direction or magnitude failed, an RMS |Δp| within the bound accepts
+them: on a text detector's map of 1e-7 everywhere (ppocr_det on a photo) cosine measures noise.
 
 Each bound can be set instead (``--min-cosine``; ``--rtol``; ``--atol``: an absolute |Δ| in
 place of rtol·m; the magnitude follows the cosine bound; ``--min-agreement``). A refusal is one
@@ -79,6 +85,9 @@ CHANNEL_VALUES = 16
 #: At a format coarser than fp32, this share of an integer output's values (or of the rows of a
 #: detection list) may differ: a near tie flips under rounding. At fp32 they must be equal.
 AGREEMENT_MISS = 0.01
+#: A probability output's RMS |Δp| may be this many unit roundoffs (fp16: 2^-10 ≈ 0.00098, int8 0.0078, fp32
+#: 1.5e-5): where it is, and its decisions agree, a low cosine alone does not refuse it (see the module doc).
+PROBABILITY_UNITS = 2
 #: Two detections are the same when their IoU is at least 1 - IOU_UNITS·ε, within [MIN_IOU, MAX_IOU].
 IOU_UNITS = 3
 MIN_IOU = 0.5
@@ -124,6 +133,7 @@ class Bounds:
     smallest_magnitude: float = 0.0  # the format's smallest normal number: no channel is judged as smaller
     min_agreement: float = 1.0  # integer outputs: share of equal values; detection lists: share of matched rows
     min_iou: float = MAX_IOU  # two detections are the same when their IoU is at least this
+    probability_rms: float = 0.0  # a probability output's RMS |Δp| at which a low cosine alone does not refuse
 
     @classmethod
     def for_format(cls, fmt: NumberFormat = FP32, options: GateOptions | None = None) -> Bounds:
@@ -143,6 +153,7 @@ class Bounds:
             explicit=tuple(sorted(given)),
             smallest_magnitude=fmt.smallest_normal,
             min_iou=min(MAX_IOU, max(MIN_IOU, 1 - IOU_UNITS * eps)),
+            probability_rms=PROBABILITY_UNITS * unit,
         )
 
     @property
@@ -160,7 +171,8 @@ class Bounds:
         labels = "equal" if self.min_agreement >= 1 else f"{self.min_agreement:.3g} agree"
         return (
             f"{origin}{self.format}: cosine >= {format_cosine(self.min_cosine)}, "
-            f"RMS within ±{self.magnitude:.3g}, {values}; labels {labels}, detections IoU >= {self.min_iou:.3g}"
+            f"RMS within ±{self.magnitude:.3g}, {values}; labels {labels}, detections IoU >= {self.min_iou:.3g}, "
+            f"probabilities RMS |Δp| <= {self.probability_rms:.2g}"
         )
 
     def to_json(self) -> dict:
@@ -197,6 +209,8 @@ class OutputDiff:
     #: cache (present.*): the measures above are the next step's logits'; here what judged it and its own cosine
     cache: dict | None = None
     sequences: dict | None = None  # CTC label sequences: how many equal after the collapse, the error rate
+    #: probabilities: softmax or sigmoid, RMS |Δp| and its bound, decisions agreeing, whether a low cosine was waived
+    probabilities: dict | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -228,6 +242,13 @@ class OutputDiff:
             parts.append(
                 f"sequences: {q['equal']} of {q['sequences']} equal after CTC collapse, character error rate "
                 f"{q['error_rate']:.2%} (at most {1 - bounds.min_agreement:.2%})"
+            )
+        if self.probabilities is not None and {"decisions", "cosine", "magnitude"} & set(self.failed):
+            p = self.probabilities
+            parts.append(
+                f"{p['kind']} probabilities: RMS |Δp| {p['rms_delta']:.3g} (a low cosine is excused at most "
+                f"{p['rms_bound']:.3g}), decisions {p['agreement']:.2%} the same "
+                f"(at least {bounds.min_agreement:.2%} required)"
             )
         if self.detections is not None:
             d = self.detections
@@ -281,9 +302,61 @@ def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -
     layout = structure.detection_layout(name, ref)
     if layout is not None:
         return judge_detections(layout, {name: ref}, {name: test}, bounds)[0]
-    diff = judge_tensor(name, ref, test, bounds)
+    kind = structure.probability_kind(ref)
+    channel = None
+    if kind is not None:  # a probability's scale is 1: none is judged against a channel below the bound on |Δp|
+        floor = max(bounds.smallest_magnitude, bounds.probability_rms)
+        channel = np.maximum(channel_magnitude(ref.astype(np.float64), np.ones(ref.shape, bool)), floor)
+    diff = judge_tensor(name, ref, test, bounds, channel=channel)
+    if kind is not None and np.all(np.isfinite(test)):
+        diff = _judge_probabilities(diff, kind, ref, test, bounds)
     if frames is not None and np.all(np.isfinite(test)):  # probabilities of a CTC recogniser: their text too
         diff = _judge_sequences(diff, frames, np.argmax(test, axis=-1), bounds, replace_labels=False)
+    return diff
+
+
+def _judge_probabilities(
+    diff: OutputDiff, kind: structure.ProbabilityKind, ref: np.ndarray, test: np.ndarray, bounds: Bounds
+) -> OutputDiff:
+    """A probability output (:func:`onnxsmith.verify.structure.probability_kind`), judged as a tensor in
+    ``diff``, judged for what it means too: its decisions (each value's side of 0.5, a softmax's argmax) must
+    agree in ``bounds.min_agreement`` of them, near ties excused; and where only its direction or magnitude
+    failed, an RMS |Δp| within ``bounds.probability_rms`` accepts it. A probability's scale is 1, not the
+    map's RMS: on a map of 1e-7 everywhere (a text detector on a photo) cosine measures noise."""
+    a = ref.astype(np.float64)
+    b = test.astype(np.float64)
+    rms_delta = math.sqrt(float(np.mean((a - b) ** 2)))
+    # A near tie: the source within the probability bound of the threshold (a softmax: its top two within
+    # twice it of each other); not the tensor's ε·(|p| + channel), which at int8 ties everything in 0.25..0.75.
+    margin = bounds.probability_rms
+    ref_d, test_d = kind.decisions(a), kind.decisions(b)
+    if kind.axis is None:
+        tied = np.abs(a - 0.5) <= margin
+    else:
+        top2 = np.sort(a, axis=kind.axis)[(slice(None),) * kind.axis + (slice(-2, None),)]
+        tied = np.diff(top2, axis=kind.axis).squeeze(kind.axis) <= 2 * margin
+    moved = int(np.count_nonzero((ref_d != test_d) & ~tied))
+    agreement = 1 - moved / max(ref_d.size, 1)
+    directional = bool(diff.failed) and set(diff.failed) <= {"cosine", "magnitude"}
+    waived = directional and rms_delta <= bounds.probability_rms and agreement >= bounds.min_agreement
+    diff.probabilities = {
+        "kind": kind.name,
+        "rms_delta": rms_delta,
+        "rms_bound": bounds.probability_rms,
+        "decisions": int(ref_d.size),
+        "agreement": agreement,
+        "waived": waived,
+    }
+    if waived:
+        diff.failed, diff.needed = [], {}
+    if agreement < bounds.min_agreement:
+        diff.failed.append("decisions")
+        needed = _agreement_needed(agreement)
+        diff.needed = {**diff.needed, **needed} if needed and (diff.needed or diff.failed == ["decisions"]) else {}
+    allowed = 1 - bounds.min_agreement
+    miss = 1 - agreement
+    diff.worst = max(diff.worst, miss / allowed if allowed > 0 else (1 + miss if moved else 0.0))
+    diff.passed = not diff.failed
     return diff
 
 
@@ -623,12 +696,15 @@ def verdict(outputs: list[OutputDiff], bounds: Bounds) -> str:
 
 def _severity(o: OutputDiff, bounds: Bounds) -> float:
     """How far an output is outside its bounds: the largest ratio of measured to allowed error."""
-    score = o.worst
+    direction = 0.0
     if o.cosine is not None and bounds.min_cosine < 1:
-        score = max(score, math.sqrt(max(0.0, 1 - o.cosine) / (1 - bounds.min_cosine)))
+        direction = max(direction, math.sqrt(max(0.0, 1 - o.cosine) / (1 - bounds.min_cosine)))
     if o.magnitude is not None and bounds.magnitude > 0:
-        score = max(score, abs(o.magnitude - 1) / bounds.magnitude)
-    return score
+        direction = max(direction, abs(o.magnitude - 1) / bounds.magnitude)
+    p = o.probabilities
+    if p is not None and p["rms_bound"] > 0:  # a probability passes on either (its decisions are in o.worst)
+        direction = min(direction, p["rms_delta"] / p["rms_bound"])
+    return max(o.worst, direction)
 
 
 def _plain(value: float) -> str:

@@ -10,10 +10,13 @@ matching rows (:func:`match_detections`); the gate (:mod:`onnxsmith.verify.gate`
 matched rows' values as it judges a tensor.
 
 Detection is conservative: an output is a detection list only when its values say so (a score
-column in [0, 1] sorted descending along the rows, or named like one; exactly the integer-valued
-columns a class, and a batch index, need; four box columns), else it stays a tensor and keeps the
-positional judgement. Names are hints only (a model's text is untrusted): they never make an
-output whose values do not fit a detection list one.
+column in [0, 1] sorted descending along the rows of every list, on the source; exactly the
+integer-valued columns a class, and a batch index, need; four box columns), else it stays a tensor
+and keeps the positional judgement. A raw detector grid (``[1, 3549, 6]``: one row per anchor,
+unsorted, unfiltered) is a tensor whatever its name: its rows are positions, and matching them by
+IoU would pair a variant's anchor with any overlapping neighbour. Names are hints only (a model's
+text is untrusted): they tell separate boxes/scores/labels outputs apart, and never make an output
+whose values do not fit a ranked detection list one.
 """
 
 from __future__ import annotations
@@ -29,8 +32,7 @@ CONFIDENT_SHARE = 0.25
 MAX_ROWS = 100
 #: A detection output's last axis: 4 box coordinates, a score, a class (and a batch index).
 ROW_WIDTHS = (6, 7)
-#: Name hints (case-insensitive): a detection list, and the separate outputs of one.
-_LIST_NAME = re.compile(r"det|box|output0|nms", re.IGNORECASE)
+#: Name hints (case-insensitive): the separate outputs of a detection list (beside ranked scores, never alone).
 _BOXES_NAME = re.compile(r"box", re.IGNORECASE)
 _SCORES_NAME = re.compile(r"score|conf", re.IGNORECASE)
 _LABELS_NAME = re.compile(r"label|class|cls", re.IGNORECASE)
@@ -102,11 +104,12 @@ def detection_layout(name: str, ref: np.ndarray) -> DetectionLayout | None:
         return None
     columns = [rows[..., c] for c in range(rows.shape[-1])]
     integers = [c for c, col in enumerate(columns) if integer_valued(col) and col.min() >= 0]
-    hinted = bool(_LIST_NAME.search(name))
+    # Ranked, never merely named: a raw grid (one row per anchor, unsorted, unfiltered) matched by IoU
+    # would let a variant's rows pair with any near neighbour (an int8 detector at cosine 0.963 passed).
     scores = [
         c
         for c, col in enumerate(columns)
-        if c not in integers and col.min() >= 0 and col.max() <= 1 and col.max() > 0 and (hinted or _descending(col))
+        if c not in integers and col.min() >= 0 and col.max() <= 1 and col.max() > 0 and _descending(col)
     ]
     width = rows.shape[-1]
     for score in scores:
@@ -160,6 +163,7 @@ def separate_detections(reference: dict[str, np.ndarray]) -> list[DetectionLayou
             and np.all(np.isfinite(v))
             and v.min() >= 0
             and 0 < v.max() <= 1
+            and _descending(v.reshape(-1, v.shape[-1]))  # ranked, as one output's score column must be
         ]
         labels = [
             n
@@ -410,6 +414,33 @@ def probabilities(ref: np.ndarray) -> bool:
         return False
     sums = ref.astype(np.float64).sum(axis=-1)
     return bool(ref.min() >= 0 and ref.max() <= 1 and np.all(np.abs(sums - 1) <= 1e-3))
+
+
+@dataclass(frozen=True)
+class ProbabilityKind:
+    """What a probability output is: a softmax's distributions along ``axis`` (decided by argmax), or a
+    sigmoid's independent probabilities (``axis`` None, each decided on its side of 0.5)."""
+
+    axis: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "sigmoid" if self.axis is None else "softmax"
+
+    def decisions(self, values: np.ndarray) -> np.ndarray:
+        return values > 0.5 if self.axis is None else np.argmax(values, axis=self.axis)
+
+
+def probability_kind(ref: np.ndarray) -> ProbabilityKind | None:
+    """Whether ``ref`` (input sets stacked on axis 0) holds probabilities, told as the CTC rule tells them,
+    by the source's values (a model's names are untrusted): distributions along an axis (a Softmax; the last
+    axis first) or, failing that, every value finite and in [0, 1] (a Sigmoid's map, a mask's)."""
+    if ref.dtype.kind != "f" or not ref.size or not np.all(np.isfinite(ref)) or ref.min() < 0 or ref.max() > 1:
+        return None
+    for axis in range(ref.ndim - 1, 0, -1):
+        if ref.shape[axis] >= 2 and probabilities(np.moveaxis(ref, axis, -1)):
+            return ProbabilityKind(axis)
+    return ProbabilityKind()
 
 
 def ctc_collapse(frames: np.ndarray) -> list[list[int]]:
