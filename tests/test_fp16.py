@@ -184,6 +184,17 @@ def test_cli_gate_failure_exits_1_and_writes_nothing(cli, save_proto, tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+def test_cli_gate_failure_still_writes_the_report_asked_for_saying_refused(cli, save_proto, tmp_path):
+    source = save_proto(mlp(hidden=64))
+    report = tmp_path / "r.json"
+    result = cli("fp16", source, tmp_path / "out.onnx", "--atol", "1e-9", "--rtol", "0", "--report", report)
+    assert_one_line_error(result, "verification failed, variant not written", str(report), code=1)
+    assert not (tmp_path / "out.onnx").exists()
+    written = json.loads(report.read_text())
+    assert next(iter(written)) == "refused" and "verification failed" in written["refused"]
+    assert written["files"] == [] and written["verification"]["passed"] is False  # the measurements that refused it
+
+
 def _int_only() -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("Add", ["a", "a"], ["b"])],

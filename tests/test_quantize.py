@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -94,6 +95,33 @@ def test_gpt2_folder_is_laid_out_for_transformers_js(gpt2_q4):
     assert [t.data_type for t in vocab_sized] == [TensorProto.INT8]
     assert json.loads(published.metadata_props[0].value)["steps"][0]["name"] == "quantize"
     assert published.metadata_props[0].key == PROVENANCE_KEY
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+
+
+def test_an_instruct_models_chat_template_is_published_like_its_tokenizer(capsys, tmp_path):
+    """transformers saves an instruct model's chat template as chat_template.jinja beside the tokenizer files:
+    the folder is copied with it (and says so), and a link out of the folder is refused as theirs are."""
+    folder = tmp_path / "instruct"
+    shutil.copytree(gpt2_folder(), folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    out = tmp_path / "out"
+    fast = ["--gate-samples", 1, "--gate-length", 8, "--no-last-token"]
+    result = run_main(capsys, "quantize", folder, out, *fast)
+    assert result.returncode == 0, result.stderr
+    assert (out / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    assert "copied chat_template.jinja" in result.stdout.splitlines()
+    assert "chat_template.jinja" in json.loads((out / "quantize_report.json").read_text())["copied"]
+
+    (folder / "chat_template.jinja").unlink()
+    elsewhere = tmp_path / "elsewhere" / "template.jinja"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(CHAT_TEMPLATE)
+    (folder / "chat_template.jinja").symlink_to(elsewhere)
+    refused = run_main(capsys, "quantize", folder, tmp_path / "out2", *fast)
+    assert_one_line_error(refused, "chat_template.jinja", "symbolic link out of the model folder", "--allow-outside")
+    assert not (tmp_path / "out2").exists()
 
 
 def test_same_source_and_options_give_the_same_bytes(gpt2_q4, tmp_path):
@@ -235,6 +263,21 @@ def test_failed_gate_exits_1_and_leaves_the_output_as_it_was(capsys, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+def test_a_refused_folder_still_writes_the_report_asked_for_saying_it_was_refused(capsys, tmp_path):
+    """--report is what a user decides on when the gate refuses: written (atomically, alone), saying refused."""
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    result = run_main(capsys, "quantize", gpt2_folder(), out, "--max-kl", "1e-9", "--report", report)
+    assert_one_line_error(
+        result, "verification failed, variant not written", f"its measurements are in {report}", code=1
+    )
+    assert not out.exists()
+    written = json.loads(report.read_text())
+    assert next(iter(written)) == "refused" and "mean KL(source || variant)" in written["refused"]
+    [refused] = written["variants"]  # the full-logits twin was never made
+    assert refused["gate"]["passed"] is False and refused["gate"]["mean_kl"] > 1e-9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no staging folder left beside it
+
+
 def test_eval_lm_reports_loss_kl_and_top1(capsys, gpt2_q4, tmp_path):
     source = gpt2_folder() / "onnx" / "model.onnx"
     result = run_main(
@@ -279,6 +322,56 @@ def test_eval_lm_bad_input(capsys, gpt2_q4, tmp_path, save_proto):
     assert_one_line_error(result, "returns logits for the last position only", "model_q4.onnx")
     result = run_main(capsys, "eval-lm", gpt2_folder() / "onnx" / "model.onnx", "--text", tmp_path / "nope.txt")
     assert_one_line_error(result, "nope.txt: no such file")
+
+
+def _gpt2_copy(folder: Path, edit=None) -> Path:
+    """The GPT-2 fixture's model at FOLDER/onnx/model.onnx, ``edit``ed (a ModelProto changed in place)."""
+    model = onnx.load(gpt2_folder() / "onnx" / "model.onnx")
+    if edit is not None:
+        edit(model)
+    (folder / "onnx").mkdir(parents=True)
+    onnx.save(model, folder / "onnx" / "model.onnx")
+    return folder / "onnx" / "model.onnx"
+
+
+def _wrong_value_info(model: onnx.ModelProto) -> None:
+    """A value_info whose shape onnx.checker's inference contradicts (rank 5 for a rank-4 MatMul): onnxruntime
+    warns and merges leniently, the checker refuses the model."""
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
+    model.graph.value_info.append(helper.make_tensor_value_info(matmul.output[0], TensorProto.FLOAT, [7] * 5))
+
+
+def test_eval_lm_labels_same_named_models_by_their_shortest_distinct_path(capsys, tmp_path):
+    """Two model.onnx in different folders get rows told apart by their folders; one onnx.checker refuses but
+    onnxruntime runs (as onnxruntime-genai's builder writes them) is scored: onnxruntime judges what it runs."""
+    fp32 = _gpt2_copy(tmp_path / "fp32")
+    odd = _gpt2_copy(tmp_path / "odd", _wrong_value_info)
+    with pytest.raises(onnx.shape_inference.InferenceError):  # the disagreement
+        onnx.shape_inference.infer_shapes(onnx.load(odd), check_type=True, strict_mode=True)
+    window = ["--text", TEXT, "--tokenizer", gpt2_folder(), "--window", 16, "--max-windows", 2]
+    report = tmp_path / "scores.json"
+    result = run_main(capsys, "eval-lm", fp32, odd, *window, "--report", report)
+    assert result.returncode == 0, result.stderr
+    assert "fp32/onnx/model.onnx" in result.stdout and "odd/onnx/model.onnx" in result.stdout
+    data = json.loads(report.read_text())
+    assert [s["model"] for s in data["scores"]] == ["fp32/onnx/model.onnx", "odd/onnx/model.onnx"]
+    assert data["reference"] == "fp32/onnx/model.onnx"
+    assert data["scores"][1]["kl"] < 1e-9 and data["scores"][1]["top1"] == 1  # the same weights
+    # distinct names stay names
+    assert task.model_labels(["a/q4.onnx", "b/fp32.onnx"]) == ["q4.onnx", "fp32.onnx"]
+    assert task.model_labels(["x/q4/model.onnx", "x/fp32/model.onnx"]) == ["q4/model.onnx", "fp32/model.onnx"]
+
+
+def test_eval_lm_refuses_in_one_line_a_model_onnxruntime_cannot_load(capsys, tmp_path):
+    """Neither onnxruntime nor onnx.checker accepts it: refused before any work, in the checker's words."""
+
+    def unknown_op(model: onnx.ModelProto) -> None:
+        node = next(n for n in model.graph.node if n.op_type == "Tanh")
+        node.op_type = "NoSuchOp"  # in the default domain: no runtime has it
+
+    broken = _gpt2_copy(tmp_path / "broken", unknown_op)
+    result = run_main(capsys, "eval-lm", gpt2_folder() / "onnx" / "model.onnx", broken, "--text", TEXT)
+    assert_one_line_error(result, str(broken), "not a valid ONNX model (onnx.checker:", "NoSuchOp")
 
 
 def test_quantize_is_judged_by_the_lm_gate_with_its_defaults():

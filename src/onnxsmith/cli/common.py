@@ -71,10 +71,13 @@ def made_and_saved(
 ) -> Any:
     """What ``make(progress)`` stages (an api call: a variant, piece or folder), made under a status line and
     saved; a result that fails its gate is not saved but raised as :class:`GateFailed` naming ``output``.
-    ``report`` (``--report``) is committed with it: one that cannot be written leaves no variant."""
+    ``report`` (``--report``) is committed with it: one that cannot be written leaves no variant. Refused,
+    the report is still written, saying so, with the measurements that refused it: what the user decides on."""
     with err.status("") as status, make(status.update) as made:
         if not made.ok:
-            raise GateFailed(made.failure, output)
+            if report is not None:
+                made.write_report(report)
+            raise GateFailed(made.failure + ("" if report is None else f"; its measurements are in {report}"), output)
         made.save(report=report)
     return made
 

@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = session_config(args.session_config)
-    api.check_outputs([args.report], sources=args.models)
+    api.check_outputs([args.report], sources=args.models, run_only=True)
     with err.status("") as status:
         keywords = flag_keywords(args, api.eval_lm, session_config=config, progress=status.update)
         scored = api.eval_lm(args.models, args.text, **keywords)

@@ -48,7 +48,11 @@ def register(subparsers) -> None:
         default=None,
         help="store weights in OUT.data (default: as the source does, and always past 2 GB)",
     )
-    parser.add_argument("--report", metavar="JSON", help="also write what was done and measured as JSON")
+    parser.add_argument(
+        "--report",
+        metavar="JSON",
+        help="also write what was done and measured as JSON (refused by the gate too: it says so)",
+    )
     parser.set_defaults(func=run)
 
 

@@ -41,7 +41,11 @@ def register(subparsers) -> None:
     )
     gate.add_argument("--gate-length", type=positive_int, default=32, help="tokens per sequence (default %(default)s)")
     gate.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling (default %(default)s)")
-    parser.add_argument("--report", metavar="JSON", help="also write the report here (it is always in OUT)")
+    parser.add_argument(
+        "--report",
+        metavar="JSON",
+        help="also write the report here (it is always in OUT); refused by the gate, it is written, saying so",
+    )
     parser.add_argument(
         "--allow-outside",
         action="store_true",

@@ -30,7 +30,11 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     parser.add_argument(
         "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
     )
-    parser.add_argument("--report", metavar="JSON", help="also write what was done and measured as JSON")
+    parser.add_argument(
+        "--report",
+        metavar="JSON",
+        help="also write what was done and measured as JSON (refused by the gate too: it says so)",
+    )
     parser.add_argument(
         "--explain", action="store_true", help="also show each change and why, with before/after breakdowns"
     )

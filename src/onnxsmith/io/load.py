@@ -41,8 +41,12 @@ LEFT_TO_ONNXRUNTIME = "onnxsmith.left_to_onnxruntime"
 _CHECKED_BY_ONNX: set[tuple[int, int, int, int]] = set()
 
 
-def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTES) -> ir.Model:
-    """Load and validate ``path``; raise :class:`InputError` naming the problem."""
+def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTES, checker: bool = True) -> ir.Model:
+    """Load and validate ``path``; raise :class:`InputError` naming the problem.
+
+    ``checker=False``: onnx.checker's full check is skipped (our own checks still run), for a model that
+    onnxruntime has opened although the checker refuses it (``runtime.runner.load_runnable``).
+    """
     path = Path(path)
     if not path.exists():
         raise InputError("no such file", path)
@@ -66,8 +70,8 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
         raise InputError(f"cannot read ({err.strerror})", path) from None
     _check_header(proto, path)
     identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    check_model_proto(proto, path, with_onnx=not (lazy and identity in _CHECKED_BY_ONNX))
-    if lazy:
+    check_model_proto(proto, path, with_onnx=checker and not (lazy and identity in _CHECKED_BY_ONNX))
+    if lazy and checker:
         _CHECKED_BY_ONNX.add(identity)
     # onnx-ir logs what it tolerates (dangling outputs, unknown inputs); the checks above report it properly.
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)

@@ -116,6 +116,22 @@ def open_session(
     return Session(_session(os.fspath(Path(model)), options, providers, label or model))
 
 
+def load_runnable(path: str | os.PathLike) -> ir.Model:
+    """``path`` loaded for a caller that only runs it (``eval-lm``): where onnx.checker refuses a model that
+    onnxruntime opens, onnxruntime decides (onnxruntime-genai's builder writes such models: contrib ops, shapes
+    the checker's inference disputes). One neither accepts is refused with the checker's message, which says more.
+    """
+    try:
+        return load_model(path)
+    except InputError as refused:
+        model = load_model(path, checker=False)  # our own checks come first: their refusal stands as it was
+        try:
+            open_session(path, options=session_options(optimize=False))
+        except InputError:
+            raise refused from None
+        return model
+
+
 #: Graph optimizers a session whose weights are fed as inputs runs without (see :func:`open_session`).
 NOT_WITH_FED_WEIGHTS = ("TransposeOptimizer",)
 

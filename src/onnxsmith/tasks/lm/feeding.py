@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, lm_signature
-from onnxsmith.io.load import load_model
 from onnxsmith.runtime import runner
 
 
@@ -31,7 +30,7 @@ class LMRunner:
 
     def __init__(self, path: str | os.PathLike, *, config: dict[str, str] | None = None, threads: int | None = None):
         self.path = Path(path)
-        self.sig = lm_signature(load_model(self.path), self.path)
+        self.sig = lm_signature(runner.load_runnable(self.path), self.path)  # only run: onnxruntime decides
         self.session = runner.open_session(
             self.path, options=runner.session_options(config=config, threads=threads), label=self.path
         )

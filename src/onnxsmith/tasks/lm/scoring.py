@@ -43,6 +43,9 @@ FOLDER_FILES = (
     "vocab.json",
     "merges.txt",
     "added_tokens.json",
+    # an instruct model's chat template: newer transformers saves it here rather than in tokenizer_config.json,
+    # and a published folder without it cannot format a conversation
+    "chat_template.jinja",
 )
 DEFAULT_WINDOW = 128
 
@@ -228,9 +231,9 @@ def score_models(
                 parts[i].append(Agreement.of(logits[reference], value))
         count += targets.size
     scores = []
-    for i, path in enumerate(paths):
+    for i, label in enumerate(model_labels(paths)):
         loss = nll[i] / count
-        score = LMScore(model=Path(path).name, tokens=count, loss=loss, perplexity=math.exp(loss))
+        score = LMScore(model=label, tokens=count, loss=loss, perplexity=math.exp(loss))
         if i != reference:
             agreement = Agreement.concat(parts[i])
             score.kl = float(agreement.kl.mean())
@@ -238,6 +241,24 @@ def score_models(
             score.loss_increase = (loss - nll[reference] / count) / (nll[reference] / count)
         scores.append(score)
     return scores
+
+
+def model_labels(paths: list[str | os.PathLike]) -> list[str]:
+    """Each path's shortest suffix that no other path ends with: the file name, unless several share it
+    (``q4/model.onnx`` and ``fp32/model.onnx``, where the names alone would make the rows indistinguishable).
+    The same file named twice keeps its name; a path that is all of another's suffix is shown whole."""
+    parts = [Path(os.path.abspath(p)).parts for p in paths]  # ``./a`` and ``a`` are one file
+
+    def shared(mine: tuple[str, ...], k: int) -> bool:
+        return any(theirs != mine and theirs[-k:] == mine[-k:] for theirs in parts)
+
+    labels = []
+    for mine in parts:
+        k = 1
+        while k < len(mine) - 1 and shared(mine, k):  # parts[0] is the root: mine[-(len - 1):] is all but it
+            k += 1
+        labels.append(os.path.join(*mine) if shared(mine, k) else "/".join(mine[-k:]))
+    return labels
 
 
 @dataclass(frozen=True)
@@ -290,7 +311,7 @@ def score_text(
         text=Path(text).name,
         windows=int(windows.shape[0]),
         window=int(windows.shape[1]),
-        reference=Path(paths[0]).name,
+        reference=scores[0].model,
         session_config=config,
         scores=scores,
     )
