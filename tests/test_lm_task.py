@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 from onnxsmith.core.errors import InputError
+from onnxsmith.io.load import load_model
 from onnxsmith.tasks import lm
 from onnxsmith.tasks import lm as task
+from tests.support.check import save_ir
 from tests.support.lm_models import TEXT, glassllm_folder, glassllm_wheel, gpt2_folder, prompt_ids
 
 
@@ -91,3 +94,41 @@ def test_text_is_tokenized_in_pieces_with_the_ids_of_the_whole(tmp_path):
     assert np.array_equal(
         task.text_windows(tokenizer, lm.text_pieces(path), window=50), task.text_windows(tokenizer, text, window=50)
     )
+
+
+def _with_present_scaled(source, target, factor: float):
+    """The GPT-2 fixture whose ``present.0.value`` output is ``factor`` times the source's: the logits of one run
+    are untouched, the next steps through that cache are not (a KV cache judged by its effect)."""
+    model = load_model(source)
+    graph = model.graph
+    present = next(v for v in graph.outputs if v.name == "present.0.value")
+    scale = ir.Value(name="present_scale", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([]))
+    scale.const_value = ir.tensor(np.array(factor, np.float32), name="present_scale")
+    graph.register_initializer(scale)
+    mul = ir.node("Mul", [present, scale])
+    graph.append(mul)
+    scaled = mul.outputs[0]
+    scaled.dtype, scaled.shape = present.dtype, present.shape
+    index = list(graph.outputs).index(present)
+    present.name = "present.0.value.unscaled"
+    scaled.name = "present.0.value"
+    graph.outputs[index] = scaled
+    return save_ir(model, target)
+
+
+def test_the_gate_judges_a_kv_cache_by_the_steps_through_it_not_by_its_cosine(tmp_path):
+    """A cache scaled by 0.999 (cosine 1, the next steps the same) passes; one scaled by 0.2 has cosine 1 too
+    -- a cosine cannot see a scale -- and is refused by its next steps: those steps are what the gate judges."""
+    source = gpt2_folder() / "onnx" / "model.onnx"
+    feeds = [lm.lm_feeds(lm.lm_signature(load_model(source)), lm.sample_sequences(source, count=2, length=16))]
+    close = _with_present_scaled(source, tmp_path / "close.onnx", 0.999)
+    comparison = lm.compare_lm(source, close, feeds)
+    assert comparison.passed, comparison.problems
+    assert comparison.cache_steps["positions"] == 2 * 8 and comparison.cache_steps["top1"] == 1.0
+    assert "through its KV cache, 16 steps" in comparison.summary()
+    broken = _with_present_scaled(source, tmp_path / "broken.onnx", 0.2)
+    comparison = lm.compare_lm(source, broken, feeds)
+    assert comparison.mean_kl == pytest.approx(0, abs=1e-9) and comparison.top1 == 1.0  # one run: untouched
+    assert not comparison.passed and comparison.cache_steps["mean_kl"] > 0.01
+    assert any("through the KV cache" in p for p in comparison.problems)
+    assert not any("cosine" in p for p in comparison.problems)

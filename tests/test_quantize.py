@@ -173,8 +173,11 @@ def test_nbits_format_keeps_the_opset_and_runs_matmulnbits(tmp_path):
     )
     model = onnx.load(tmp_path / "nbits" / "onnx" / "model_q4.onnx")
     fused = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    assert len(fused) == 8 and all(n.domain == "com.microsoft" for n in fused)
+    assert len(fused) == 9 and all(n.domain == "com.microsoft" for n in fused)  # the body's 8 and the head
     assert {a.name: a.i for a in fused[0].attribute}["accuracy_level"] == 4
+    bits = sorted({a.name: a.i for a in n.attribute}["bits"] for n in fused)
+    assert bits == [4] * 8 + [8]  # the head 8-bit, its rows gathered by the lookup: no DequantizeLinear at all
+    assert not any(n.op_type == "DequantizeLinear" for n in model.graph.node)
     assert {o.domain or "": o.version for o in model.opset_import}[""] == 18
     assert report["session_options"] == {}
     assert results[0][1].comparison.passed

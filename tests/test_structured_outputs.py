@@ -562,3 +562,34 @@ def test_a_softmax_is_decided_by_argmax_along_its_axis():
     diff = judge_output("p", probs, swapped, bounds)
     assert not diff.passed and diff.probabilities["agreement"] < 0.9
     assert "far from the source" in verdict([diff], bounds)
+
+
+def test_a_softmax_with_a_few_small_probabilities_moved_passes_where_a_sigmoid_map_does_not():
+    """ppocr_rec fused to fp16: a few small probabilities beyond their own bound (0.006 -> 0.009), the argmax
+    and RMS |Δp| held: a softmax is decided by its argmax, accepted. The same values as a sigmoid map (its
+    threshold the user's) are refused value by value."""
+    rng = np.random.default_rng(15)
+    logits = rng.standard_normal((3, 40, 300)) * 2
+    logits[..., 0] += 8  # a CTC-like row: one class near 1, the rest small
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    bounds = Bounds.for_format(FP16)
+    moved = probs.copy()
+    rows = rng.choice(40, 4, replace=False)
+    for r in rows:  # one small probability per row, off by 55 %: beyond rtol·(p + channel)
+        c = 1 + int(np.argmax(probs[0, r, 1:]))
+        moved[0, r, c] *= 1.55
+    positional = judge_tensor("softmax_0", probs, moved, bounds)
+    assert not positional.passed and "values" in positional.failed
+    diff = judge_output("softmax_0", probs, moved, bounds)
+    assert diff.passed and diff.probabilities["kind"] == "softmax" and diff.probabilities["waived"]
+    # The same moved values in a sigmoid map (no axis sums to 1): each value is still judged.
+    sig = np.concatenate([probs[..., :150], probs[..., 150:]], axis=1) * 0.5
+    sig_moved = np.concatenate([moved[..., :150], moved[..., 150:]], axis=1) * 0.5
+    assert structure.probability_kind(sig).name == "sigmoid"
+    diff = judge_output("sigmoid_0", sig, sig_moved, bounds)
+    assert not diff.passed and "values" in diff.failed
+    # A softmax whose probabilities moved far (RMS beyond the bound) is refused however its argmax holds.
+    far = probs.copy()
+    far[..., 0] -= 0.2
+    far[..., 1] += 0.2
+    assert not judge_output("softmax_0", probs, far, bounds).passed

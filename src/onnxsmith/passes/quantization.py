@@ -40,13 +40,44 @@ class Blocked:
 
     q: np.ndarray  # [K, N], dtype per _STORED
     scale: np.ndarray  # [ceil(K / block_size), N], the weight's float dtype
-    zero_point: np.ndarray | None  # like scale, dtype of q; None when symmetric
+    #: like scale; dtype of q, or the scale's for a weight already on a grid with float offsets
+    #: (:func:`on_grid`: only MatMulNBits holds it); None when symmetric
+    zero_point: np.ndarray | None
     bits: int
     block_size: int
 
     @property
     def symmetric(self) -> bool:
         return self.zero_point is None
+
+    @property
+    def float_zero_point(self) -> bool:
+        return self.zero_point is not None and self.zero_point.dtype.kind == "f"
+
+
+#: A value is on a block's grid when it is this close to ``low + k * step`` (in steps): the grids of
+#: GGUF files are fp16 numbers multiplied out in fp32, ~1e-6 of a step; a weight not on one is ~0.25 off.
+_GRID_TOLERANCE = 1e-3
+
+
+def on_grid(w: np.ndarray, bits: int, block_size: int) -> Blocked | None:
+    """``w`` [K, N] exactly as stored, when every block of ``block_size`` along K already holds at most
+    2^bits evenly spaced values ``low + k * step`` (a model dequantized from a GGUF Q4_1 / Q8_1 file):
+    scale = step, float zero point = -low / step. None when any block is off its grid. An integer zero point
+    cannot hold ``-low / step`` (round-to-nearest then moves a whole block by up to half a step)."""
+    k, n = w.shape
+    if w.ndim != 2 or k % block_size or w.dtype.kind != "f":
+        return None
+    grouped = w.astype(np.float64).reshape(k // block_size, block_size, n)
+    low, high = grouped.min(axis=1), grouped.max(axis=1)
+    step = (high - low) / ((1 << bits) - 1)
+    safe = np.where(step == 0, 1.0, step)
+    levels = (grouped - low[:, None, :]) / safe[:, None, :]
+    q = np.rint(levels)
+    if float(np.abs(levels - q).max()) > _GRID_TOLERANCE:
+        return None
+    zero_point = (-low / safe).astype(w.dtype)  # a constant block: q 0, scale 1, its value the offset
+    return Blocked(q.reshape(k, n).astype(_STORED[bits, False]), safe.astype(w.dtype), zero_point, bits, block_size)
 
 
 def quantize_blocked(w: np.ndarray, bits: int, block_size: int, symmetric: bool) -> Blocked:
@@ -241,7 +272,8 @@ def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     values per byte low nibble first; scales [N, blocks]; zero points uint8 [N, ceil(blocks *
     bits / 8)] packed the same way. A symmetric weight is stored offset by 2^(bits-1) with no
     zero points (MatMulNBits' default zero point is exactly that offset). A short last block
-    is padded with zero points (it multiplies nothing: K tells the kernel where to stop).
+    is padded with zero points (it multiplies nothing: K tells the kernel where to stop). Float zero
+    points (a weight :func:`on_grid`) are [N, blocks] in the scales' type, unpacked.
     """
     k, n = b.q.shape
     blocks = b.scale.shape[0]
@@ -258,7 +290,9 @@ def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     else:
         packed = per_column.astype(np.uint8)
     zero_points = None
-    if b.zero_point is not None:
+    if b.float_zero_point:  # MatMulNBits reads zero points of the scales' type unpacked: (q - zp) * scale
+        zero_points = np.ascontiguousarray(b.zero_point.T)
+    elif b.zero_point is not None:
         zp = b.zero_point.astype(np.int32).T  # [N, blocks]
         if b.bits == 4:
             if blocks % 2:

@@ -9,6 +9,12 @@ onnxruntime does with it depends on the session (see transforms/quantize.py).
 MatMulNBits over the packed weight (what onnxruntime's native CPU and WebGPU
 kernels run); a weight also read by something else keeps the DequantizeLinear.
 
+A weight already on a grid of 2^bits evenly spaced values in each block (a model dequantized
+from a GGUF Q4_1 file: each block of 32 is ``min + d * q``) is stored exactly in MatMulNBits,
+its offset a float zero point (:func:`~onnxsmith.passes.quantization.on_grid`); round-to-nearest
+with an integer zero point moves each block by up to half a step (SmolLM2's: ~9 % weight error,
+issue 28). DequantizeLinear cannot hold a float zero point, so ``qdq`` rounds them, and says so.
+
 A weight whose K is not a multiple of the block is not block-quantized: it is
 stored int8 with one scale per output column (a per-axis DequantizeLinear,
 onnxruntime everywhere), or kept as it was with ``uneven="keep"``. The pass says
@@ -87,6 +93,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         names = FreshNames(graph)
         order = {node: i for i, node in enumerate(graph)}
         uneven: list[str] = []
+        on_grids, on_grids_lost = 0, []  # weights already on a grid: stored exactly; or not, in DequantizeLinear
         for weight, matmuls in quantizable_weights(model, self.exclude):
             w = const_array(weight)
             k, n = w.shape
@@ -116,10 +123,18 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 )
                 self._result.quantized += 1
                 continue
-            b = qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
-            error = qz.relative_error(w, qz.dequantize_blocked(b))
             only_matmuls = all(user in matmuls and index == 1 for user, index in weight.uses())
-            if self.format == "nbits" and only_matmuls and weight not in graph.outputs:
+            nbits = self.format == "nbits" and only_matmuls and weight not in graph.outputs
+            grid = None if self.symmetric else qz.on_grid(w, self.bits, self.block_size)
+            if grid is not None and not nbits:
+                on_grids_lost.append(name)
+            b = (
+                grid
+                if grid is not None and nbits
+                else qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
+            )
+            error = qz.relative_error(w, qz.dequantize_blocked(b))
+            if nbits:
                 for i, matmul in enumerate(matmuls):
                     label = name if len(matmuls) == 1 else f"{name}_{i}"
                     fused = qz.matmul_nbits_node(graph, names, label, matmul.inputs[0], b, self.accuracy_level)
@@ -129,6 +144,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 graph.initializers.pop(name)
                 model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
                 stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
+                if b.float_zero_point:
+                    on_grids += 1
+                    stored += ", on its grid (float zero points)"
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
@@ -148,6 +166,17 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             self._result.notes.append(
                 f"{len(uneven)} weight(s) not block-quantized because K is not a multiple of the block size "
                 f"{self.block_size}, {kept}: {', '.join(uneven)}"
+            )
+        if on_grids:
+            self._result.notes.append(
+                f"{on_grids} weight(s) already on a {self.bits}-bit grid in each block of {self.block_size} (a model "
+                "dequantized from a GGUF file): stored exactly, each block's offset as a float zero point"
+            )
+        if on_grids_lost:
+            self._result.notes.append(
+                f"{len(on_grids_lost)} weight(s) are already on a {self.bits}-bit grid in each block of "
+                f"{self.block_size} with float offsets (a model dequantized from a GGUF file), which DequantizeLinear's "
+                "integer zero point cannot hold: rounded to the nearest grid it can; --format nbits stores them exactly"
             )
         self._result.modified = bool(self._result.quantized)
         return self._result

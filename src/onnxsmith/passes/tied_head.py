@@ -214,7 +214,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         graph.insert_before(graph.node(0), dq)
         restored = dq.outputs[0]
         head.matmul.replace_input_with(1, restored)
-        _release(graph, head.weight)
+        release(graph, head.weight)
         restored.name = FreshNames(graph)(name)  # the head weight's own name, now that it is gone
 
         if head.tied:
@@ -222,7 +222,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
                 infer_types(model)  # the lookups' rewrite needs the rank of their indices
             for lookup in head.lookups:
                 self._lookup_columns(graph, lookup, restored)
-            _release(graph, head.table)  # nothing reads the [vocab, hidden] table any more
+            release(graph, head.table)  # nothing reads the [vocab, hidden] table any more
             if head.table.uses():
                 self._result.notes.append(
                     f"'{head.table.name}' is still read by something other than the lookups; its fp32 copy stays"
@@ -273,7 +273,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
             transpose = ir.node("Transpose", [stored], {"perm": [1, 0]}, name=f"{name}/transposed")
             graph.insert_after(dq, transpose)
             head.matmul.replace_input_with(1, transpose.outputs[0])
-            _release(graph, weight)
+            release(graph, weight)
             transpose.outputs[0].name = FreshNames(graph)(f"{name}_transposed")
             transpose.outputs[0].dtype = stored.dtype
             transpose.outputs[0].shape = ir.Shape([head.hidden, head.vocab])
@@ -327,7 +327,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         )
 
 
-def _release(graph: ir.Graph, value: ir.Value) -> None:
+def release(graph: ir.Graph, value: ir.Value) -> None:
     """Drop ``value`` (an initializer, or the output of a node like Transpose) once nothing reads it."""
     if value.uses() or value in graph.outputs:
         return

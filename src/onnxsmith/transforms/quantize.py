@@ -11,6 +11,9 @@ The steps, each a pass of its own:
 3. the LM head and the token embedding are found; a tied pair is stored once, int8
    per token, in the head's layout (lookups gather columns) or, for a model without a KV
    cache, in the table's (lookups gather rows) (passes/tied_head.py);
+   With ``--format nbits`` an int8 head runs as an 8-bit MatMulNBits instead, its rows
+   gathered 8-bit by the lookups (passes/nbits_head.py): native onnxruntime would
+   otherwise dequantize the whole table on every call;
 4. every other MatMul weight is quantized in blocks along K behind one blocked
    DequantizeLinear, or packed for MatMulNBits (passes/quantize_weights.py);
 5. the head's weight gets a leading unit dim so onnxruntime runs it as a GEMV at one row
@@ -45,6 +48,7 @@ from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
+from onnxsmith.passes.nbits_head import NBitsHeadPass
 from onnxsmith.passes.quantize_weights import FORMATS, UNEVEN, QuantizeWeightsPass, quantizable_weights
 from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from onnxsmith.passes.tied_head import HEAD_MODES, LOOKUPS, LMHead, StoreHeadPass, find_lm_head
@@ -67,14 +71,16 @@ TARGETS = {
         },
         "onnxruntime native CPU": {
             "session_options": {},
-            "why": "fuses DequantizeLinear+MatMul into MatMulNBits; session.qdq_matmulnbits_accuracy_level "
-            "picks the activation precision (4, the default: int8; 0: fp32)",
+            "why": "runs, but not fast: it fuses the body's DequantizeLinear+MatMul into MatMulNBits, while the "
+            "int8 head's DequantizeLinear (shared with the lookups) runs on every call, the whole table (decode "
+            "several times slower than the source on a 50k vocabulary); for native CPU make --format nbits",
         },
     },
     "nbits": {
         "onnxruntime native CPU / WebGPU": {
             "session_options": {},
-            "why": "MatMulNBits runs directly; accuracy_level in the model picks the activation precision",
+            "why": "MatMulNBits runs directly, the head's too (8-bit, int8 activations: nothing is dequantized per "
+            "call); accuracy_level in the model picks the body's activation precision",
         },
     },
 }
@@ -159,7 +165,15 @@ class Quantize(Transform):
             )
 
         rows: list[dict] = []
-        if head is not None:
+        nbits_head = head is not None and options.format == "nbits" and options.head == "int8"
+        if nbits_head:
+            progress("quantize: LM head")
+            store = NBitsHeadPass(
+                head, block_size=options.block_size, symmetric=options.symmetric, accuracy_level=options.accuracy_level
+            )(model)
+            report.notes.extend(store.notes)
+            rows.extend(store.rows)
+        elif head is not None:
             progress("quantize: LM head")
             store = StoreHeadPass(
                 head,
@@ -190,7 +204,7 @@ class Quantize(Transform):
         report.notes.extend(weights.notes)
         rows.extend(weights.rows)
 
-        if options.gemv_head and head is not None and options.head != "keep":
+        if options.gemv_head and head is not None and options.head != "keep" and not nbits_head:
             gemv = GemvHeadPass(head.matmul)(model)
             report.notes.append(
                 f"head not laid out for a GEMV: {gemv.skipped}"
@@ -215,6 +229,11 @@ class Quantize(Transform):
         report.stats["quantized_weights"] = weights.quantized
         report.tables["weights"] = rows
         report.why_not_more = _why_not_more(model, options, rows, weight_bytes_after)
+        if options.format == "qdq" and head is not None and options.head != "keep":
+            report.why_not_more.append(
+                "made for onnxruntime-web (WASM, DequantizeLinear folded at load); native onnxruntime would "
+                "dequantize the whole head on every call (slower than the source): for native CPU make --format nbits"
+            )
         report.stats["targets"] = TARGETS[options.format]
         if options.format == "qdq":
             report.runtime.update(WASM_CONFIG)

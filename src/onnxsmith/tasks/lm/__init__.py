@@ -1,20 +1,20 @@
 """Language models, in one package: feeding a decoder, scoring it on text, and the LM gate.
 
-* :mod:`.feeding`: inputs for token ids (:func:`lm_feeds`) and :class:`LMRunner` (logits);
+* :mod:`.feeding`: inputs for token ids (:func:`lm_feeds`, after a KV cache :func:`lm_feeds_at`) and
+  :class:`LMRunner` (logits);
 * :mod:`.scoring`: held-out text in windows, loss / perplexity / KL / top-1 of models on it,
   greedy generation (``eval-lm``, the quantize benchmark);
 * :mod:`.gate`: the gate ``quantize`` names (:func:`compare_lm`: next-token KL and top-1
-  agreement on sequences sampled from the source);
+  agreement on sequences sampled from the source, in one run and step by step through the KV cache);
 * :mod:`.task`: the ``lm`` task of ``validate`` and a recipe's ``[validation]``.
 
 What a decoder takes and returns is read statically (:mod:`onnxsmith.analysis.lm_signature`).
 """
 
 from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, PastInput, lm_signature
-from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, log_softmax
+from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, lm_feeds_at, log_softmax, present_names
 from onnxsmith.tasks.lm.gate import (
     DEFAULT_MAX_KL,
-    DEFAULT_MIN_COSINE,
     DEFAULT_MIN_TOP1,
     Agreement,
     LMComparison,
@@ -29,7 +29,6 @@ from onnxsmith.tasks.lm.scoring import (
     TextScores,
     folder_of,
     greedy_generate,
-    lm_feeds_at,
     load_tokenizer,
     model_labels,
     read_text,
@@ -43,7 +42,6 @@ from onnxsmith.tasks.lm.task import LanguageModel, LMOptions
 
 __all__ = [
     "DEFAULT_MAX_KL",
-    "DEFAULT_MIN_COSINE",
     "DEFAULT_MIN_TOP1",
     "DEFAULT_WINDOW",
     "FOLDER_FILES",
@@ -69,6 +67,7 @@ __all__ = [
     "load_tokenizer",
     "log_softmax",
     "model_labels",
+    "present_names",
     "read_text",
     "sample_sequences",
     "score_models",

@@ -1,4 +1,5 @@
-"""Feeding a causal language model: inputs for token ids from an empty cache, and a runner for logits."""
+"""Feeding a causal language model: inputs for token ids from an empty cache or after a KV cache, and a runner
+for logits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, lm_signature
+from onnxsmith.core.errors import InputError
 from onnxsmith.runtime import runner
 
 
@@ -23,6 +25,36 @@ def lm_feeds(sig: LMSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
         shape = [batch if d == "batch" else 0 if d == "past" else d for d in p.dims]
         feeds[p.name] = np.zeros(shape, dtype=p.dtype)
     return feeds
+
+
+def lm_feeds_at(sig, ids: np.ndarray, past: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Feeds for ``ids`` following ``past`` (a KV cache from the previous run; None: empty)."""
+    if past is None:
+        return lm_feeds(sig, ids)
+    batch, seq = ids.shape
+    first = sig.past[0]
+    done = past[first.name].shape[first.dims.index("past")]
+    feeds = {IDS: ids.astype(sig.ids), **past}
+    if sig.mask is not None:
+        feeds[MASK] = np.ones((batch, done + seq), dtype=sig.mask)
+    if sig.positions is not None:
+        feeds[POSITIONS] = np.tile(np.arange(done, done + seq, dtype=sig.positions), (batch, 1))
+    return feeds
+
+
+def present_names(lm: LMRunner) -> dict[str, str]:
+    """past input -> the output holding its next value: ``past_key_values.N.key`` -> ``present.N.key``, else by order."""
+    outputs = [o.name for o in lm.session.get_outputs() if o.name != lm.sig.logits]
+    mapping = {}
+    for i, p in enumerate(lm.sig.past):
+        guess = p.name.replace("past_key_values", "present")
+        if guess in outputs:
+            mapping[p.name] = guess
+        elif len(outputs) == len(lm.sig.past):
+            mapping[p.name] = outputs[i]
+        else:
+            raise InputError(f"cannot tell which output is the next value of '{p.name}'", lm.path)
+    return mapping
 
 
 class LMRunner:

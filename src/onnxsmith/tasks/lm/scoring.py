@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io import paths
 from onnxsmith.runtime import runner
-from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, log_softmax
+from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds_at, log_softmax, present_names
 from onnxsmith.tasks.lm.gate import Agreement
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -334,7 +333,7 @@ def greedy_generate(
             generated.append(nxt)
             ids = np.concatenate([ids, [[nxt]]], axis=1)
         return generated
-    present_of = _present_names(lm)
+    present_of = present_names(lm)
     feeds = lm_feeds_at(sig, ids, past=None)
     names = [o.name for o in lm.session.get_outputs()]
     for _ in range(new_tokens):
@@ -344,33 +343,3 @@ def greedy_generate(
         past = {p.name: out[present_of[p.name]] for p in sig.past}
         feeds = lm_feeds_at(sig, np.asarray([[nxt]], dtype=np.int64), past=past)
     return generated
-
-
-def lm_feeds_at(sig, ids: np.ndarray, past: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Feeds for ``ids`` following ``past`` (a KV cache from the previous run; None: empty)."""
-    if past is None:
-        return lm_feeds(sig, ids)
-    batch, seq = ids.shape
-    first = sig.past[0]
-    done = past[first.name].shape[first.dims.index("past")]
-    feeds = {IDS: ids.astype(sig.ids), **past}
-    if sig.mask is not None:
-        feeds[MASK] = np.ones((batch, done + seq), dtype=sig.mask)
-    if sig.positions is not None:
-        feeds[POSITIONS] = np.tile(np.arange(done, done + seq, dtype=sig.positions), (batch, 1))
-    return feeds
-
-
-def _present_names(lm: LMRunner) -> dict[str, str]:
-    """past input -> the output holding its next value: ``past_key_values.N.key`` -> ``present.N.key``, else by order."""
-    outputs = [o.name for o in lm.session.get_outputs() if o.name != lm.sig.logits]
-    mapping = {}
-    for i, p in enumerate(lm.sig.past):
-        guess = p.name.replace("past_key_values", "present")
-        if guess in outputs:
-            mapping[p.name] = guess
-        elif len(outputs) == len(lm.sig.past):
-            mapping[p.name] = outputs[i]
-        else:
-            raise InputError(f"cannot tell which output is the next value of '{p.name}'", lm.path)
-    return mapping
