@@ -106,6 +106,10 @@ KERNEL_SPEEDUP = 4.0
 GATE_SHARE = 0.3
 #: Linears smaller than this on either side stay fp32 (nothing to gain).
 MIN_SIDE = 16
+#: A variant with less of the Linears' and Convs' multiply-adds int8 than this, and no smaller than MAX_GAIN_SIZE of
+#: the source's weight bytes, is not written: it is the source again (at most a few % faster or smaller).
+MIN_GAIN_SHARE = 0.10
+MAX_GAIN_SIZE = 0.90
 #: Convs with fewer multiply-adds per output (input channels per group x kernel) stay fp32: QLinearConv
 #: measured about as fast as the fp32 Conv at 16-64, 1.5x at 96-144, 2-3.5x from 256 (docs/int8.md),
 #: and each int8 Conv between fp32 ops adds a QuantizeLinear and layout changes.
@@ -326,6 +330,7 @@ class Int8(Transform):
 
     def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
+        weight_bytes = _weight_bytes(model)
         # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs', or made-up ones shaped
         # like the real thing (photo crops, speech) in a value range read from the model or given by the user. In a
         # guessed range (an image "normalized" that is really 0..255) every scale would be off 100-fold.
@@ -470,6 +475,7 @@ class Int8(Transform):
         if not plan and not chosen_tables and not chosen_convs:  # a copy of the source is no variant: say why not
             why = "; ".join(report.why_not_more) or "no part of it measured worth int8"
             raise NothingGained(f"nothing went int8, no variant written: {why}", context.source_path)
+        _refuse_too_little(report, decisions, conv_decisions, weight_bytes, _weight_bytes(model), context)
         return report
 
     def _without_search(self, decisions, candidates, options: Options) -> set[str]:
@@ -973,6 +979,31 @@ def _report(
     report.stats["compensated_linears"] = [d.name for d in compensated]
     report.stats["expected_speedup"] = expected
     report.stats["error_budget"] = budget
+
+
+def _refuse_too_little(report, decisions: dict, conv_decisions: dict, before: int, after: int, context) -> None:
+    """NothingGained when so little went int8 that the variant is the source again: under ``MIN_GAIN_SHARE`` of
+    the Linears' and Convs' multiply-adds and no smaller than ``MAX_GAIN_SIZE`` of the source's weight bytes
+    (isbnx's YOLO: 2 of 102 Convs, 3 % of their work, 0.94x the bytes, as fast as its source). Decided on what
+    went int8, not on a timing: the same model gets the same answer on every machine."""
+    parts = [*decisions.values(), *conv_decisions.values()]
+    flops = sum(d.flops for d in parts)
+    share = sum(d.flops for d in parts if d.int8) / flops if flops else 0.0
+    size = after / before if before else 1.0
+    if share >= MIN_GAIN_SHARE or size <= MAX_GAIN_SIZE:
+        return
+    went = sum(d.int8 for d in decisions.values()), sum(d.int8 for d in conv_decisions.values())
+    why = "; ".join(report.why_not_more) or "no other part of it measured worth int8"
+    raise NothingGained(
+        f"too little went int8 to gain anything, no variant written: {went[0]} Linear(s) and {went[1]} Conv(s), "
+        f"{share:.0%} of the multiply-adds (at least {MIN_GAIN_SHARE:.0%} needed) and {size:.2f}x the weight bytes; "
+        f"{why}",
+        context.source_path,
+    )
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
 def _convs_note(convs: list[ConvDecision]) -> str:
