@@ -59,3 +59,18 @@ def test_node_generates_what_python_onnxruntime_generates(tmp_path, which, promp
     assert got["ids"] == expected
     assert len(got["ms"]) == NEW_TOKENS
     assert len(set(expected)) > 3  # real text, not one token repeated
+
+
+@pytest.mark.parametrize("data_name", ["model_q4.onnx.data", "model_q4.onnx_data"])
+def test_node_loads_a_model_whose_weights_are_in_a_data_file_beside_it(tmp_path, data_name):
+    """onnxsmith's `.data` and optimum's / transformers.js's `_data` files: the same tokens as one file."""
+    import onnx
+
+    quantize_folder(gpt2_folder(), tmp_path / "q4", QuantizeOptions(), gate_samples=2, gate_length=16)
+    single = tmp_path / "q4" / "onnx" / "model_q4.onnx"
+    split = tmp_path / "split" / "model_q4.onnx"
+    split.parent.mkdir()
+    onnx.save(onnx.load(single), split, save_as_external_data=True, location=data_name)
+    assert (split.parent / data_name).stat().st_size > split.stat().st_size  # the weights are in the data file
+    ids = prompt_ids(gpt2_folder(), "The keeper climbed the stairs")
+    assert generate_in_node(split, ids)["ids"] == greedy_generate(single, ids, NEW_TOKENS, config=FOLD)

@@ -5,6 +5,7 @@
 // logits are [batch, 1, vocab] computes the last position only; either way the last row
 // is the next-token distribution.
 import fs from 'node:fs';
+import nodePath from 'node:path';
 import * as ort from 'onnxruntime-web';
 
 // session.disable_quant_qdq=1 makes onnxruntime fold each DequantizeLinear of a constant
@@ -12,13 +13,28 @@ import * as ort from 'onnxruntime-web';
 // into MatMulNBits, ~10x slower.
 export const FOLD_QDQ = { session: { disable_quant_qdq: '1' } };
 
+// A model over 2 GB (or saved so) keeps its weights in data files beside it, named after it:
+// onnxsmith's `model.onnx.data`, optimum's and transformers.js's `model.onnx_data` (and `_data_1`, ...).
+// onnxruntime-web reads no file system: each is handed to it under the name the model gives.
+export function externalData(path) {
+  const dir = nodePath.dirname(path);
+  const base = nodePath.basename(path);
+  return fs
+    .readdirSync(dir)
+    .filter((name) => name !== base && name.startsWith(base) && /^[._]data(_\d+)?$/.test(name.slice(base.length)))
+    .sort()
+    .map((name) => ({ path: name, data: fs.readFileSync(nodePath.join(dir, name)) }));
+}
+
 export async function loadModel(path, { threads = 1, foldQdq = true } = {}) {
   ort.env.wasm.numThreads = threads;
   ort.env.logLevel = 'error';
+  const data = externalData(path);
   const session = await ort.InferenceSession.create(fs.readFileSync(path), {
     executionProviders: ['wasm'],
     graphOptimizationLevel: 'all',
     extra: foldQdq ? FOLD_QDQ : {},
+    ...(data.length ? { externalData: data } : {}),
   });
   return new LanguageModel(session);
 }
