@@ -19,7 +19,7 @@ from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks import lm as task
 from onnxsmith.transforms.quantize import QuantizeOptions
 from tests.conftest import assert_one_line_error
-from tests.support.lm_models import TEXT, glassllm_folder, gpt2_folder
+from tests.support.lm_models import TEXT, glassllm_folder, gpt2_folder, gpt2_on_gguf_grids
 from tests.support.models import mlp
 
 FOLD = {"session.disable_quant_qdq": "1"}
@@ -387,3 +387,13 @@ def test_quantize_is_judged_by_the_lm_gate_with_its_defaults():
     assert (settings["max_kl"], settings["min_top1"]) == (task.DEFAULT_MAX_KL, task.DEFAULT_MIN_TOP1)
     assert settings["candidate_config"] == {"session.disable_quant_qdq": "1"}
     assert quantize.gate_settings(QuantizeOptions(format="nbits"))["candidate_config"] is None
+
+
+def test_a_refusal_of_weights_on_gguf_grids_names_the_format_that_stores_them_exactly(tmp_path, cli):
+    """qdq rounds weights that sit on 4-bit grids (a model dequantized from a GGUF file); when its gate refuses,
+    the one-line refusal says that --format nbits stores them exactly, and nbits passes the same gate."""
+    folder = gpt2_on_gguf_grids(tmp_path / "gguf")
+    refused = cli("quantize", folder, tmp_path / "qdq", "--max-kl", "0.00001")
+    assert_one_line_error(refused, "8 weight(s) sit on 4-bit grids", "--format nbits stores exactly", code=1)
+    made = cli("quantize", folder, tmp_path / "nbits", "--format", "nbits", "--max-kl", "0.01")
+    assert made.returncode == 0, made.stderr

@@ -11,13 +11,12 @@ from onnxscript.version_converter import ConvertVersionPass
 
 from onnxsmith.io.load import load_model
 from onnxsmith.passes import quantization as qz
-from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
-from onnxsmith.passes.quantize_weights import QuantizeWeightsPass, quantizable_weights
+from onnxsmith.passes.quantize_weights import QuantizeWeightsPass
 from onnxsmith.passes.tied_head import find_lm_head
 from onnxsmith.runtime import runner
 from onnxsmith.verify.compare import compare_models
 from tests.support.check import save_ir
-from tests.support.lm_models import gpt2_folder, lm_gate_feeds
+from tests.support.lm_models import gpt2_on_gguf_grids, lm_gate_feeds, on_q4_1_grid
 
 CONFIGS = [(4, False), (4, True), (8, False), (8, True)]
 
@@ -136,7 +135,6 @@ def test_pass_runs_in_onnxruntime_as_the_numbers_say(tmp_path, save_proto, bits,
 
 
 def ir_type(name):
-    import onnx_ir as ir
 
     return getattr(ir.DataType, name)
 
@@ -200,17 +198,6 @@ def test_error_compensated_rounding_weighs_errors_by_the_inputs():
     assert 0 < error(compensated) < 0.7 * error(plain)
 
 
-def _on_q4_1_grid(w: np.ndarray, block: int = 32) -> np.ndarray:
-    """``w`` [K, N] as a GGUF Q4_1 file holds it, dequantized: each block of ``block`` along K is
-    ``m + d * q``, q in 0..15, d and m fp16 (multiplied out in fp32, as transformers' GGUF loader does)."""
-    k, n = w.shape
-    grouped = w.reshape(k // block, block, n).astype(np.float32)
-    m = grouped.min(axis=1).astype(np.float16).astype(np.float32)
-    d = ((grouped.max(axis=1) - m) / 15).astype(np.float16).astype(np.float32)
-    q = np.clip(np.rint((grouped - m[:, None]) / d[:, None]), 0, 15)
-    return (m[:, None] + d[:, None] * q).reshape(k, n).astype(np.float32)
-
-
 def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly_in_matmulnbits(tmp_path):
     """A GPT-2 whose body weights are snapped to Q4_1 grids (a model loaded from a GGUF file): ``nbits`` stores
     them with float zero points, exactly (relative error ~1e-7, logits as the source's); ``qdq`` cannot (an
@@ -218,20 +205,14 @@ def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly_in_matmulnbits(tmp_
     rng = np.random.default_rng(0)
     plain = rng.standard_normal((64, 48)).astype(np.float32)
     assert qz.on_grid(plain, 4, 32) is None
-    snapped = _on_q4_1_grid(plain)
+    snapped = on_q4_1_grid(plain)
     grid = qz.on_grid(snapped, 4, 32)
     assert grid is not None and grid.float_zero_point
     assert np.abs(qz.dequantize_blocked(grid) - snapped).max() <= 1e-6 * np.abs(snapped).max()
     rounded = qz.dequantize_blocked(qz.quantize_blocked(snapped, 4, 32, False))
     assert qz.relative_error(snapped, rounded) > 100 * qz.relative_error(snapped, qz.dequantize_blocked(grid))
 
-    source = gpt2_folder() / "onnx" / "model.onnx"
-    model = load_model(source)
-    GemmToMatMulPass()(model)
-    head = find_lm_head(model)
-    for weight, _ in quantizable_weights(model, {head.matmul}):
-        weight.const_value = ir.tensor(_on_q4_1_grid(weight.const_value.numpy()), name=weight.name)
-    gguf = save_ir(model, tmp_path / "gguf.onnx")
+    gguf = gpt2_on_gguf_grids(tmp_path / "gguf") / "onnx" / "model.onnx"
     for fmt in ("nbits", "qdq"):
         model = load_model(gguf)
         if fmt == "qdq":  # blocked DequantizeLinear is opset 21 (transforms/quantize.py converts first)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 
 from tests.conftest import FIXTURES
 from tests.support.realmodels import real_model
@@ -141,3 +142,35 @@ def float_tables_after_load(path, size: int, scratch) -> dict[str, list[int]]:
         for t in optimized.graph.initializer
         if int(np.prod(t.dims)) == size and t.data_type == onnx.TensorProto.FLOAT
     }
+
+
+def on_q4_1_grid(w: np.ndarray, block: int = 32) -> np.ndarray:
+    """``w`` [K, N] as a GGUF Q4_1 file holds it, dequantized: each block of ``block`` along K is
+    ``m + d * q``, q in 0..15, d and m fp16 (multiplied out in fp32, as transformers' GGUF loader does)."""
+    k, n = w.shape
+    grouped = w.reshape(k // block, block, n).astype(np.float32)
+    m = grouped.min(axis=1).astype(np.float16).astype(np.float32)
+    d = ((grouped.max(axis=1) - m) / 15).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint((grouped - m[:, None]) / d[:, None]), 0, 15)
+    return (m[:, None] + d[:, None] * q).reshape(k, n).astype(np.float32)
+
+
+def gpt2_on_gguf_grids(folder: Path) -> Path:
+    """The GPT-2 fixture folder copied to ``folder``, its body weights snapped to Q4_1 grids (:func:`on_q4_1_grid`),
+    as a model dequantized from a GGUF file holds them; the tied table and head are left as they are."""
+    import shutil
+
+    from onnxsmith.io.load import load_model
+    from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
+    from onnxsmith.passes.quantize_weights import quantizable_weights
+    from onnxsmith.passes.tied_head import find_lm_head
+    from tests.support.check import save_ir
+
+    shutil.copytree(gpt2_folder(), folder)
+    model = load_model(folder / "onnx" / "model.onnx")
+    GemmToMatMulPass()(model)
+    for weight, _ in quantizable_weights(model, {find_lm_head(model).matmul}):
+        weight.const_value = ir.tensor(on_q4_1_grid(weight.const_value.numpy()), name=weight.name)
+    (folder / "onnx" / "model.onnx").unlink()
+    save_ir(model, folder / "onnx" / "model.onnx")
+    return folder

@@ -61,6 +61,7 @@ class QuantizeWeightsResult(ir.passes.PassResult):
     notes: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     quantized: int = 0
+    grids_rounded: int = 0  # weights on a grid that the format could not hold (qdq), rounded
 
 
 class QuantizeWeightsPass(ir.passes.InPlacePass):
@@ -187,6 +188,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 "dequantized from a GGUF file): stored exactly, its levels run by MatMulNBits and each block's offset "
                 "added as the input's block sums times the offsets"
             )
+        self._result.grids_rounded = len(on_grids_lost)
         if on_grids_lost:
             self._result.notes.append(
                 f"{len(on_grids_lost)} weight(s) are already on a {self.bits}-bit grid in each block of "

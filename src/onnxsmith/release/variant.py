@@ -314,7 +314,9 @@ def make_variant(
             progress("verifying against the source")
             comparison = _judge(judge, context, source, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
-            failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
+            failure = (
+                None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on, reports)
+            )
             variant = staged_variant(
                 info,
                 reports,
@@ -410,11 +412,13 @@ def _judge(
     )
 
 
-def _gate_message(comparison: Comparison, staged_path: Path, feeds) -> str:
+def _gate_message(comparison: Comparison, staged_path: Path, feeds, reports: list[StepReport]) -> str:
+    """The refusal's one line: the verdict, the first non-finite tensor, and what the steps say would pass."""
     reasons = comparison.verdict()
     culprit = ""
     if any(o.nonfinite_test > o.nonfinite_ref for o in comparison.outputs):
         found = first_nonfinite(staged_path, feeds[0])
         if found is not None:
             culprit = f"; the first non-finite tensor is '{found.tensor}' (from {found.node})"
-    return f"verification failed, variant not written: {reasons}{culprit}"
+    hints = "".join(f"; {hint}" for report in reports for hint in report.if_refused)
+    return f"verification failed, variant not written: {reasons}{culprit}{hints}"

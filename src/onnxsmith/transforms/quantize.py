@@ -203,6 +203,11 @@ class Quantize(Transform):
         )
         report.notes.extend(weights.notes)
         rows.extend(weights.rows)
+        if weights.grids_rounded:
+            report.if_refused.append(
+                f"{weights.grids_rounded} weight(s) sit on {options.bits}-bit grids (a model dequantized from a GGUF "
+                "file) that this format rounds and --format nbits stores exactly"
+            )
 
         if options.gemv_head and head is not None and options.head != "keep" and not nbits_head:
             gemv = GemvHeadPass(head.matmul)(model)
