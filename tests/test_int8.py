@@ -294,6 +294,53 @@ def test_a_model_without_linears_is_refused(cli, tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+def _conv_graph(name: str, dtype, weight_dtype, x: str = "x", y: str = "y"):
+    w = helper.make_tensor(f"{name}_w", weight_dtype, [8, 3, 3, 3], np.ones(8 * 3 * 3 * 3).tolist())
+    nodes = [helper.make_node("Conv", [x, f"{name}_w"], [y], pads=[1, 1, 1, 1])]
+    inputs = [helper.make_tensor_value_info(x, dtype, [1, 3, 16, 16])] if x == "x" else []
+    return helper.make_graph(nodes, name, inputs, [helper.make_tensor_value_info(y, dtype, [1, 8, 16, 16])], [w])
+
+
+@pytest.mark.parametrize("case", ["fp16 weights", "inside an If", "quantized already"])
+def test_a_refusal_says_why_the_convs_it_found_are_not_its_to_take(cli, tmp_path, case):
+    """slovorez (fp16 weights), silero_vad_op18 (its Convs in an If's branches) and hifigan_int8 (ConvInteger):
+    'nothing to make int8' said why, in the same line."""
+    f32 = TensorProto.FLOAT
+    if case == "fp16 weights":
+        graph = _conv_graph("g", TensorProto.FLOAT16, TensorProto.FLOAT16)
+        expected = "its 1 Conv(s) read float16 weights, not fp32"
+    elif case == "inside an If":
+        then, other = _conv_graph("then", f32, f32, x="x", y="a"), _conv_graph("else", f32, f32, x="x", y="b")
+        then.ClearField("input")
+        other.ClearField("input")
+        graph = helper.make_graph(
+            [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+            "g",
+            [helper.make_tensor_value_info("x", f32, [1, 3, 16, 16]), helper.make_tensor_value_info("c", 9, [])],
+            [helper.make_tensor_value_info("y", f32, [1, 8, 16, 16])],
+        )
+        expected = "its 2 Conv are inside If/Loop/Scan subgraphs, which int8 does not enter"
+    else:
+        w = helper.make_tensor("w", TensorProto.INT8, [8, 3, 3, 3], np.ones(8 * 27, np.int8).tolist())
+        graph = helper.make_graph(
+            [
+                helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+                helper.make_node("ConvInteger", ["q", "w", "z"], ["y"], pads=[1, 1, 1, 1]),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", f32, [1, 3, 16, 16])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 8, 16, 16])],
+            [w],
+        )
+        expected = "it is quantized already (1 ConvInteger, 1 DynamicQuantizeLinear)"
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    onnx.checker.check_model(str(source), full_check=True)
+    result = cli("int8", str(source), str(tmp_path / "out.onnx"))
+    assert_one_line_error(result, "nothing to make int8", expected, code=1)
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_real_ppocr_rec_linears_of_unknown_rank_are_measured(tmp_path):
     """PP-OCRv4's recogniser: weights in Constant nodes, dynamic dims and no shapes on the Linears' inputs;
     their channel maxima and errors are measured on [rows, K] views, so its transformer Linears go int8."""

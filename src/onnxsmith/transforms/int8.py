@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -358,6 +359,7 @@ class Int8(Transform):
         convs = found_convs if with_convs else []
         if not linears and not tables and not convs:
             hint = f"; its {len(found_convs)} Convs {_why_convs_fp32(options, context)}" if found_convs else ""
+            hint += "".join(f"; {why}" for why in _why_none_taken(model))
             raise NothingGained(
                 "has no MatMul or Gemm by a constant fp32 weight and no embedding table: nothing to make int8" + hint,
                 context.source_path,
@@ -979,6 +981,40 @@ def _report(
     report.stats["compensated_linears"] = [d.name for d in compensated]
     report.stats["expected_speedup"] = expected
     report.stats["error_budget"] = budget
+
+
+#: Ops of a model that is quantized already.
+_QUANTIZED_OPS = frozenset(
+    {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear", "MatMulNBits"}
+)
+_WEIGHT_READERS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def _why_none_taken(model: ir.Model) -> list[str]:
+    """Why the Convs, MatMuls and Gemms int8 found nothing in are not its to take: the model is quantized
+    already, their weights are another float type than fp32, or they sit in subgraphs int8 does not enter."""
+    quantized = Counter(n.op_type for g in model.graphs() for n in g if n.op_type in _QUANTIZED_OPS)
+    other_float = Counter()
+    nested = Counter()
+    for graph in model.graphs():
+        for node in graph:
+            if node.op_type not in _WEIGHT_READERS or len(node.inputs) < 2 or node.inputs[1] is None:
+                continue
+            if graph is not model.graph:
+                nested[node.op_type] += 1
+                continue
+            weight = node.inputs[1].const_value
+            if weight is not None and weight.dtype != ir.DataType.FLOAT and weight.dtype.is_floating_point():
+                other_float[(node.op_type, weight.dtype.name.lower())] += 1
+    reasons = []
+    if quantized:
+        reasons.append(f"it is quantized already ({', '.join(f'{n} {op}' for op, n in sorted(quantized.items()))})")
+    for (op, dtype), n in sorted(other_float.items()):
+        reasons.append(f"its {n} {op}(s) read {dtype} weights, not fp32: int8 starts from an fp32 model")
+    if nested:
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(nested.items()))
+        reasons.append(f"its {ops} are inside If/Loop/Scan subgraphs, which int8 does not enter")
+    return reasons
 
 
 def _refuse_too_little(report, decisions: dict, conv_decisions: dict, before: int, after: int, context) -> None:
