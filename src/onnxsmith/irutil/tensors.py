@@ -24,6 +24,13 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+def weight_bytes(model: ir.Model) -> int:
+    """The bytes of every initializer's value, subgraphs' included."""
+    return sum(
+        v.const_value.nbytes for g in model.graphs() for v in g.initializers.values() if v.const_value is not None
+    )
+
+
 def _contiguous(array) -> np.ndarray:
     """C-contiguous, its shape kept (``np.ascontiguousarray`` makes a scalar one-dimensional)."""
     array = np.asarray(array)

@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.core.errors import InputError
-from onnxsmith.irutil.names import FreshNames, node_label
+from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
-from onnxsmith.passes.tied_head import LMHead, release
+from onnxsmith.passes.tied_head import LMHead, lookup_rank, release, table_row
 
 #: onnxruntime (1.32, CPU) runs 8-bit MatMulNBits fast at accuracy_level 4 (int8 activations) only: at 0
 #: it dequantizes the weight on every call (SmolLM2-sized head [576, 49152]: 1.2 ms at 4, 99 ms at 0).
@@ -125,14 +124,7 @@ class NBitsHeadPass(ir.passes.InPlacePass):
             f"embedding table '{table.name}' [{array.shape[0]}, {array.shape[1]}] stored int8, one scale per token; "
             "its lookups gather their rows and dequantize only those"
         )
-        result.rows.append(
-            {
-                "weight": table.name,
-                "shape": "x".join(map(str, array.shape)),
-                "stored as": "int8, one scale per token (embedding)",
-                "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p)),
-            }
-        )
+        result.rows.append(table_row(table.name, array, p))
 
     def _lookup_rows(
         self, graph: ir.Graph, lookup: ir.Node, data: ir.Value, scales: ir.Value, zero_points: ir.Value | int
@@ -140,12 +132,7 @@ class NBitsHeadPass(ir.passes.InPlacePass):
         """``Gather(table, ids)`` -> the rows of ``ids`` of ``data`` [vocab, blocks, block] dequantized with
         ``scales`` [vocab, blocks] and ``zero_points`` (like scales; or one integer offset): [*ids, hidden] in
         the table's dtype."""
-        ids = lookup.inputs[1]
-        rank = len(ids.shape) if ids is not None and ids.shape is not None else None
-        if rank is None:
-            raise InputError(
-                f"cannot rewrite embedding lookup '{node_label(lookup)}': the rank of its indices is unknown"
-            )
+        ids, rank = lookup.inputs[1], lookup_rank(lookup)
         label = lookup.name or "embedding"
         dtype = self.head.weight.dtype if self.head.weight.dtype is not None else ir.DataType.FLOAT
         blocks, block = data.shape[1], data.shape[2]
@@ -154,11 +141,7 @@ class NBitsHeadPass(ir.passes.InPlacePass):
         fresh = FreshNames(graph)
 
         def const(suffix: str, array: np.ndarray) -> ir.Value:
-            tensor = ir.tensor(array, name=fresh(f"{label}/{suffix}"))
-            value = ir.Value(name=tensor.name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype))
-            value.const_value = tensor
-            graph.register_initializer(value)
-            return value
+            return add_initializer(graph, fresh(f"{label}/{suffix}"), array)
 
         last = const("last_axis", np.array([-1], np.int64))
         nodes = [ir.node("Gather", [data, ids], {"axis": 0}, name=f"{label}/rows")]

@@ -292,12 +292,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         )
 
     def _lookup_columns(self, graph: ir.Graph, lookup: ir.Node, table_t: ir.Value) -> None:
-        ids = lookup.inputs[1]
-        rank = len(ids.shape) if ids is not None and ids.shape is not None else None
-        if rank is None:
-            raise InputError(
-                f"cannot rewrite embedding lookup '{node_label(lookup)}': the rank of its indices is unknown"
-            )
+        ids, rank = lookup.inputs[1], lookup_rank(lookup)
         label = lookup.name or "embedding"
         gather = ir.node("Gather", [table_t, ids], {"axis": 1}, name=f"{label}/columns")
         transpose = ir.node("Transpose", gather.outputs, {"perm": [*range(1, rank + 1), 0]}, name=f"{label}/rows")
@@ -308,6 +303,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
     def _store_untied_table(self, graph: ir.Graph, table: ir.Value) -> None:
         array = const_array(table)
         p = qz.quantize_per_channel_int8(array, axis=0)
+        row = table_row(table.name, array, p)
         dq = qz.per_channel_dequantize_node(graph, FreshNames(graph), table.name, p)
         graph.insert_before(graph.node(0), dq)
         ir.convenience.replace_all_uses_with(table, dq.outputs[0])
@@ -317,14 +313,25 @@ class StoreHeadPass(ir.passes.InPlacePass):
         self._result.notes.append(
             f"embedding table '{old_name}' [{array.shape[0]}, {array.shape[1]}] stored int8, one scale per token"
         )
-        self._result.rows.append(
-            {
-                "weight": old_name,
-                "shape": "x".join(map(str, array.shape)),
-                "stored as": "int8, one scale per token (embedding)",
-                "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p)),
-            }
-        )
+        self._result.rows.append(row)
+
+
+def lookup_rank(lookup: ir.Node) -> int:
+    """The rank of an embedding lookup's indices, which its rewrite needs; InputError when unknown."""
+    ids = lookup.inputs[1]
+    if ids is None or ids.shape is None:
+        raise InputError(f"cannot rewrite embedding lookup '{node_label(lookup)}': the rank of its indices is unknown")
+    return len(ids.shape)
+
+
+def table_row(name: str, array: np.ndarray, p: qz.PerChannel) -> dict:
+    """The report's row of an untied embedding table stored int8, one scale per token."""
+    return {
+        "weight": name,
+        "shape": "x".join(map(str, array.shape)),
+        "stored as": "int8, one scale per token (embedding)",
+        "rel. error": qz.relative_error(array, qz.dequantize_per_channel(p)),
+    }
 
 
 def release(graph: ir.Graph, value: ir.Value) -> None:

@@ -56,6 +56,7 @@ from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, rol
 from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.options import option, to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import (
@@ -331,7 +332,7 @@ class Int8(Transform):
 
     def _apply(self, model: ir.Model, options: Options, context: TransformContext, given: Path | None) -> StepReport:
         report = StepReport(self.name, to_json(options))
-        weight_bytes = _weight_bytes(model)
+        bytes_before = weight_bytes(model)
         # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs', or made-up ones shaped
         # like the real thing (photo crops, speech) in a value range read from the model or given by the user. In a
         # guessed range (an image "normalized" that is really 0..255) every scale would be off 100-fold.
@@ -477,7 +478,7 @@ class Int8(Transform):
         if not plan and not chosen_tables and not chosen_convs:  # a copy of the source is no variant: say why not
             why = "; ".join(report.why_not_more) or "no part of it measured worth int8"
             raise NothingGained(f"nothing went int8, no variant written: {why}", context.source_path)
-        _refuse_too_little(report, decisions, conv_decisions, weight_bytes, _weight_bytes(model), context)
+        _refuse_too_little(report, decisions, conv_decisions, bytes_before, weight_bytes(model), context)
         return report
 
     def _without_search(self, decisions, candidates, options: Options) -> set[str]:
@@ -1036,10 +1037,6 @@ def _refuse_too_little(report, decisions: dict, conv_decisions: dict, before: in
         f"{why}",
         context.source_path,
     )
-
-
-def _weight_bytes(model: ir.Model) -> int:
-    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
 def _convs_note(convs: list[ConvDecision]) -> str:

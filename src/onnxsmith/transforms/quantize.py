@@ -44,6 +44,7 @@ from onnxsmith.core import options as opts
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
+from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
@@ -149,7 +150,7 @@ class Quantize(Transform):
     def apply(self, model: ir.Model, options: QuantizeOptions, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))
         progress = context.progress
-        weight_bytes_before = _weight_bytes(model)
+        weight_bytes_before = weight_bytes(model)
         nodes_before = count_nodes(model)
 
         progress("quantize: opset")
@@ -223,7 +224,7 @@ class Quantize(Transform):
 
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)
-        weight_bytes_after = _weight_bytes(model)
+        weight_bytes_after = weight_bytes(model)
         nodes_after = count_nodes(model, folded=True)
         report.stats["before_after"] = {
             "weight bytes": (weight_bytes_before, weight_bytes_after),
@@ -340,7 +341,7 @@ def count_nodes(model: ir.Model, *, folded: bool = False) -> int:
     return sum(1 for node in model.graph if runs(node))
 
 
-def _why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], weight_bytes: int) -> list[str]:
+def _why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], total: int) -> list[str]:
     """What quantize left wider than the scheme, and why: the headline's lines after the size."""
     lines = []
     scheme = (f"{options.bits}-bit", "int8") if options.bits == 8 else (f"{options.bits}-bit",)
@@ -351,13 +352,9 @@ def _why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], w
         for v in model.graph.initializers.values()
         if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT
     )
-    if weight_bytes and fp32 / weight_bytes >= 0.05:
+    if total and fp32 / total >= 0.05:
         lines.append(
-            f"{fp32 / 2**20:.1f} MB of the {weight_bytes / 2**20:.1f} MB of weights stay fp32: "
+            f"{fp32 / 2**20:.1f} MB of the {total / 2**20:.1f} MB of weights stay fp32: "
             "what no MatMul reads as a weight (biases, norms, position embeddings)"
         )
     return lines
-
-
-def _weight_bytes(model: ir.Model) -> int:
-    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)

@@ -66,6 +66,8 @@ class LMRunner:
         self.session = runner.open_session(
             self.path, options=runner.session_options(config=config, threads=threads), label=self.path
         )
+        self._outputs = [o.name for o in self.session.get_outputs()]
+        self._present_of: dict[str, str] | None = None  # past input -> present output, on the first step
 
     def run(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         return runner.run(self.session, lm_feeds(self.sig, ids), label=self.path)
@@ -73,6 +75,15 @@ class LMRunner:
     def logits(self, ids: np.ndarray) -> np.ndarray:
         """[batch, seq, vocab] for a full-logits model, [batch, 1, vocab] for a last-position one."""
         return runner.run(self.session, lm_feeds(self.sig, ids), [self.sig.logits], label=self.path)[self.sig.logits]
+
+    def step(
+        self, ids: np.ndarray, past: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``ids`` after the KV cache ``past`` (None: empty): (every output, the cache to continue from)."""
+        if self._present_of is None:
+            self._present_of = present_names(self)
+        out = runner.run(self.session, lm_feeds_at(self.sig, ids, past), self._outputs, label=self.path)
+        return out, {p.name: out[self._present_of[p.name]] for p in self.sig.past}
 
     def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
         """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""

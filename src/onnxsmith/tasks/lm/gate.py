@@ -35,8 +35,7 @@ import numpy as np
 
 from onnxsmith.analysis.lm_signature import IDS
 from onnxsmith.core.errors import InputError
-from onnxsmith.runtime import runner
-from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds_at, log_softmax, present_names
+from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
 from onnxsmith.verify.compare import Comparison
 from onnxsmith.verify.gate import Bounds, judge_output
 
@@ -150,7 +149,7 @@ def compare_lm(
         samples=len(feeds_list),
         gate={"max_kl": max_kl, "min_top1": min_top1},
     )
-    parts, steps = [], []
+    parts, steps, output_problems = [], [], []
     for feeds in feeds_list:
         ids = feeds[IDS]
         ref_out = ref.run(ids)
@@ -172,8 +171,9 @@ def compare_lm(
             diff = judge_output(name, value[None], test[None], Bounds.for_format())  # its measurements; judged here
             ok = diff.nonfinite_test <= diff.nonfinite_ref
             if not ok and name != ref.sig.logits:
-                comparison.problems.append(f"output '{name}' has NaN/inf values the source's don't")
+                output_problems.append(f"output '{name}' has NaN/inf values the source's don't")
             comparison.outputs.append(replace(diff, passed=ok, failed=[], needed={}))
+    cache_problems = []
     if steps:
         cached = Agreement.concat(steps)
         comparison.cache_steps = {
@@ -181,7 +181,7 @@ def compare_lm(
             "mean_kl": float(cached.kl.mean()),
             "top1": float(cached.top1.mean()),
         }
-        _judge_agreement(comparison, cached, max_kl, min_top1, " through the KV cache")
+        cache_problems = _agreement_problems(cached, max_kl, min_top1, " through the KV cache")
     agreement = Agreement.concat(parts)
     comparison.positions = int(agreement.kl.size)
     comparison.mean_kl = float(agreement.kl.mean())
@@ -190,9 +190,10 @@ def compare_lm(
     comparison.entropy = float(agreement.entropy.mean())
     logits_diffs = [o for o in comparison.outputs if o.name == ref.sig.logits]
     if any(o.nonfinite_test > o.nonfinite_ref for o in logits_diffs) or not np.isfinite(comparison.mean_kl):
-        comparison.problems.insert(0, "the logits have NaN/inf values the source's don't")
+        logits_problems = ["the logits have NaN/inf values the source's don't"]
     else:
-        _judge_agreement(comparison, agreement, max_kl, min_top1, "", at=0)
+        logits_problems = _agreement_problems(agreement, max_kl, min_top1, "")
+    comparison.problems = logits_problems + cache_problems + output_problems
     lm_ok = not any("KL" in p or "top-1" in p or "logits" in p for p in comparison.problems)
     comparison.outputs = [
         replace(o, passed=o.passed and lm_ok) if o.name == ref.sig.logits else o for o in comparison.outputs
@@ -203,21 +204,16 @@ def compare_lm(
 def _through_cache(lm: LMRunner, ids: np.ndarray, first: int) -> np.ndarray:
     """``ids[:, :first]`` in one run, then each next token in a run of its own through the KV cache the
     previous run returned: the logits at positions ``first`` .. end, [batch, steps, vocab]."""
-    present_of = present_names(lm)
-    names = [o.name for o in lm.session.get_outputs()]
-    out = runner.run(lm.session, lm_feeds_at(lm.sig, ids[:, :first], past=None), names, label=lm.path)
+    _, past = lm.step(ids[:, :first])
     logits = []
     for t in range(first, ids.shape[1]):
-        past = {p.name: out[present_of[p.name]] for p in lm.sig.past}
-        out = runner.run(lm.session, lm_feeds_at(lm.sig, ids[:, t : t + 1], past=past), names, label=lm.path)
+        out, past = lm.step(ids[:, t : t + 1], past)
         logits.append(out[lm.sig.logits][:, -1:])
     return np.concatenate(logits, axis=1)
 
 
-def _judge_agreement(
-    comparison: LMComparison, agreement: Agreement, max_kl: float, min_top1: float, where: str, at: int | None = None
-) -> None:
-    """The bounds on mean KL and top-1 agreement; each failure a problem (inserted at ``at``, else appended)."""
+def _agreement_problems(agreement: Agreement, max_kl: float, min_top1: float, where: str) -> list[str]:
+    """The bounds on mean KL and top-1 agreement: a problem for each that fails (``where``: of which logits)."""
     problems = []
     kl, top1, positions = float(agreement.kl.mean()), float(agreement.top1.mean()), agreement.kl.size
     if not np.isfinite(kl):
@@ -229,10 +225,7 @@ def _judge_agreement(
             )
         if top1 < min_top1:
             problems.append(f"top-1 agreement{where} {top1:.1%} over {positions} positions < gate {min_top1:.0%}")
-    if at is None:
-        comparison.problems.extend(problems)
-    else:
-        comparison.problems[at:at] = problems
+    return problems
 
 
 def _mode(config: dict[str, str] | None) -> str:

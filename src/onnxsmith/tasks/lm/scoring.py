@@ -27,8 +27,7 @@ import numpy as np
 
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io import paths
-from onnxsmith.runtime import runner
-from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds_at, log_softmax, present_names
+from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
 from onnxsmith.tasks.lm.gate import Agreement
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -333,13 +332,10 @@ def greedy_generate(
             generated.append(nxt)
             ids = np.concatenate([ids, [[nxt]]], axis=1)
         return generated
-    present_of = present_names(lm)
-    feeds = lm_feeds_at(sig, ids, past=None)
-    names = [o.name for o in lm.session.get_outputs()]
+    past = None
     for _ in range(new_tokens):
-        out = runner.run(lm.session, feeds, names, label=path)
+        out, past = lm.step(ids, past)
         nxt = int(out[sig.logits][0, -1].argmax())
         generated.append(nxt)
-        past = {p.name: out[present_of[p.name]] for p in sig.past}
-        feeds = lm_feeds_at(sig, np.asarray([[nxt]], dtype=np.int64), past=past)
+        ids = np.asarray([[nxt]], dtype=np.int64)
     return generated
