@@ -76,3 +76,36 @@ def test_onnxscript_and_onnx_ir_are_used_through_their_public_modules():
                 if parts[0] in ("onnxscript", "onnx_ir") and any(p.startswith("_") for p in parts[1:]):
                     private.append(f"{path.relative_to(REPO)}:{node.lineno}: {module}")
     assert private == []
+
+
+ENGINES = ("onnx", "onnx_ir", "onnxruntime", "numpy", "onnxscript")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["fp16", "--help"], ["int8", "--help"], ["quantize", "--help"], []])
+def test_help_loads_no_engine(argv):
+    """``--help`` reads onnxsmith.settings, never the engines (a second of imports: docs/benchmarks.md)."""
+    import subprocess
+
+    probe = (
+        "import sys\n"
+        "from onnxsmith.cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted(m for m in {ENGINES!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    assert "usage: onnxsmith" in done.stdout  # the help was printed, not an error
+
+
+def test_every_command_still_registers_its_flags():
+    """Lazily registered, each command's parser still has its own flags (the full parser, as before)."""
+    from onnxsmith.cli.main import COMMANDS, build_parser, command_name
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert sorted(commands) == sorted(command_name(m) for m in COMMANDS)
+    for name, command in commands.items():
+        assert command.get_default("func") is not None, name

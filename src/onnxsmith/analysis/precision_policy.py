@@ -67,9 +67,9 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
 from onnxsmith.irutil.walk import reachable
+from onnxsmith.settings.fp16 import DEFAULT_HEADROOM
 
 FP16_MAX = 65504.0
-DEFAULT_HEADROOM = 4.0
 #: Keep fp32 when more than this share of a tensor's nonzero values is below fp16's smallest normal.
 UNDERFLOW_SHARE = 0.5
 

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 
-from onnxsmith import api
 from onnxsmith.cli.common import err, flag_keywords, out, session_config
 from onnxsmith.cli.release_tables import bench_table
 from onnxsmith.core.errors import Incomplete, InputError
@@ -37,8 +36,7 @@ def _batches(text: str) -> list[int]:
     return values
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="latency per batch, throughput, session load time, peak memory")
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="+", help=".onnx files (each runs in its own process)")
     parser.add_argument("--batch", type=_batches, default=[1], help="batch sizes, e.g. 1,5,10 (default 1)")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="execution provider")
@@ -64,6 +62,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     api.check_outputs([args.json, args.plot], sources=args.models)  # a file that is no model: exit 2
     with err.status("") as status:
         config = session_config(args.session_config)

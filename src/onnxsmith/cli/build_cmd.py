@@ -13,15 +13,11 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import err, out
 from onnxsmith.core.errors import GateFailed
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "build", help="build a validated, benchmarked, carded release from a recipe (exit 1 if a variant fails)"
-    )
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="the recipe (TOML)")
     parser.add_argument("--out", help="the release folder (default: release/<recipe folder name>)")
     parser.add_argument(
@@ -39,6 +35,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     with err.status(f"building {args.out or 'the release'}") as status:
         result = api.build(
             args.recipe, args.out, progress=status.update, log=err.print, bench=not args.no_bench, force=args.force

@@ -10,18 +10,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxsmith import api
 from onnxsmith.cli.common import out
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("card", help="write a release's README.md (files, hashes, validation, benchmark)")
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("release", help="a folder made by `onnxsmith build`")
     parser.add_argument("--recipe", help="take title, description, homepage and license from this recipe's [card]")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     record = api.card(Path(args.release), recipe=args.recipe)
     out.print(f"wrote {record.path} ({record.bytes:,} bytes)")
     return 0

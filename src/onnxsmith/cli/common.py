@@ -17,8 +17,7 @@ from rich.text import Text
 from onnxsmith.core.errors import GateFailed, UsageError
 from onnxsmith.core.options import cosine, non_negative_int, positive_int, share, tolerance
 from onnxsmith.core.text import for_terminal
-from onnxsmith.runtime.inputs import DEFAULT_SEED
-from onnxsmith.runtime.runner import FP16_MODES
+from onnxsmith.settings.run import DEFAULT_SEED, FP16_MODES
 
 
 class SafeConsole(Console):

@@ -6,17 +6,11 @@ import argparse
 
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, add_verify_options, out, print_json, verify_keywords
 from onnxsmith.cli.render import comparison_table
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "compare",
-        help="run two models on the same inputs and judge every output with the gate the transforms use "
-        "(exit 1 when it fails)",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reference", help="the model taken as right (usually the source)")
     parser.add_argument("candidate", help="the model checked against it")
     add_verify_options(parser)
@@ -26,6 +20,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     comparison = api.compare(
         args.reference,
         args.candidate,

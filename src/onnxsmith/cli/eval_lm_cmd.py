@@ -13,19 +13,14 @@ import json
 
 from rich.table import Table
 
-from onnxsmith import api
 from onnxsmith.cli.common import err, flag_keywords, out, print_json, session_config
 from onnxsmith.core.options import non_negative_int, positive_int
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.tasks.lm import DEFAULT_WINDOW
+from onnxsmith.settings.lm import DEFAULT_WINDOW
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "eval-lm",
-        help="a language model's loss, perplexity, KL and top-1 agreement on held-out text",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
     parser.add_argument("models", nargs="+", metavar="MODEL", help=".onnx files; the first is the reference")
     parser.add_argument("--text", required=True, metavar="FILE", help="held-out text (UTF-8)")
     parser.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json (default: the first model's folder's)")
@@ -52,6 +47,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     config = session_config(args.session_config)
     api.check_outputs([args.report], sources=args.models, run_only=True)
     with err.status("") as status:

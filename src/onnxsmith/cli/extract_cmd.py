@@ -4,26 +4,25 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import add_verify_options, made_and_saved, out, verify_keywords
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline
 from onnxsmith.io.files import human_bytes
+
+if TYPE_CHECKING:
+    from onnxsmith import api
 
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "extract",
-        help="the subgraph between named tensors as a model of its own, typed and verified against the source",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="the source .onnx model (never modified)")
     parser.add_argument("output", help="where to write the piece")
     parser.add_argument(
@@ -57,6 +56,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     api.check_outputs([args.output, args.report], sources=[args.source])
     piece = made_and_saved(
         lambda progress: api.extract(

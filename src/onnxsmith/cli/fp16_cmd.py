@@ -1,8 +1,10 @@
 """``onnxsmith fp16 SRC OUT``: fp16 weights and compute with measured fp32 islands, verified storage-faithfully."""
 
+import argparse
+
 from onnxsmith.cli.transform_cmd import register_transform
-from onnxsmith.transforms.fp16 import Fp16
+from onnxsmith.settings.fp16 import FP16
 
 
-def register(subparsers) -> None:
-    register_transform(subparsers, Fp16, samples=4)
+def register(parser: argparse.ArgumentParser) -> None:
+    register_transform(parser, FP16, samples=4)

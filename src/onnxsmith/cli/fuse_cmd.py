@@ -1,8 +1,10 @@
 """``onnxsmith fuse SRC OUT``: a transformer fused into ONNX Runtime contrib ops; verified."""
 
+import argparse
+
 from onnxsmith.cli.transform_cmd import register_transform
-from onnxsmith.transforms.fuse import Fuse
+from onnxsmith.settings.fuse import FUSE
 
 
-def register(subparsers) -> None:
-    register_transform(subparsers, Fuse, samples=2)
+def register(parser: argparse.ArgumentParser) -> None:
+    register_transform(parser, FUSE, samples=2)

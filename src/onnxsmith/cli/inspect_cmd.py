@@ -8,15 +8,13 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import out, print_json
 from onnxsmith.cli.render import bytes_table
 from onnxsmith.core.options import non_negative_int
 from onnxsmith.io.files import human_bytes
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("inspect", help="IR, opsets, I/O, ops, parameters, largest tensors, warnings")
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="an .onnx file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--top", type=non_negative_int, default=10, help="how many of the largest tensors to list")
@@ -24,6 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     path = Path(args.model)
     summary = api.inspect(path, top=args.top)
     if args.json:

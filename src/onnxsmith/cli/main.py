@@ -1,9 +1,13 @@
 """``onnxsmith``: the entry point that dispatches to one module per command.
 
-Each command module exposes ``register(subparsers)``, which adds its parser and
-sets ``func`` to a callable taking the parsed arguments and returning an exit
-status. Errors the user can fix are :class:`~onnxsmith.core.errors.OnnxsmithError`:
+Each command module exposes ``register(parser)``, which adds the command's flags to the
+parser made for it here and sets ``func`` to a callable taking the parsed arguments and
+returning an exit status. Errors the user can fix are :class:`~onnxsmith.core.errors.OnnxsmithError`:
 they become one line on stderr and exit status 2 (1 for a failed gate).
+
+Only the module of the command being run is imported, and a command module imports the
+engines (onnx, onnx-ir, onnxruntime: about a second) only when it runs: ``--help`` reads
+the light declarations of :mod:`onnxsmith.settings` (docs/benchmarks.md, "--help").
 """
 
 from __future__ import annotations
@@ -14,30 +18,37 @@ import importlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.core.text import for_terminal
 from onnxsmith.core.version import __version__
-from onnxsmith.runtime.runner import DEFAULT_RUN_TIMEOUT, RUN_TIMEOUT_ENV, run_timeout
+from onnxsmith.settings.fp16 import FP16
+from onnxsmith.settings.fuse import FUSE
+from onnxsmith.settings.int8 import INT8
+from onnxsmith.settings.quantize import QUANTIZE
+from onnxsmith.settings.run import DEFAULT_RUN_TIMEOUT, RUN_TIMEOUT_ENV
+from onnxsmith.settings.shrink import SHRINK
 
-#: Command modules under onnxsmith.cli, in the order ``--help`` lists them.
-COMMANDS = [
-    "inspect_cmd",
-    "compare_cmd",
-    "fp16_cmd",
-    "fuse_cmd",
-    "int8_cmd",
-    "build_cmd",
-    "validate_cmd",
-    "bench_cmd",
-    "card_cmd",
-    "predict_cmd",
-    "quantize_cmd",
-    "eval_lm_cmd",
-    "extract_cmd",
-    "shrink_cmd",
-]
+#: Command modules under onnxsmith.cli (``eval_lm_cmd`` is ``eval-lm``) and their lines, in the order
+#: ``--help`` lists them.
+COMMANDS = {
+    "inspect_cmd": "IR, opsets, I/O, ops, parameters, largest tensors, warnings",
+    "compare_cmd": "run two models on the same inputs and judge every output with the gate the transforms use "
+    "(exit 1 when it fails)",
+    "fp16_cmd": FP16.summary,
+    "fuse_cmd": FUSE.summary,
+    "int8_cmd": INT8.summary,
+    "build_cmd": "build a validated, benchmarked, carded release from a recipe (exit 1 if a variant fails)",
+    "validate_cmd": "judge a variant against its source on a task's real data (exit 1 when a gate fails)",
+    "bench_cmd": "latency per batch, throughput, session load time, peak memory",
+    "card_cmd": "write a release's README.md (files, hashes, validation, benchmark)",
+    "predict_cmd": "run a model on one input and decode its answer (faceage)",
+    "quantize_cmd": QUANTIZE.summary,
+    "eval_lm_cmd": "a language model's loss, perplexity, KL and top-1 agreement on held-out text",
+    "extract_cmd": "the subgraph between named tensors as a model of its own, typed and verified against the source",
+    "shrink_cmd": SHRINK.summary,
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,7 +62,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"onnxsmith: error: {where}{' '.join(message.split())} (see {hint})\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_name(module: str) -> str:
+    """``eval_lm_cmd`` -> ``eval-lm``."""
+    return module.removesuffix("_cmd").replace("_", "-")
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the flags of the command ``argv`` names (of every command without ``argv``); the
+    others are listed by name and line only, their modules not imported."""
     parser = _Parser(
         prog="onnxsmith",
         description="Turn a source ONNX model into deployment variants proven against their source.",
@@ -60,8 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"onnxsmith {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"onnxsmith.cli.{name}").register(subparsers)
+    # The top-level parser takes no option with a value: the first word that is not an option is the command.
+    chosen = next((word for word in argv if not word.startswith("-")), None) if argv is not None else None
+    for module, summary in COMMANDS.items():
+        name = command_name(module)
+        command = subparsers.add_parser(name, help=summary)
+        if argv is None or name == chosen:
+            importlib.import_module(f"onnxsmith.cli.{module}").register(command)
     return parser
 
 
@@ -69,13 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a file name need not be UTF-8: print it escaped, never crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         with _sigterm_unwinds():
+            from onnxsmith.runtime.runner import run_timeout  # here: the engines load when a command runs
+
             run_timeout()  # a bad ONNXSMITH_RUN_TIMEOUT is refused before any work
             return int(args.func(args) or 0)
     except OnnxsmithError as err:

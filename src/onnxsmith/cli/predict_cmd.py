@@ -15,8 +15,7 @@ from onnxsmith.tasks import get_task
 from onnxsmith.tasks.widerface import box_problem
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("predict", help="run a model on one input and decode its answer (faceage)")
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="an .onnx file")
     parser.add_argument("image", help="the image")
     parser.add_argument("--box", metavar="X,Y,W,H", help="the face in the image (default: the image is a face crop)")

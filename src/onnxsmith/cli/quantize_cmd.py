@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import flag_keywords, made_and_saved, out
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.cli.transform_cmd import print_headline, rows_table
 from onnxsmith.core import options as opts
 from onnxsmith.core.options import non_negative_int, positive_int
 from onnxsmith.io.files import human_bytes
-from onnxsmith.release.lm_folder import REPORT_FILE
-from onnxsmith.transforms.quantize import Quantize, QuantizeOptions
+from onnxsmith.settings.quantize import QuantizeOptions
+
+if TYPE_CHECKING:
+    from onnxsmith import api
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "quantize",
-        help=Quantize.summary,
-        description="Quantize a language model's weights (4-bit blocks, int8 head) into a folder transformers.js loads.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Quantize a language model's weights (4-bit blocks, int8 head) into a folder transformers.js loads."
     )
     parser.add_argument("source", help="a model folder with onnx/model.onnx, or an .onnx file (never modified)")
     parser.add_argument(
@@ -56,6 +56,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api
+
     options = opts.from_args(args, QuantizeOptions)
     api.check_outputs([args.report], sources=[args.source], model_folders=True)
     folder = made_and_saved(
@@ -72,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(folder: api.QuantizedFolder, output: Path) -> None:
+    from onnxsmith.release.lm_folder import REPORT_FILE
+
     report = folder.summary
     step = folder.report.steps[0]
     print_headline(folder.report.headline)

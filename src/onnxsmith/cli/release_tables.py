@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 from rich.text import Text
 
 from onnxsmith.io.files import human_bytes
-from onnxsmith.release.bench import BenchResult
-from onnxsmith.release.validate import Validation
+
+if TYPE_CHECKING:
+    from onnxsmith.release.bench import BenchResult
+    from onnxsmith.release.validate import Validation
 
 
 def validation_table(validations: list[Validation]) -> Table:

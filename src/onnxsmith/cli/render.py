@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 from rich.text import Text
 
+from onnxsmith.core.text import format_cosine
 from onnxsmith.io.files import human_bytes
-from onnxsmith.verify.compare import Comparison
-from onnxsmith.verify.gate import format_cosine
+
+if TYPE_CHECKING:
+    from onnxsmith.verify.compare import Comparison
 
 
 def _num(x: float | None, fmt: str = ".3g") -> str:

@@ -1,8 +1,10 @@
 """``onnxsmith shrink SRC OUT``: fold small constants, narrow int64/fp64 constants, dedup; verified."""
 
+import argparse
+
 from onnxsmith.cli.transform_cmd import register_transform
-from onnxsmith.transforms.shrink import Shrink
+from onnxsmith.settings.shrink import SHRINK
 
 
-def register(subparsers) -> None:
-    register_transform(subparsers, Shrink, samples=2)
+def register(parser: argparse.ArgumentParser) -> None:
+    register_transform(parser, SHRINK, samples=2)

@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from onnxsmith import api
 from onnxsmith.cli.common import add_verify_options, made_and_saved, out, verify_keywords
 from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
-from onnxsmith.core.transform import Transform
 from onnxsmith.io.files import human_bytes
+from onnxsmith.settings import TransformSettings
+
+if TYPE_CHECKING:
+    from onnxsmith import api
 
 
-def register_transform(subparsers, transform_cls: type[Transform], *, samples: int = 4) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(transform_cls.name, help=transform_cls.summary)
+def register_transform(parser: argparse.ArgumentParser, transform: TransformSettings, *, samples: int = 4) -> None:
     parser.add_argument("source", help="the source .onnx model (never modified)")
     parser.add_argument("output", help="where to write the variant")
-    opts.add_arguments(parser, transform_cls.Options)
-    add_verify_options(parser, samples=samples, taken=_own_options(transform_cls))
+    opts.add_arguments(parser, transform.options)
+    add_verify_options(parser, samples=samples, taken=_own_options(transform))
     parser.add_argument(
         "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
     )
@@ -38,20 +40,21 @@ def register_transform(subparsers, transform_cls: type[Transform], *, samples: i
     parser.add_argument(
         "--explain", action="store_true", help="also show each change and why, with before/after breakdowns"
     )
-    parser.set_defaults(func=lambda args: run_transform_command(args, transform_cls))
-    return parser
+    parser.set_defaults(func=lambda args: run_transform_command(args, transform))
 
 
-def run_transform_command(args: argparse.Namespace, transform_cls: type[Transform]) -> int:
-    options = opts.from_args(args, transform_cls.Options)
+def run_transform_command(args: argparse.Namespace, transform: TransformSettings) -> int:
+    from onnxsmith import api
+
+    options = opts.from_args(args, transform.options)
     data = args.output + ".data" if args.external_data else None
     api.check_outputs([args.output, data, args.report], sources=[args.source])
     variant = made_and_saved(
         lambda progress: api.transform(
             args.source,
-            transform_cls.name,
+            transform.name,
             **opts.to_json(options),
-            **verify_keywords(args, taken=_own_options(transform_cls)),
+            **verify_keywords(args, taken=_own_options(transform)),
             external_data=True if args.external_data else None,
             out=args.output,
             progress=progress,
@@ -63,10 +66,10 @@ def run_transform_command(args: argparse.Namespace, transform_cls: type[Transfor
     return 0
 
 
-def _own_options(transform_cls: type[Transform]) -> frozenset[str]:
+def _own_options(transform: TransformSettings) -> frozenset[str]:
     """The transform's option names: a gate bound among them (int8's ``min_cosine``) reaches the gate as
     the transform's setting (``Transform.gate_settings``), not as a second flag."""
-    return frozenset(f.name for f in dataclasses.fields(transform_cls.Options))
+    return frozenset(f.name for f in dataclasses.fields(transform.options))
 
 
 def print_headline(lines: list[str]) -> None:

@@ -21,10 +21,7 @@ from onnxsmith.io.files import write_text_atomic
 from onnxsmith.tasks import get_task
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "validate", help="judge a variant against its source on a task's real data (exit 1 when a gate fails)"
-    )
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="the source model (taken as right)")
     parser.add_argument("variant", help="the variant judged against it")
     add_task_arguments(parser)

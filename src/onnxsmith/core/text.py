@@ -6,11 +6,14 @@ output edge passes them through the one function for its medium, so a name is sh
 characters it is, never obeyed: the console (cli/common.py, with rich's markup off), the one-line
 errors (cli/main.py), the card (release/card.py), report.html (release/report.py) and its figures
 (release/plots.py, with matplotlib's mathtext off).
+
+Numbers every medium shows the same way are written here too (:func:`format_cosine`).
 """
 
 from __future__ import annotations
 
 import html
+import math
 import re
 
 # C0 controls but newline and tab (ESC starts CSI/OSC sequences, BEL ends OSC ones), DEL, C1 controls
@@ -73,3 +76,10 @@ def for_markdown_code(text: object, *, table: bool = False) -> str:
     fence = "`" * (max((len(run) for run in re.findall("`+", body)), default=0) + 1)
     pad = " " if body[0] == "`" or body[-1] == "`" or (body[0] == " " and body[-1] == " ") else ""
     return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def format_cosine(value: float) -> str:
+    """A cosine with enough digits to show its distance from 1 (0.99871, 0.9999999702)."""
+    gap = 1 - value
+    digits = 4 if gap <= 0 else max(4, math.ceil(-math.log10(gap)) + 2)
+    return f"{value:.{digits}f}"

@@ -123,7 +123,8 @@ class StepReport:
 
 
 class Transform:
-    """Base class: subclasses set ``name``, ``Options`` and implement :meth:`apply`."""
+    """Base class: subclasses implement :meth:`apply` and take ``name``, ``summary`` and ``Options`` from their
+    declaration (``class Fp16(Transform, settings=FP16)``: :mod:`onnxsmith.settings`) or set them."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
@@ -134,6 +135,11 @@ class Transform:
     #: Whether the variant holds what was measured on the calibration inputs (int8's static activation scales):
     #: then made-up inputs calibrate it and other made-up inputs judge it, so the gate sees inputs it was not fit to.
     judged_on_unseen: ClassVar[bool] = False
+
+    def __init_subclass__(cls, settings: Any = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if settings is not None:
+            cls.name, cls.summary, cls.Options = settings.name, settings.summary, settings.options
 
     def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
         raise NotImplementedError

@@ -33,9 +33,7 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
-
-FORMATS = ("qdq", "nbits")
-UNEVEN = ("int8", "keep")
+from onnxsmith.settings.quantize import FORMATS, UNEVEN
 
 
 def quantizable_weights(model: ir.Model, exclude: set[ir.Node] = frozenset()) -> list[tuple[ir.Value, list[ir.Node]]]:

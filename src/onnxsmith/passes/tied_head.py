@@ -37,11 +37,7 @@ from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
-
-#: What the head can be stored as.
-HEAD_MODES = ("int8", "q4", "keep")
-#: How the lookups read a tied table (see the module doc).
-LOOKUPS = ("columns", "rows")
+from onnxsmith.settings.quantize import HEAD_MODES, LOOKUPS
 
 
 @dataclass

@@ -32,7 +32,6 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.analysis.precision_policy import (
-    DEFAULT_HEADROOM,
     RECURRENT_OPS,
     Limits,
     SmallNodes,
@@ -48,6 +47,7 @@ from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES
 from onnxsmith.irutil.walk import const_array, constant_tensors
 from onnxsmith.passes.residual_rescale import ResidualStream, choose_scale, find_residual_streams
+from onnxsmith.settings.fp16 import DEFAULT_HEADROOM
 
 #: How a node computing a massive activation is kept (the islands table groups on it).
 WRITER_REASON = "computes what writes into the residual stream"

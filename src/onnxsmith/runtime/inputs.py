@@ -17,8 +17,8 @@ from onnxsmith.io.files import human_bytes
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.io.paths import open_readable
 from onnxsmith.runtime.plausible import past_length, role_value
+from onnxsmith.settings.run import DEFAULT_SEED
 
-DEFAULT_SEED = 0
 #: The most bytes onnxsmith makes for one input it invents (4 GiB, or a quarter of the machine's memory where
 #: that is less): an input declared [2**31, 4] (32 GiB) or sized 2**62 is refused in one line naming it and its
 #: shape, before numpy allocates anything (it would die of memory, or raise "array is too big").

@@ -21,6 +21,7 @@ from onnxsmith.core.errors import InputError, TimeLimitExceeded, UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.fp16_storage import emulate_fp16_storage, has_fp16
 from onnxsmith.runtime.inputs import adapt_feeds
+from onnxsmith.settings.run import DEFAULT_RUN_TIMEOUT, FP16_MODES, RUN_TIMEOUT_ENV
 
 CPU = ["CPUExecutionProvider"]
 
@@ -232,12 +233,6 @@ def timed_runs(session: Session, feeds: dict[str, np.ndarray], runs: int, *, lab
     return _bounded(timed, runs, label)
 
 
-#: The environment variable that sets the time limit of one run, in seconds (0: none).
-RUN_TIMEOUT_ENV = "ONNXSMITH_RUN_TIMEOUT"
-#: The default: a real model's run takes seconds; one still running after this never ends (a Loop of 2^62).
-DEFAULT_RUN_TIMEOUT = 600.0
-
-
 def run_timeout() -> float | None:
     """Seconds one run of a model may take (:data:`RUN_TIMEOUT_ENV`, else the default); None: no limit."""
     text = os.environ.get(RUN_TIMEOUT_ENV, "").strip()
@@ -353,9 +348,6 @@ def _done() -> None:
 _WORKERS = _Workers()
 if hasattr(os, "register_at_fork"):  # a child made by fork has none of these threads
     os.register_at_fork(after_in_child=_WORKERS.__init__)
-
-
-FP16_MODES = ("auto", "native")
 
 
 def run_mode(model: ir.Model, fp16_mode: str) -> str:

@@ -24,8 +24,9 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.options import option
 from onnxsmith.runtime.data_folder import data_files, load_data
 from onnxsmith.runtime.data_folder import describe_data as describe_folder
-from onnxsmith.runtime.inputs import DEFAULT_SEED, parse_shape_options
+from onnxsmith.runtime.inputs import parse_shape_options
 from onnxsmith.runtime.sizing import inputs_that_run
+from onnxsmith.settings.run import DEFAULT_SEED
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import judge_outputs
 from onnxsmith.verify.evidence import check_feeds, check_reference

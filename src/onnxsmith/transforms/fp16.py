@@ -27,14 +27,12 @@ with the tensors the refusal is measured to come from kept fp32
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnxsmith.analysis.precision_policy import DEFAULT_HEADROOM
 from onnxsmith.analysis.type_rules import opset_of, signature
 from onnxsmith.core.errors import InputError, UsageError
-from onnxsmith.core.options import option, to_json
+from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.names import node_label
 from onnxsmith.irutil.types import FLOAT_TYPES, forget_inferred_types, infer_types, typed_values
@@ -44,44 +42,15 @@ from onnxsmith.precision import engine
 from onnxsmith.precision import report as precision_report
 from onnxsmith.precision.engine import PrecisionRecord
 from onnxsmith.precision.plan import Settings
+from onnxsmith.settings.fp16 import FP16, Fp16Options
 
 DTYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
-
-
-@dataclass
-class Options:
-    keep_io_types: bool = option(True, "keep the model's float inputs and outputs fp32")
-    headroom: float = option(
-        DEFAULT_HEADROOM, "keep fp32 every tensor whose measured max |x| is over 65,504 / headroom"
-    )
-    rescale_residual: bool | None = option(
-        None,
-        "carry an overflowing pre-LN residual stream scaled by a power of two so it and "
-        "what writes it fit fp16 (automatic: when the stream is carried in fp16)",
-    )
-    residual_fp32: bool = option(
-        True,
-        "keep an overflowing residual stream, and the branch that writes its massive "
-        "activation, fp32 end to end (more accurate than carrying it rescaled in fp16)",
-    )
-    small_fp32: bool = option(
-        True,
-        "keep fp32 the nodes whose tensors are tiny next to the largest activation "
-        "(a readout on the pooled token): fp16 saves nothing there",
-    )
-    dtype: str = option("fp16", "the low-precision type", choices=list(DTYPES))
-
-    def validate(self) -> None:
-        if not self.headroom >= 1.0:
-            raise ValueError(f"headroom must be at least 1, not {self.headroom}")
+#: The options by their short name.
+Options = Fp16Options
 
 
 @register
-class Fp16(Transform):
-    name = "fp16"
-    summary = "weights and compute to fp16, with fp32 islands where measured ranges overflow (never NaN)"
-    Options = Options
-
+class Fp16(Transform, settings=FP16):
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         source = context.source_path
         dtype = DTYPES[options.dtype]

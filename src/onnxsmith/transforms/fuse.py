@@ -24,7 +24,6 @@ The result is verified against the source before it is written (produce_variant)
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -38,7 +37,6 @@ from onnxscript.rewriter import RewritePass, RewriteRuleSet
 
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
-from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
 from onnxsmith.irutil.walk import all_nodes
@@ -64,6 +62,7 @@ from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities, w
 from onnxsmith.rules.cleanup import cleanup_rules
 from onnxsmith.runtime.evaluate import evaluate_constants
 from onnxsmith.runtime.inputs import input_specs
+from onnxsmith.settings.fuse import FUSE, FuseOptions
 
 #: The fusions in the order they run: (name in the report, rule sets applied in turn).
 FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
@@ -108,26 +107,8 @@ _REPORTED_OPS = (
 
 
 @register
-class Fuse(Transform):
-    name = "fuse"
-    summary = "fuse a transformer into ONNX Runtime's MultiHeadAttention, RotaryEmbedding, SkipLayerNorm, BiasGelu"
-
-    @dataclass
-    class Options:
-        precision: str = option(
-            "fp32",
-            "fp16: MatMul, attention, RoPE and BiasGelu in fp16, residual stream and LayerNorms fp32; "
-            "fp32: the same graph in fp32 (for CPU)",
-            choices=["fp32", "fp16"],
-        )
-        static_dims: list[str] = option(
-            help="symbolic input dims to fix at the size of the inputs given with --shape (e.g. height,width); "
-            "every other dim stays dynamic",
-            default_factory=list,
-        )
-        prune_rows: bool = option(True, "compute only the token rows the outputs read (the CLS row of the last block)")
-
-    def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+class Fuse(Transform, settings=FUSE):
+    def apply(self, model: ir.Model, options: FuseOptions, context: TransformContext) -> StepReport:
         report = StepReport(self.name, opts.to_json(options))
         before = _op_counts(model)
         weights_before = precision_report.weight_bytes_by_type(model)
@@ -200,7 +181,7 @@ class Fuse(Transform):
         report.stats["op_counts"] = {"before": dict(sorted(before.items())), "after": dict(sorted(after.items()))}
         return report
 
-    def repairs(self, options: Options) -> bool:
+    def repairs(self, options: FuseOptions) -> bool:
         return options.precision == "fp16"  # the precision engine keeps fp32 what the refusal comes from
 
 

@@ -41,7 +41,6 @@ inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on 
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedN
 from onnxsmith.analysis.input_roles import describe_inputs
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, roles, search
 from onnxsmith.core.errors import NothingGained
-from onnxsmith.core.options import option, to_json
+from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes import quantization as qz
@@ -94,6 +93,7 @@ from onnxsmith.runtime.int8_measure import (
     unsmoothed_name,
 )
 from onnxsmith.runtime.int8_speed import Int8Timer
+from onnxsmith.settings.int8 import INT8, Int8Options
 
 #: Error-compensated rounding needs calibration rows (vectors over all calibration inputs) of at least this
 #: share of a Linear's input width K; MiniLM's 128 rows for K 384 helped, a T5's 8 for K 256 hurt.
@@ -104,8 +104,6 @@ ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
 OUTLIERS = "outliers"
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
 KERNEL_SPEEDUP = 4.0
-#: The default error budget's share of the relative output error the cosine gate allows.
-GATE_SHARE = 0.3
 #: Linears smaller than this on either side stay fp32 (nothing to gain).
 MIN_SIDE = 16
 #: A variant with less of the Linears' and Convs' multiply-adds int8 than this, and no smaller than MAX_GAIN_SIZE of
@@ -129,72 +127,8 @@ MIN_CONV_SAMPLES = 32
 SPEED_SECONDS = 2.0
 
 
-@dataclass
-class Options:
-    error_budget: float | None = option(
-        None,
-        "relative output error (||Δ|| / ||source||, worst output) the int8 parts may cause together on "
-        "the calibration inputs (default: 0.3 of what the gate allows, 0.03 for --min-cosine 0.995)",
-    )
-    max_runs: int = option(24, "end-to-end runs of the calibration inputs the search may take (more only to trim)")
-    smooth_gain: float = option(
-        0.25, "offer smoothing (SmoothQuant) for an input when it cuts its Linears' error by this share"
-    )
-    sensitivity: bool = option(
-        True, "measure the outputs' error and keep fp32 what --error-budget needs (else: all int8)"
-    )
-    max_layer_error: float = option(
-        0.1, "with --no-sensitivity: a Linear whose own int8 error is above this stays fp32"
-    )
-    min_cosine: float = option(0.995, "the gate: every output's cosine to the source's at least this")
-    # How the int8 Linears are made (docs/int8.md).
-    compensate_rounding: bool = option(
-        True,
-        "round int8 weights with error compensation (GPTQ): each row's rounding error spread over the rows not "
-        "yet rounded, weighted by the calibration inputs' XᵀX (measured less error than rounding to nearest on "
-        "MiniLM and the face-age ViTs, even calibrated on random inputs; docs/int8.md)",
-    )
-    two_pass_activations: bool = option(
-        False,
-        "quantize each int8 Linear's activation in two passes (x ≈ Q(x) + Q(x - Q(x)), two int8 GEMMs): "
-        "~100x less activation rounding error, for about half the int8 speed-up",
-    )
-    # What goes int8 besides the Linears the search chooses.
-    tables: bool = option(True, "store embedding tables (read by Gather) in int8, one scale per row")
-    convs: bool | None = option(
-        None,
-        "Convs int8 too (QLinearConv), with static activation scales from the calibration inputs' ranges "
-        "(default: when those are real inputs, --inputs or a recipe's task data, or made-up ones like the real "
-        "thing whose value ranges the model or --input-role states; random ones give scales real data overflows)",
-    )
-    speed: bool = option(
-        True,
-        "time the variant against the model given on the first calibration input (onnxruntime CPU, threads = "
-        "cores) and report the measured speed-up (the variant's bytes do not depend on it)",
-    )
-    keep_fast: bool = option(
-        False,
-        "keep fp32 the int8 parts (the Convs, the Linears of a role, the tables) that --speed measures not to make "
-        "the variant faster by 5%: the variant then depends on this machine's timing (not the same bytes everywhere)",
-    )
-
-    def validate(self) -> None:
-        if self.error_budget is not None and not self.error_budget > 0:
-            raise ValueError(f"error_budget must be positive, not {self.error_budget}")
-        if not 0 < self.min_cosine <= 1:
-            raise ValueError(f"min_cosine must be in (0, 1], not {self.min_cosine}")
-        if not 0 <= self.smooth_gain < 1:
-            raise ValueError(f"smooth_gain must be in [0, 1), not {self.smooth_gain}")
-        if self.keep_fast and not self.speed:
-            raise ValueError("keep_fast needs speed (it acts on the timing)")
-        if self.max_runs < 1:
-            raise ValueError(f"max_runs must be at least 1, not {self.max_runs}")
-
-    def budget(self) -> float:
-        """The error budget: given, or 0.3 of the relative error the cosine gate allows."""
-        if self.error_budget is not None:
-            return self.error_budget
-        return GATE_SHARE * math.sqrt(2.0 * (1.0 - self.min_cosine)) if self.min_cosine < 1 else 1e-6
+#: The options by their short name.
+Options = Int8Options
 
 
 @dataclass
@@ -311,10 +245,7 @@ class SearchSpace:
 
 
 @register
-class Int8(Transform):
-    name = "int8"
-    summary = "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU"
-    Options = Options
+class Int8(Transform, settings=INT8):
     judged_on_unseen = True  # its Convs' activation scales are the calibration inputs' ranges
 
     def repairs(self, options: Options) -> bool:

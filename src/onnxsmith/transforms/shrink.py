@@ -21,16 +21,12 @@ breakdowns from the same analysis ``inspect`` uses.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.fold_cost import WIDENED_REFUSAL
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
-from onnxsmith.core.options import option
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.io.files import human_bytes
 from onnxsmith.irutil.types import forget_inferred_types, infer_types, typed_values
@@ -39,52 +35,12 @@ from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass, Gu
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
 from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, NarrowInt64Result, values_to_evaluate
 from onnxsmith.runtime.evaluate import evaluate_min_max
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kb": 2**10,
-    "kib": 2**10,
-    "m": 2**20,
-    "mb": 2**20,
-    "mib": 2**20,
-    "g": 2**30,
-    "gb": 2**30,
-    "gib": 2**30,
-}
-
-
-def parse_bytes(text: str) -> int:
-    """``1MB`` -> 1048576 (binary units, as ``inspect`` prints sizes); a plain number is bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"'{text}' is not a size (examples: 0, 4096, 512KB, 1MB, 2GB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+from onnxsmith.settings.shrink import SHRINK, ShrinkOptions, parse_bytes
 
 
 @register
-class Shrink(Transform):
-    name = "shrink"
-    summary = "fold small constants (never huge ones), int64 indices to int32, fp64 constants to fp32, dedup constants"
-
-    @dataclass
-    class Options:
-        max_fold_growth: str = option(
-            "4KB",
-            "a folded constant may add at most this much to the file, less the constants that die "
-            "with it (e.g. 0, 64KB, 1MB); what would add more (a dequantised int8 weight, a copy of a "
-            "shared weight, a broadcast table) stays computed at run time",
-        )
-        fold: bool = option(True, "fold constant subexpressions (with the growth guard)")
-        narrow_int64: bool = option(True, "store/compute int64 indices that fit as int32")
-        narrow_fp64: bool = option(True, "store fp64 constants read as fp32 as fp32")
-        dedup: bool = option(True, "store identical constants once")
-
-        def validate(self) -> None:
-            parse_bytes(self.max_fold_growth)
-
-    def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+class Shrink(Transform, settings=SHRINK):
+    def apply(self, model: ir.Model, options: ShrinkOptions, context: TransformContext) -> StepReport:
         stated = typed_values(model)
         infer_types(model)  # shapes size the fold guard and the int64 regions
         before = summarize(model)

@@ -26,7 +26,8 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, lm_signature
 from onnxsmith.core.errors import InputError
-from onnxsmith.verify.gate import Bounds, OutputDiff, format_cosine, judge_output
+from onnxsmith.core.text import format_cosine
+from onnxsmith.verify.gate import Bounds, OutputDiff, judge_output
 
 #: past input prefix -> the prefixes its present output may have (optimum, transformers.js, older exports).
 _PRESENT_OF = (

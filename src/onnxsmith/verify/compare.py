@@ -15,13 +15,14 @@ import numpy as np
 
 from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
 from onnxsmith.core.errors import InputError
+from onnxsmith.core.text import format_cosine
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.walk import outputs_no_input_reaches
 from onnxsmith.runtime.inputs import adapt_feeds
 from onnxsmith.runtime.runner import NATIVE, prepare_session, run, run_all
 from onnxsmith.verify import cache
 from onnxsmith.verify.evidence import Evidence, check_feeds, check_reference
-from onnxsmith.verify.gate import Bounds, GateOptions, OutputDiff, format_cosine, judge_all, verdict
+from onnxsmith.verify.gate import Bounds, GateOptions, OutputDiff, judge_all, verdict
 
 __all__ = ["Comparison", "OutputDiff", "compare_models", "judge_outputs"]
 

@@ -71,6 +71,7 @@ import numpy as np
 
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError
+from onnxsmith.core.text import format_cosine
 from onnxsmith.verify import structure
 
 #: ε = DIRECTION_UNITS · u: the relative error the direction and magnitude bounds allow.
@@ -278,13 +279,6 @@ class OutputDiff:
                 f"{self.worst_allowed:.3g} allowed there"
             )
         return f"output '{self.name}': {effect}" + ", ".join(parts)
-
-
-def format_cosine(value: float) -> str:
-    """A cosine with enough digits to show its distance from 1 (0.99871, 0.9999999702)."""
-    gap = 1 - value
-    digits = 4 if gap <= 0 else max(4, math.ceil(-math.log10(gap)) + 2)
-    return f"{value:.{digits}f}"
 
 
 def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -> OutputDiff:

@@ -27,6 +27,7 @@ import numpy as np
 
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io import paths
+from onnxsmith.settings.lm import DEFAULT_WINDOW
 from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
 from onnxsmith.tasks.lm.gate import Agreement
 
@@ -45,7 +46,6 @@ FOLDER_FILES = (
     # and a published folder without it cannot format a conversation
     "chat_template.jinja",
 )
-DEFAULT_WINDOW = 128
 
 
 def folder_of(model_path: str | os.PathLike) -> Path:

@@ -1,0 +1,75 @@
+"""``quantize``'s settings (the engine under :mod:`onnxsmith.transforms.quantize`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnxsmith.core.options import option
+from onnxsmith.settings import TransformSettings
+
+#: How 4-bit blocks are stored: blocked DequantizeLinear (web/WASM) or com.microsoft MatMulNBits.
+FORMATS = ("qdq", "nbits")
+#: What becomes of a weight whose K is not a multiple of the block.
+UNEVEN = ("int8", "keep")
+#: How the LM head (and the embedding it shares) is stored.
+HEAD_MODES = ("int8", "q4", "keep")
+#: How the lookups read a tied table (passes/tied_head.py).
+LOOKUPS = ("columns", "rows")
+
+
+@dataclass
+class QuantizeOptions:
+    scheme: str = option("q4", "weight bits of the body", choices=["q4", "q8"])
+    block_size: int = option(32, "weights per quantization block along K (power of two, >= 16)")
+    symmetric: bool = option(False, "symmetric blocks (no zero points)")
+    format: str = option(
+        "qdq",
+        "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
+        choices=list(FORMATS),
+    )
+    accuracy_level: int | None = option(
+        None, "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8", choices=[0, 1, 2, 3, 4]
+    )
+    head: str = option(
+        "int8", "LM head (and embedding): int8 per token, q4 blocks (ablation), keep", choices=list(HEAD_MODES)
+    )
+    lookups: str = option(
+        "auto",
+        "a tied table's layout: columns (one fp32 copy at run time), rows (faster lookups, the runtime "
+        "folds a transposed copy for the head), auto: rows for a model without a KV cache",
+        choices=["auto", *LOOKUPS],
+    )
+    uneven: str = option(
+        "int8", "a weight whose K is not a multiple of the block: int8 per column, or keep it", choices=list(UNEVEN)
+    )
+    last_token: bool = option(True, "compute the logits of the last position only")
+    simplify: bool = option(
+        True,
+        "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
+        "computed Reshape targets)",
+    )
+    gemv_head: bool = option(
+        True, "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
+    )
+    # The defaults are the lm gate's (tasks/lm/gate.py DEFAULT_MAX_KL, DEFAULT_MIN_TOP1).
+    max_kl: float = option(0.1, "gate: mean KL(source || variant) of next-token distributions, nats")
+    min_top1: float = option(0.8, "gate: top-1 agreement with the source")
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.scheme == "q4" else 8
+
+    def validate(self) -> None:
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two, at least 16")
+        if self.accuracy_level is not None and self.format != "nbits":
+            raise ValueError("accuracy_level applies to --format nbits only")
+        if not self.max_kl > 0:
+            raise ValueError("max_kl must be > 0")
+        if not 0 <= self.min_top1 <= 1:
+            raise ValueError("min_top1 must be between 0 and 1")
+
+
+QUANTIZE = TransformSettings(
+    "quantize", "4-bit / 8-bit weights for a language model (web-ready; see docs/quantize.md)", QuantizeOptions
+)
