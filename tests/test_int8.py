@@ -160,7 +160,7 @@ def test_told_how_the_gate_measures_int8_chooses_what_the_gate_accepts(tmp_path)
     """Handed the gate (it refused a first variant), int8's search measures each choice with it: what the gate
     would refuse counts over budget, so the variant keeps fp32 what the gate needs, though the budget alone allowed
     everything int8 (PP-OCRv4's recogniser: a softmax value bound the relative error does not see)."""
-    from onnxsmith.runtime.int8_measure import relative_output_error
+    from onnxsmith.int8.measure import relative_output_error
 
     source = FACEAGE["dynamo"]
     feeds = [random_inputs(load_model(source), seed=0)]
@@ -375,7 +375,7 @@ def test_real_mobilenet_convs_int8_with_real_inputs(tmp_path):
         assert "nothing went int8" in refused.value.problem and f"53 Conv(s) stay fp32: {why}" in refused.value.problem
         assert not (tmp_path / "plain.onnx").exists()
     out = tmp_path / "convs.onnx"
-    # the Convs' rewrite, not whether they pay on this machine (runtime/int8_speed.py: tests/test_int8_speed.py)
+    # the Convs' rewrite, not whether they pay on this machine (int8/speed.py: tests/test_int8_speed.py)
     result = produce_variant(source, out, [("int8", Int8.Options(speed=False))], feeds=feeds, real_inputs=True)
     report = result.reports[0]
     rows = {r["conv"]: r for r in report.tables["Convs"]}

@@ -1,4 +1,4 @@
-"""runtime/int8_measure.py: the probe that measures the outputs' error of any set of int8 Linears in one session."""
+"""int8/measure.py: the probe that measures the outputs' error of any set of int8 Linears in one session."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.io.load import load_model
-from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
-from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.runtime.int8_measure import (
+from onnxsmith.int8.measure import (
     SensitivityProbe,
     input_grams,
     measure_inputs,
     measure_layer_errors,
     unsmoothed_name,
 )
+from onnxsmith.io.load import load_model
+from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
+from onnxsmith.runtime.inputs import random_inputs
 from tests.support.fusion import FACEAGE
 
 

@@ -2,7 +2,7 @@
 make the variant faster stay fp32.
 
 The timing itself is replaced by run times computed from what each variant holds (no timed assertions):
-the variants are still made and written by runtime/int8_speed.py, the decision and the report are the
+the variants are still made and written by int8/speed.py, the decision and the report are the
 transform's, and the variant is run in onnxruntime against the source.
 """
 
@@ -16,12 +16,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxsmith.core.errors import NothingGained
+from onnxsmith.int8 import speed as int8_speed
+from onnxsmith.int8.speed import Int8Timer
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan
 from onnxsmith.release.variant import produce_variant
-from onnxsmith.runtime import int8_speed
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.runtime.int8_speed import Int8Timer
 from onnxsmith.runtime.runner import open_session, run
 from onnxsmith.transforms.int8 import Int8
 from tests.support.fusion import op_count

@@ -500,3 +500,18 @@ def test_the_schema_is_what_the_reader_accepts(setup):
     text = "[bench]\n" + "".join(f"{k.name} = {json.dumps(k.default)}\n" for k in bench.keys if k.default is not None)
     recipe = _load(tmp_path, recipe_text(source, VARIANT, bench=text))
     assert recipe.bench == BenchSettings(batches=[1])  # the defaults the reference shows are BenchSettings'
+
+
+def test_a_step_names_its_transform_and_the_older_pass_still_builds_with_a_note(setup):
+    """``transform = "..."`` names a step's transform; ``pass = "..."`` (its older name) is still read, and the
+    recipe gets a note at that line saying what to write."""
+    tmp_path, source = setup
+    new = _load(
+        tmp_path, recipe_text(source, '[[variants]]\nname = "v"\nsteps = [{ transform = "test-only-offset" }]\n')
+    )
+    assert [step.name for step in new.variants[0].steps] == ["test-only-offset"] and not new.notes
+    old = _load(tmp_path, recipe_text(source, '[[variants]]\nname = "v"\nsteps = [{ pass = "test-only-offset" }]\n'))
+    assert [step.name for step in old.variants[0].steps] == ["test-only-offset"]
+    assert len(old.notes) == 1 and old.notes[0].endswith(':7: `pass = "..."` is deprecated: write `transform = "..."`')
+    with pytest.raises(RecipeError, match="unknown transform 'nope'"):
+        _load(tmp_path, recipe_text(source, '[[variants]]\nname = "v"\nsteps = [{ transform = "nope" }]\n'))

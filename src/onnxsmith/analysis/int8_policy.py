@@ -1,6 +1,6 @@
 """The int8 policy: which Linears and tables go int8, decided from measured end-to-end errors.
 
-What is measured (runtime/int8_measure.py) is the model's output error with a *set* of
+What is measured (int8/measure.py) is the model's output error with a *set* of
 candidates in int8; each measurement is a run of the calibration inputs. Measuring every
 candidate alone (a ViT-L has 147 Linears) costs too much, and the sum of per-layer errors
 does not predict the outputs' error (an attention projection's error is amplified by the

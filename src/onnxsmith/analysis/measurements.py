@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Smallest positive normal fp16; below it values lose precision, below 2**-24 they vanish.
-FP16_MIN_NORMAL = 2.0**-14
-
 
 @dataclass
 class TensorRange:

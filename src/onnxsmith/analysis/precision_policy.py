@@ -65,11 +65,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
+from onnxsmith.analysis.measurements import TensorRange
+from onnxsmith.core.limits import FP16_MAX, FP16_MIN_NORMAL
 from onnxsmith.irutil.walk import reachable
 from onnxsmith.settings.fp16 import DEFAULT_HEADROOM
 
-FP16_MAX = 65504.0
 #: Keep fp32 when more than this share of a tensor's nonzero values is below fp16's smallest normal.
 UNDERFLOW_SHARE = 0.5
 

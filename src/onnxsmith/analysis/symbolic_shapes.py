@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ast
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -443,94 +443,17 @@ class SymbolicShapes:
                 self._deps[out] = reads
 
     def _visit(self, node: ir.Node) -> None:
-        op = node.op_type
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            return
+        if node.op_type == "Constant":
+            self._constant(node.outputs[0])
             return
         ins = [self.dims(v) for v in node.inputs]
         out = node.outputs[0] if node.outputs else None
-        if op == "Constant":
-            self._constant(node.outputs[0])
-            return
-        if op in SAME_SHAPE and ins and ins[0] is not None:
-            self._set(out, ins[0])
-        elif op in BROADCAST:
-            self._set(out, self._broadcast([d for d in ins if d is not None]) if None not in ins else None)
-        elif op == "Transpose" and ins[0] is not None:
-            perm = node.attributes.get_ints("perm", list(range(len(ins[0]) - 1, -1, -1)))
-            self._set(out, [ins[0][p] for p in perm])
-        elif op in ("MatMul", "FusedMatMul", "MatMulInteger") and ins[0] is not None and ins[1] is not None:
-            self._matmul(node, out, ins[0], ins[1])
-        elif op == "Gemm" and ins[0] is not None and ins[1] is not None and len(ins[0]) == len(ins[1]) == 2:
-            a, b = ins[0], ins[1]
-            self._set(
-                out,
-                [
-                    a[1] if node.attributes.get_int("transA", 0) else a[0],
-                    b[0] if node.attributes.get_int("transB", 0) else b[1],
-                ],
-            )
-        elif op in WINDOWED and ins[0] is not None:
-            self._windowed(node, out, ins[0], ins[1] if len(ins) > 1 else None)
-        elif op in GLOBAL_POOL and ins[0] is not None:
-            self._set(out, [*ins[0][:2], *[1] * (len(ins[0]) - 2)])
-        elif op == "ConvTranspose" and ins[0] is not None:
-            self._conv_transpose(node, out, ins[0], ins[1] if len(ins) > 1 else None)
-        elif op in ("Resize", "Upsample") and ins[0] is not None:
-            self._resize(node, out, ins[0])
-        elif op == "Pad" and ins[0] is not None:
-            self._pad(node, out, ins[0])
-        elif op == "Reshape":
-            self._reshape(node, out, ins[0])
-        elif op == "Split" and ins[0] is not None:
-            self._split(node, ins[0])
-        elif op == "Concat":
-            self._concat(node, out, ins)
-        elif op == "Gather" and ins[0] is not None and ins[1] is not None:
-            axis = node.attributes.get_int("axis", 0) % len(ins[0])
-            self._set(out, [*ins[0][:axis], *ins[1], *ins[0][axis + 1 :]])
-        elif op in ("Unsqueeze", "Squeeze") and ins[0] is not None:
-            self._squeeze(node, out, ins[0])
-        elif op == "Slice" and ins[0] is not None:
-            self._slice(node, out, ins[0])
-        elif op == "Expand" and ins[0] is not None:
-            target = self.shape_value(node.inputs[1])
-            if target is not None:
-                self._set(out, self._broadcast([ins[0], target]))
-        elif op == "ConstantOfShape":
-            self._constant_of_shape(node, out)
-        elif op == "Range":
-            self._range(out, *(self.scalar_value(v) for v in node.inputs[:3]))
-        elif op == "Tile" and ins[0] is not None:
-            repeats = self._ints(node.inputs[1])
-            if repeats is not None and len(repeats) == len(ins[0]):
-                self._set(out, [_simplify(_expr(d) * r) for d, r in zip(ins[0], repeats)])
-        elif op == "Flatten" and ins[0] is not None:
-            axis = node.attributes.get_int("axis", 1) % (len(ins[0]) + 1)
-            self._set(
-                out,
-                [_simplify(sympy.Mul(*map(_expr, ins[0][:axis]))), _simplify(sympy.Mul(*map(_expr, ins[0][axis:])))],
-            )
-        elif (
-            op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1")
-            and ins[0] is not None
-        ):
-            self._reduce(node, out, ins[0])
-        elif op in ("ArgMax", "ArgMin") and ins[0] is not None:
-            axis = node.attributes.get_int("axis", 0) % len(ins[0])
-            keep = node.attributes.get_int("keepdims", 1)
-            dims = list(ins[0])
-            self._set(out, dims[:axis] + ([1] if keep else []) + dims[axis + 1 :])
-        elif op == "Shape" and ins[0] is not None:
-            rank = len(ins[0])
-            start = node.attributes.get_int("start", 0)
-            end = node.attributes.get_int("end", rank)
-            self._set(out, [len(ins[0][slice(start, end)])])
-            self._values[out] = tuple(ins[0][slice(start, end)])
-            return
-        elif op == "Size" and ins[0] is not None:
-            self._set(out, [])
-            self._values[out] = _simplify(sympy.Mul(*[_expr(d) for d in ins[0]]))
-            return
+        known, rule = _SHAPE_RULES.get(node.op_type, (0, None))
+        applies = rule is not None and len(ins) >= known and all(d is not None for d in ins[:known])
+        if applies and rule(self, node, out, ins) is _VALUES_SET:
+            return  # the output's values are known: no shape arithmetic to evaluate
         self._shape_arithmetic(node, out)
 
     def _broadcast(self, shapes: list[Sequence[Dim]]) -> list[Dim]:
@@ -966,3 +889,113 @@ def _simplify(dim: Dim) -> Dim:
         return dim
     dim = sympy.expand(dim)
     return int(dim) if dim.is_Integer else dim
+
+
+# ---- the shape rules, one per op: (the leading inputs whose dims must be known, the rule) ---------------------------
+# A rule is (engine, node, its first output, the dims of its inputs) -> None, or _VALUES_SET when it set the output's
+# values too (Shape, Size), so no shape arithmetic is evaluated for it.
+
+_VALUES_SET = object()
+
+
+def _gemm(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    a, b = ins[0], ins[1]
+    if len(a) == len(b) == 2:
+        e._set(
+            out,
+            [
+                a[1] if node.attributes.get_int("transA", 0) else a[0],
+                b[0] if node.attributes.get_int("transB", 0) else b[1],
+            ],
+        )
+
+
+def _transpose(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    perm = node.attributes.get_ints("perm", list(range(len(ins[0]) - 1, -1, -1)))
+    e._set(out, [ins[0][p] for p in perm])
+
+
+def _gather(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    axis = node.attributes.get_int("axis", 0) % len(ins[0])
+    e._set(out, [*ins[0][:axis], *ins[1], *ins[0][axis + 1 :]])
+
+
+def _expand(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    target = e.shape_value(node.inputs[1])
+    if target is not None:
+        e._set(out, e._broadcast([ins[0], target]))
+
+
+def _tile(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    repeats = e._ints(node.inputs[1])
+    if repeats is not None and len(repeats) == len(ins[0]):
+        e._set(out, [_simplify(_expr(d) * r) for d, r in zip(ins[0], repeats)])
+
+
+def _flatten(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    axis = node.attributes.get_int("axis", 1) % (len(ins[0]) + 1)
+    e._set(out, [_simplify(sympy.Mul(*map(_expr, ins[0][:axis]))), _simplify(sympy.Mul(*map(_expr, ins[0][axis:])))])
+
+
+def _arg_extreme(e: SymbolicShapes, node: ir.Node, out, ins) -> None:
+    axis = node.attributes.get_int("axis", 0) % len(ins[0])
+    keep = node.attributes.get_int("keepdims", 1)
+    e._set(out, list(ins[0][:axis]) + ([1] if keep else []) + list(ins[0][axis + 1 :]))
+
+
+def _shape(e: SymbolicShapes, node: ir.Node, out, ins) -> object:
+    rank = len(ins[0])
+    kept = ins[0][slice(node.attributes.get_int("start", 0), node.attributes.get_int("end", rank))]
+    e._set(out, [len(kept)])
+    e._values[out] = tuple(kept)
+    return _VALUES_SET
+
+
+def _size(e: SymbolicShapes, node: ir.Node, out, ins) -> object:
+    e._set(out, [])
+    e._values[out] = _simplify(sympy.Mul(*[_expr(d) for d in ins[0]]))
+    return _VALUES_SET
+
+
+_SHAPE_RULES: dict[str, tuple[int, Callable[..., object]]] = {
+    **{op: (1, lambda e, node, out, ins: e._set(out, ins[0])) for op in SAME_SHAPE},
+    **{
+        op: (0, lambda e, node, out, ins: e._set(out, e._broadcast(ins) if None not in ins else None))
+        for op in BROADCAST
+    },
+    **{
+        op: (1, lambda e, node, out, ins: e._windowed(node, out, ins[0], ins[1] if len(ins) > 1 else None))
+        for op in WINDOWED
+    },
+    **{op: (1, lambda e, node, out, ins: e._set(out, [*ins[0][:2], *[1] * (len(ins[0]) - 2)])) for op in GLOBAL_POOL},
+    **{
+        op: (2, lambda e, node, out, ins: e._matmul(node, out, ins[0], ins[1]))
+        for op in ("MatMul", "FusedMatMul", "MatMulInteger")
+    },
+    **{op: (1, lambda e, node, out, ins: e._resize(node, out, ins[0])) for op in ("Resize", "Upsample")},
+    **{op: (1, lambda e, node, out, ins: e._squeeze(node, out, ins[0])) for op in ("Unsqueeze", "Squeeze")},
+    **{
+        op: (1, lambda e, node, out, ins: e._reduce(node, out, ins[0]))
+        for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceL1")
+    },
+    **{op: (1, _arg_extreme) for op in ("ArgMax", "ArgMin")},
+    "Gemm": (2, _gemm),
+    "Transpose": (1, _transpose),
+    "ConvTranspose": (
+        1,
+        lambda e, node, out, ins: e._conv_transpose(node, out, ins[0], ins[1] if len(ins) > 1 else None),
+    ),
+    "Pad": (1, lambda e, node, out, ins: e._pad(node, out, ins[0])),
+    "Reshape": (0, lambda e, node, out, ins: e._reshape(node, out, ins[0])),
+    "Split": (1, lambda e, node, out, ins: e._split(node, ins[0])),
+    "Concat": (0, lambda e, node, out, ins: e._concat(node, out, ins)),
+    "Gather": (2, _gather),
+    "Slice": (1, lambda e, node, out, ins: e._slice(node, out, ins[0])),
+    "Expand": (1, _expand),
+    "ConstantOfShape": (0, lambda e, node, out, ins: e._constant_of_shape(node, out)),
+    "Range": (0, lambda e, node, out, ins: e._range(out, *(e.scalar_value(v) for v in node.inputs[:3]))),
+    "Tile": (1, _tile),
+    "Flatten": (1, _flatten),
+    "Shape": (1, _shape),
+    "Size": (1, _size),
+}

@@ -1,4 +1,4 @@
-"""One name -> class registry, for transforms (``pass = "fp16"``) and tasks (``task = "lm"``).
+"""One name -> class registry, for transforms (``transform = "fp16"``) and tasks (``task = "lm"``).
 
 A registry is filled by the package whose classes it holds: importing
 ``onnxsmith.transforms`` registers every transform, ``onnxsmith.tasks`` every task.
@@ -31,8 +31,10 @@ class Registry(Generic[T]):
     def classes(self) -> dict[str, type[T]]:
         return dict(self._classes)
 
-    def create(self, name: str) -> T:
-        """An instance of the class registered as ``name``; UsageError naming the known ones otherwise."""
+    def create(self, name: str, *, called: str | None = None) -> T:
+        """An instance of the class registered as ``name``; UsageError naming the known ones otherwise (an unknown
+        name is called ``called``, where the user wrote another word for the kind: a recipe's deprecated ``pass``)."""
         if name not in self._classes:
-            raise UsageError(f"unknown {self.kind} '{name}' (known: {', '.join(sorted(self._classes))})")
+            known = ", ".join(sorted(self._classes))
+            raise UsageError(f"unknown {called or self.kind} '{name}' (known: {known})")
         return self._classes[name]()

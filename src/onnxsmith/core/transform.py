@@ -160,7 +160,7 @@ class Transform:
 
 
 #: Every transform, by name; filled by importing :mod:`onnxsmith.transforms`.
-TRANSFORMS: Registry[Transform] = Registry("pass", "the transform (fp16, fuse, quantize, shrink, ...)")
+TRANSFORMS: Registry[Transform] = Registry("transform", "the transform (fp16, fuse, quantize, shrink, ...)")
 
 
 def register(cls: type[Transform]) -> type[Transform]:

@@ -405,16 +405,9 @@ def _weight_bytes(model: ir.Model) -> int:
     return total
 
 
-def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.ModelProto], None] | None = None) -> None:
-    """Write ``model`` as one protobuf, streaming large top-level initializers.
-
-    The bytes are those of ``SerializeToString()`` of the whole model proto:
-    fields are emitted in field-number order and each streamed tensor's
-    ``raw_data`` goes exactly where the serialiser would have put it. Every tensor
-    still read from a file is written in full (streamed, or copied in when small or in
-    a subgraph): the file refers to no other. ``check`` sees the proto before anything
-    is written, its streamed tensors as external references to a placeholder.
-    """
+def _proto_without_streamed(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, ir.TensorProtocol]]:
+    """The model's proto with its large top-level initializers as external references to a placeholder (their
+    bytes are streamed in after), and those tensors by name; subgraphs' file tensors copied in."""
     streamed: dict[str, ir.TensorProtocol] = {}
     originals: list[tuple[ir.Value, ir.TensorProtocol]] = []
     for value in model.graph.initializers.values():
@@ -447,6 +440,20 @@ def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.Mod
         for value, tensor in originals:
             value.const_value = tensor
     _drop_restated_initializer_types(proto.graph)
+    return proto, streamed
+
+
+def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.ModelProto], None] | None = None) -> None:
+    """Write ``model`` as one protobuf, streaming large top-level initializers.
+
+    The bytes are those of ``SerializeToString()`` of the whole model proto:
+    fields are emitted in field-number order and each streamed tensor's
+    ``raw_data`` goes exactly where the serialiser would have put it. Every tensor
+    still read from a file is written in full (streamed, or copied in when small or in
+    a subgraph): the file refers to no other. ``check`` sees the proto before anything
+    is written, its streamed tensors as external references to a placeholder.
+    """
+    proto, streamed = _proto_without_streamed(model)
     if check is not None:
         check(proto)
 

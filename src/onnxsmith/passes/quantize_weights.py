@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
@@ -104,30 +105,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             w = const_array(weight)
             k, n = w.shape
             name = weight.name
-            shape = f"{k}x{n}"
             if k % self.block_size:
                 uneven.append(f"{name} (K={k})")
-                if self.uneven == "keep":
-                    self._result.rows.append(
-                        {
-                            "weight": name,
-                            "shape": shape,
-                            "stored as": "unchanged (K not a multiple of the block)",
-                            "rel. error": 0.0,
-                        }
-                    )
-                    continue
-                p = qz.quantize_per_channel_int8(w, axis=1)
-                self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, names, name, p))
-                self._result.rows.append(
-                    {
-                        "weight": name,
-                        "shape": shape,
-                        "stored as": "int8 per column (K not a multiple of the block)",
-                        "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p)),
-                    }
-                )
-                self._result.quantized += 1
+                self._store_uneven(graph, names, order, weight, w)
                 continue
             only_matmuls = all(user in matmuls and index == 1 for user, index in weight.uses())
             nbits = self.format == "nbits" and only_matmuls and weight not in graph.outputs
@@ -139,62 +119,99 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 if grid is not None and nbits
                 else qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
             )
-            error = qz.relative_error(w, qz.dequantize_blocked(b))
             if nbits:
-                on_grid = b.float_zero_point
-                for i, matmul in enumerate(matmuls):
-                    label = name if len(matmuls) == 1 else f"{name}_{i}"
-                    x = matmul.inputs[0]
-                    sums = self._block_sums(graph, names, x, k, block_sums) if on_grid else None
-                    if sums is not None:
-                        nodes = qz.grid_matmul_nodes(graph, names, label, x, sums, b, self.accuracy_level)
-                    else:  # the plain product; a grid whose input's width is unknown: float zero points
-                        nodes = [qz.matmul_nbits_node(graph, names, label, x, b, self.accuracy_level)]
-                    nodes[-1].outputs[0].shape = matmul.outputs[0].shape
-                    ir.convenience.replace_nodes_and_values(
-                        graph, matmul, [matmul], nodes, [matmul.outputs[0]], [nodes[-1].outputs[0]]
-                    )
-                graph.initializers.pop(name)
-                model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
-                stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
-                if on_grid:
-                    on_grids += 1
-                    stored += ", on its grid (exact: levels + block offsets)"
+                stored = self._store_nbits(model, names, weight, matmuls, b, block_sums)
+                on_grids += int(b.float_zero_point)
             else:
                 self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
             self._result.rows.append(
                 {
                     "weight": name,
-                    "shape": shape,
+                    "shape": f"{k}x{n}",
                     "stored as": f"{stored}, {'symmetric' if self.symmetric else 'asymmetric'}",
-                    "rel. error": error,
+                    "rel. error": qz.relative_error(w, qz.dequantize_blocked(b)),
                 }
             )
             self._result.quantized += 1
+        self._result.notes.extend(self._notes(uneven, on_grids, on_grids_lost))
+        self._result.grids_rounded = len(on_grids_lost)
+        self._result.modified = bool(self._result.quantized)
+        return self._result
+
+    def _store_uneven(self, graph: ir.Graph, names: FreshNames, order: dict, weight: ir.Value, w: np.ndarray) -> None:
+        """A weight whose K is not a multiple of the block: kept, or int8 per output column."""
+        k, n = w.shape
+        row = {"weight": weight.name, "shape": f"{k}x{n}"}
+        if self.uneven == "keep":
+            self._result.rows.append(
+                {**row, "stored as": "unchanged (K not a multiple of the block)", "rel. error": 0.0}
+            )
+            return
+        p = qz.quantize_per_channel_int8(w, axis=1)
+        self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, names, weight.name, p))
+        self._result.rows.append(
+            {
+                **row,
+                "stored as": "int8 per column (K not a multiple of the block)",
+                "rel. error": qz.relative_error(w, qz.dequantize_per_channel(p)),
+            }
+        )
+        self._result.quantized += 1
+
+    def _store_nbits(
+        self,
+        model: ir.Model,
+        names: FreshNames,
+        weight: ir.Value,
+        matmuls: list[ir.Node],
+        b: qz.Blocked,
+        block_sums: dict,
+    ) -> str:
+        """Every MatMul reading ``weight`` as a MatMulNBits of the blocks ``b`` (on a grid: its levels, plus the
+        input's block sums times the offsets); returns how the weight is stored, for the table."""
+        graph, name, k = model.graph, weight.name, b.q.shape[0]
+        on_grid = b.float_zero_point
+        for i, matmul in enumerate(matmuls):
+            label = name if len(matmuls) == 1 else f"{name}_{i}"
+            x = matmul.inputs[0]
+            sums = self._block_sums(graph, names, x, k, block_sums) if on_grid else None
+            if sums is not None:
+                nodes = qz.grid_matmul_nodes(graph, names, label, x, sums, b, self.accuracy_level)
+            else:  # the plain product; a grid whose input's width is unknown: float zero points
+                nodes = [qz.matmul_nbits_node(graph, names, label, x, b, self.accuracy_level)]
+            nodes[-1].outputs[0].shape = matmul.outputs[0].shape
+            ir.convenience.replace_nodes_and_values(
+                graph, matmul, [matmul], nodes, [matmul.outputs[0]], [nodes[-1].outputs[0]]
+            )
+        graph.initializers.pop(name)
+        model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
+        stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
+        return stored + (", on its grid (exact: levels + block offsets)" if on_grid else "")
+
+    def _notes(self, uneven: list[str], on_grids: int, on_grids_lost: list[str]) -> list[str]:
+        notes = []
         if uneven:
             kept = (
                 "kept as they were" if self.uneven == "keep" else "stored int8 with one scale per output column instead"
             )
-            self._result.notes.append(
+            notes.append(
                 f"{len(uneven)} weight(s) not block-quantized because K is not a multiple of the block size "
                 f"{self.block_size}, {kept}: {', '.join(uneven)}"
             )
         if on_grids:
-            self._result.notes.append(
+            notes.append(
                 f"{on_grids} weight(s) already on a {self.bits}-bit grid in each block of {self.block_size} (a model "
                 "dequantized from a GGUF file): stored exactly, its levels run by MatMulNBits and each block's offset "
                 "added as the input's block sums times the offsets"
             )
-        self._result.grids_rounded = len(on_grids_lost)
         if on_grids_lost:
-            self._result.notes.append(
+            notes.append(
                 f"{len(on_grids_lost)} weight(s) are already on a {self.bits}-bit grid in each block of "
                 f"{self.block_size} with float offsets (a model dequantized from a GGUF file), which DequantizeLinear's "
                 "integer zero point cannot hold: rounded to the nearest grid it can; --format nbits stores them exactly"
             )
-        self._result.modified = bool(self._result.quantized)
-        return self._result
+        return notes
 
     def _block_sums(
         self, graph: ir.Graph, names: FreshNames, x: ir.Value, k: int, cache: dict[ir.Value, ir.Value]

@@ -39,6 +39,7 @@ import numpy as np
 
 from onnxsmith.analysis.summary import summarize
 from onnxsmith.core.errors import GateFailed, InputError, UsageError
+from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.options import to_json as options_json
 from onnxsmith.core.version import __version__
 from onnxsmith.io.files import (
@@ -73,7 +74,6 @@ from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.verify.gate import GateOptions
 
-FP16_MAX = 65504.0
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
 
 
@@ -124,6 +124,8 @@ def build(
     earlier release are replaced, one by one instead of the folder as a whole.
     """
     out = Path(out)
+    for note in recipe.notes:
+        log(note)
     with _exclusive(out):
         previous = _check_out(out, recipe, force)
         with staging_dir(out.parent) as tmp:
@@ -337,36 +339,8 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
     published = [o for o in outcomes if o.published]
     progress("measuring the source's activation ranges")
     ranges = _source_ranges(source, feeds[:2])
-    bench = None
-    if recipe.bench and published and run_bench:
-        models = [("source", source, {})] + [
-            (o.variant.name, release / o.variant.file, o.data["runtime"]) for o in published
-        ]
-        samples = None if task_run is None else task_run.samples
-        run = bench_models(
-            models, recipe.bench, inputs=None if samples is None else partial(_stacked, samples), progress=progress
-        )
-        bench = {
-            "settings": {
-                "batch": recipe.bench.batches,
-                "provider": recipe.bench.provider,
-                "runs": recipe.bench.runs,
-                "warmup": recipe.bench.warmup,
-                "threads": recipe.bench.threads,
-                "machine": _machine(),
-            },
-            **run.to_json(),
-        }
-
-    included = []
-    for path in recipe.include:
-        copy_file(path, release / path.name)
-        shutil.copymode(path, release / path.name)  # a private file stays private
-        included.append(FileRecord.of(release / path.name).to_json(release))
-    files = [f for o in published for f in o.data["files"]] + included
-    checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
-    write_file(release / CHECKSUMS, checksums.encode("utf-8"))
-    write_file(release / RECIPE_COPY, recipe.text.encode("utf-8"))
+    bench = _bench(recipe, release, published, task_run, progress) if recipe.bench and published and run_bench else None
+    included = _include(recipe, release, published)
     measurements = {
         "onnxsmith": __version__,
         "tools": _tool_versions(),
@@ -408,6 +382,40 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
     write_file(release / CARD, render_card(measurements).encode("utf-8"))
     write_file(release / REPORT, render_report(measurements).encode("utf-8"))
     return BuildResult(release, measurements, outcomes)
+
+
+def _bench(recipe: Recipe, release: Path, published: list, task_run: TaskRun | None, progress) -> dict:
+    """The source and every published variant timed side by side, with the settings and the machine."""
+    models = [("source", recipe.source, {})] + [
+        (o.variant.name, release / o.variant.file, o.data["runtime"]) for o in published
+    ]
+    samples = None if task_run is None else task_run.samples
+    run = bench_models(
+        models, recipe.bench, inputs=None if samples is None else partial(_stacked, samples), progress=progress
+    )
+    settings = {
+        "batch": recipe.bench.batches,
+        "provider": recipe.bench.provider,
+        "runs": recipe.bench.runs,
+        "warmup": recipe.bench.warmup,
+        "threads": recipe.bench.threads,
+        "machine": _machine(),
+    }
+    return {"settings": settings, **run.to_json()}
+
+
+def _include(recipe: Recipe, release: Path, published: list) -> list[dict]:
+    """The recipe's included files copied in, the checksums of every file and the recipe written beside them."""
+    included = []
+    for path in recipe.include:
+        copy_file(path, release / path.name)
+        shutil.copymode(path, release / path.name)  # a private file stays private
+        included.append(FileRecord.of(release / path.name).to_json(release))
+    files = [f for o in published for f in o.data["files"]] + included
+    checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
+    write_file(release / CHECKSUMS, checksums.encode("utf-8"))
+    write_file(release / RECIPE_COPY, recipe.text.encode("utf-8"))
+    return included
 
 
 def _make_variant(

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.text import for_markdown as md
 from onnxsmith.core.text import for_markdown_code as code
 from onnxsmith.release.bench import notes
 
 TIMED_START = "<!-- timed -->"
 TIMED_END = "<!-- /timed -->"
-FP16_MAX = 65504.0
 FAITHFUL_NOTE = (
     "Variants holding fp16 tensors are run storage-faithfully: every fp16 tensor is rounded to fp16 "
     "as a GPU holds it, so an overflow a GPU would hit shows here too (onnxruntime's CPU kernels "

@@ -22,9 +22,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullLocator
 
+from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.text import for_plot_label as label
 
-FP16_MAX = 65504.0
 _STYLE = {
     "svg.hashsalt": "onnxsmith",
     "svg.fonttype": "none",
@@ -123,42 +123,7 @@ def ranges_figure(ranges: dict, title: str) -> str:
         ax.set_yscale("log")
         ax.set(xlabel="position in the graph (node order)", ylabel="max |x| (log)", title=label(title))
         if massive:
-            peak = next(p for p in residual if p["tensor"] == massive["tensor"])
-            over = massive["tensors_over_fp16_max"]
-            ax.annotate(
-                f"channel {massive['channel']}: {massive['absmax']:.3g}"
-                + (f" ({over} of {massive['residual_tensors']} residual tensors over fp16 max)" if over else ""),
-                xy=(peak["order"], peak["absmax"]),
-                xytext=(0.02, 0.78),
-                textcoords="axes fraction",
-                va="top",
-                arrowprops={"arrowstyle": "->", "color": "#444444"},
-                fontsize=8,
-                bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "#cccccc"},
-                zorder=5,
-            )
-            values = massive["per_channel"]
-            channel = massive["channel"]
-            floor = max(min(v for v in values if v > 0) / 2, 1e-6) if any(v > 0 for v in values) else 1e-6
-            channels_ax.stairs(
-                values, [i - 0.5 for i in range(len(values) + 1)], baseline=floor, fill=True, color=_COLORS[0]
-            )  # one path however many channels (1,024 for a ViT-L)
-            channels_ax.bar(
-                [channel],
-                [values[channel]],
-                bottom=floor,
-                width=max(1.0, len(values) / 150),
-                color="#d62728",
-                label=f"channel {channel}",
-            )
-            channels_ax.axhline(FP16_MAX, color="#d62728", linestyle="--", linewidth=1)
-            channels_ax.set_yscale("log")
-            channels_ax.set(
-                xlabel="channel",
-                ylabel="max |x| (log)",
-                title=label(f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)"),
-            )
-            channels_ax.legend(fontsize=8, loc="upper right")
+            _massive_channel(ax, channels_ax, residual, massive)
         else:
             channels_ax.set_axis_off()
             channels_ax.text(
@@ -174,6 +139,46 @@ def ranges_figure(ranges: dict, title: str) -> str:
             a.yaxis.set_minor_locator(NullLocator())
         fig.subplots_adjust(hspace=0.45)
         return svg_text(fig)
+
+
+def _massive_channel(ax, channels_ax, residual: list, massive: dict) -> None:
+    """The massive activation annotated at its peak, and that tensor's max |x| per channel below, its channel red."""
+    peak = next(p for p in residual if p["tensor"] == massive["tensor"])
+    over = massive["tensors_over_fp16_max"]
+    ax.annotate(
+        f"channel {massive['channel']}: {massive['absmax']:.3g}"
+        + (f" ({over} of {massive['residual_tensors']} residual tensors over fp16 max)" if over else ""),
+        xy=(peak["order"], peak["absmax"]),
+        xytext=(0.02, 0.78),
+        textcoords="axes fraction",
+        va="top",
+        arrowprops={"arrowstyle": "->", "color": "#444444"},
+        fontsize=8,
+        bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": "#cccccc"},
+        zorder=5,
+    )
+    values = massive["per_channel"]
+    channel = massive["channel"]
+    floor = max(min(v for v in values if v > 0) / 2, 1e-6) if any(v > 0 for v in values) else 1e-6
+    channels_ax.stairs(
+        values, [i - 0.5 for i in range(len(values) + 1)], baseline=floor, fill=True, color=_COLORS[0]
+    )  # one path however many channels (1,024 for a ViT-L)
+    channels_ax.bar(
+        [channel],
+        [values[channel]],
+        bottom=floor,
+        width=max(1.0, len(values) / 150),
+        color="#d62728",
+        label=f"channel {channel}",
+    )
+    channels_ax.axhline(FP16_MAX, color="#d62728", linestyle="--", linewidth=1)
+    channels_ax.set_yscale("log")
+    channels_ax.set(
+        xlabel="channel",
+        ylabel="max |x| (log)",
+        title=label(f"per-channel max |x| of '{_short(massive['tensor'])}' (the peak residual tensor)"),
+    )
+    channels_ax.legend(fontsize=8, loc="upper right")
 
 
 def _short(name: str, limit: int = 48) -> str:

@@ -8,7 +8,7 @@
 
     [[variants]]
     name = "fused-fp16"                      # written as fused-fp16.onnx (or `file = ...`)
-    steps = [{ pass = "fuse", precision = "fp16" }]   # transforms in order, with their options
+    steps = [{ transform = "fuse", precision = "fp16" }]   # transforms in order, with their options
 
     [validation]
     task = "faceage"                         # plus the task's options: data, boxes, min_face, ...
@@ -133,6 +133,8 @@ class Recipe:
     #: What the release takes from outside the recipe's folder (``allow_outside = true``): include
     #: names, and "license_file" for the license text. The card lists them.
     outside: list[str] = field(default_factory=list)
+    #: What the recipe should say otherwise, by line (a deprecated key): the build prints them first.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def folder(self) -> Path:
@@ -219,6 +221,7 @@ class _Reader:
             include,
             license=license_text,
             outside=outside,
+            notes=[f"{self.path}:{self.line(at)}: {what}" for at, what in checked.deprecated],
         )
 
     def source_sha256(self, source: Path, expected: str) -> str:
@@ -234,7 +237,8 @@ class _Reader:
     def variant(self, index: int, values: dict) -> Variant:
         key = ("variants", index)
         steps = [
-            Step(step["pass"], step[OPTIONS], self.line(key + ("steps", j))) for j, step in enumerate(values["steps"])
+            Step(step["transform"], step[OPTIONS], self.line(key + ("steps", j)))
+            for j, step in enumerate(values["steps"])
         ]
         return Variant(
             values["name"],

@@ -79,21 +79,23 @@ class Key:
 
 @dataclass(frozen=True)
 class OptionsFrom:
-    """A table's key that names a registered transform or task (``pass = "fp16"``, ``task = "lm"``); the
+    """A table's key that names a registered transform or task (``transform = "fp16"``, ``task = "lm"``); the
     table's other keys are the fields of that class's ``Options`` dataclass."""
 
     registry: Registry  # the key is its kind, documented by its help
     named: str  # how problems name the options: the table's label, then this with the name for {}
     help: str  # for the docs: whose options these are and where they are listed
+    #: Older names of the key, still read (a recipe using one builds, with a note saying what to write).
+    deprecated: tuple[str, ...] = ()
 
     @property
     def key(self) -> Key:
         kind = self.registry.kind
         return Key(kind, str, self.registry.help, required=True, needs=f'{kind} = "NAME"')
 
-    def dataclass(self, name: str) -> type:
+    def dataclass(self, name: str, called: str | None = None) -> type:
         """The Options dataclass of the class ``name`` names (UsageError naming the known ones otherwise)."""
-        return self.registry.create(name).Options
+        return self.registry.create(name, called=called).Options
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Checked:
     #: Files whose contents the release publishes: (key path, how problems name the key, the value as
     #: written, its path).
     published: list[tuple[KeyPath, str, str, Path]] = field(default_factory=list)
+    #: A deprecated key the recipe used: (its key path, what to write instead).
+    deprecated: list[tuple[KeyPath, str]] = field(default_factory=list)
 
 
 #: Where an options table's built dataclass is in its checked values (no table has a key of this name).
@@ -137,13 +141,16 @@ OPTIONS = "options"
 def check(schema: Table, data: dict, folder: Path) -> Checked:
     """``data`` (tomllib's result) fitted to ``schema``; :class:`SchemaError` at the first problem."""
     checker = _Checker(folder)
-    return Checked(checker.table(schema, data, (), ""), checker.published)
+    return Checked(checker.table(schema, data, (), ""), checker.published, checker.deprecated)
 
 
 class _Checker:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.published: list[tuple[KeyPath, str, str, Path]] = []
+        self.deprecated: list[tuple[KeyPath, str]] = []
+        #: A key read under a deprecated name: its key path as checked -> the path as written (for its line).
+        self.written: dict[KeyPath, KeyPath] = {}
 
     def table(self, table: Table, data: dict, key: KeyPath, label: str, index: int | None = None) -> dict:
         """``data`` checked as ``table``: ``label`` names the table in problems (or, when the table has a
@@ -151,6 +158,7 @@ class _Checker:
         enclosing = label
         own = {node.name: node for node in table.nodes}
         values: dict = {}
+        data = self.renamed(table, data, key)
         if table.label is not None:
             label = table.label(enclosing, index, values)
         if table.options is None:
@@ -164,7 +172,7 @@ class _Checker:
                         else f"unknown section or key '{name}' (a recipe has: {known})",
                     )
         for node in table.nodes:
-            where = key + (node.name,)
+            where = self.written.get(key + (node.name,), key + (node.name,))
             if node.name not in data:
                 if node.required:
                     raise SchemaError(key, _needs(node, label, values))
@@ -182,6 +190,18 @@ class _Checker:
         if table.options is not None:
             values[OPTIONS] = self.options(table.options, data, own, key, label, values)
         return values
+
+    def renamed(self, table: Table, data: dict, key: KeyPath) -> dict:
+        """``data`` with the naming key under its name where the recipe wrote a deprecated one (``pass``)."""
+        if table.options is None or not isinstance(data, dict):
+            return data
+        name = table.options.key.name
+        for old in table.options.deprecated:
+            if old in data and name not in data:
+                self.written[key + (name,)] = key + (old,)
+                self.deprecated.append((key + (old,), f'`{old} = "..."` is deprecated: write `{name} = "..."`'))
+                return {name if k == old else k: v for k, v in data.items()}
+        return data
 
     def section(self, table: Table, data, key: KeyPath, label: str):
         """A table or an array of tables, inside a table whose problems are named ``label``."""
@@ -256,10 +276,11 @@ class _Checker:
     def options(self, source: OptionsFrom, data: dict, own: dict, key: KeyPath, label: str, values: dict):
         """The Options dataclass the table's naming key names, built from the table's other keys."""
         name = values[source.key.name]
+        where = self.written.get(key + (source.key.name,), key + (source.key.name,))
         try:
-            cls = source.dataclass(name)
+            cls = source.dataclass(name, called=where[-1])
         except OnnxsmithError as err:
-            raise SchemaError(key + (source.key.name,), f"{label} {err.problem}") from None
+            raise SchemaError(where, f"{label} {err.problem}") from None
         label = f"{label.rstrip(':')} {source.named.format(name)}:"
         given = {k: v for k, v in data.items() if k not in own}
         for option, value in given.items():  # one at a time first: a problem is reported at its key's line
@@ -456,16 +477,18 @@ RECIPE = Table(
                 Table(
                     "steps",
                     "The transforms that make the variant, in order, each a table: "
-                    '`steps = [{ pass = "fuse", precision = "fp16" }]`, or `[[variants.steps]]` sections.',
+                    '`steps = [{ transform = "fuse", precision = "fp16" }]`, or `[[variants.steps]]` sections '
+                    '(`pass = "..."`, the older name of `transform`, is still read).',
                     array=True,
                     required=True,
-                    needs='steps = [{ pass = "...", ... }, ...]',
+                    needs='steps = [{ transform = "...", ... }, ...]',
                     label=_step_label,
                     options=OptionsFrom(
                         TRANSFORMS,
                         "({})",
-                        "the options of the transform `pass` names: the same as its command-line flags "
+                        "the options of the transform `transform` names: the same as its command-line flags "
                         "(`onnxsmith NAME --help`, docs/NAME.md)",
+                        deprecated=("pass",),
                     ),
                 ),
                 Key(

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.text import for_html as escape
 from onnxsmith.release import plots
 from onnxsmith.release.bench import notes
-from onnxsmith.release.card import FAITHFUL_NOTE, FP16_MAX, TIMED_END, TIMED_START, runtime_needs, variant_notes
+from onnxsmith.release.card import FAITHFUL_NOTE, TIMED_END, TIMED_START, runtime_needs, variant_notes
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 0;

@@ -15,8 +15,9 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
-from onnxsmith.analysis.measurements import FP16_MIN_NORMAL, TensorRange
+from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS
+from onnxsmith.core.limits import FP16_MIN_NORMAL
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.casts import insert_after_producer
 from onnxsmith.irutil.names import node_label

@@ -109,27 +109,8 @@ class Quantize(Transform, settings=QUANTIZE):
                 f"{nodes_before} -> {prepared.nodes} nodes that run (Constant nodes not counted)"
             )
 
-        rows: list[dict] = []
         nbits_head = head is not None and options.format == "nbits" and options.head == "int8"
-        if nbits_head:
-            progress("quantize: LM head")
-            store = NBitsHeadPass(
-                head, block_size=options.block_size, symmetric=options.symmetric, accuracy_level=options.accuracy_level
-            )(model)
-            report.notes.extend(store.notes)
-            rows.extend(store.rows)
-        elif head is not None:
-            progress("quantize: LM head")
-            store = StoreHeadPass(
-                head,
-                options.head,
-                block_size=options.block_size,
-                symmetric=options.symmetric,
-                lookups=_lookups(model, options),
-            )(model)
-            report.notes.extend(store.notes)
-            rows.extend(store.rows)
-
+        rows = self._store_head(model, head, options, report, progress) if head is not None else []
         progress(f"quantize: {len(body)} weights")
         weights = QuantizeWeightsPass(
             bits=options.bits,
@@ -168,6 +149,30 @@ class Quantize(Transform, settings=QUANTIZE):
 
         RemoveUnusedNodesPass()(model)
         RemoveUnusedOpsetsPass()(model)
+        self._describe(report, model, options, head, rows, (nodes_before, weight_bytes_before), weights.quantized)
+        return report
+
+    def _store_head(self, model: ir.Model, head: LMHead, options: QuantizeOptions, report: StepReport, progress):
+        """The LM head (and the lookups sharing its table) stored as ``--head`` says; returns the table's rows."""
+        progress("quantize: LM head")
+        if options.format == "nbits" and options.head == "int8":
+            store = NBitsHeadPass(
+                head, block_size=options.block_size, symmetric=options.symmetric, accuracy_level=options.accuracy_level
+            )(model)
+        else:
+            store = StoreHeadPass(
+                head,
+                options.head,
+                block_size=options.block_size,
+                symmetric=options.symmetric,
+                lookups=_lookups(model, options),
+            )(model)
+        report.notes.extend(store.notes)
+        return list(store.rows)
+
+    def _describe(self, report, model, options: QuantizeOptions, head, rows, before: tuple[int, int], quantized: int):
+        """The numbers, the weights table, why not more, and what each target needs to run the variant."""
+        nodes_before, weight_bytes_before = before
         weight_bytes_after = weight_bytes(model)
         nodes_after = count_nodes(model, folded=True)
         report.stats["before_after"] = {
@@ -176,7 +181,7 @@ class Quantize(Transform, settings=QUANTIZE):
         }
         report.stats["nodes"] = {"before": nodes_before, "after": nodes_after}
         report.stats["weight_bytes"] = {"before": weight_bytes_before, "after": weight_bytes_after}
-        report.stats["quantized_weights"] = weights.quantized
+        report.stats["quantized_weights"] = quantized
         report.tables["weights"] = rows
         report.why_not_more = _why_not_more(model, options, rows, weight_bytes_after)
         if options.format == "qdq" and head is not None and options.head != "keep":
@@ -191,7 +196,6 @@ class Quantize(Transform, settings=QUANTIZE):
                 "onnxruntime-web (WASM): create the session with session.disable_quant_qdq=1 "
                 "(it folds the DequantizeLinear at load: fp32 speed); without it WASM runs ~10x slower"
             )
-        return report
 
     def _upgrade_opset(self, model: ir.Model, options: QuantizeOptions, report: StepReport) -> None:
         needs_blocks = options.format == "qdq" or options.head == "q4"

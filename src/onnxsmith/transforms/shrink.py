@@ -53,48 +53,19 @@ class Shrink(Transform, settings=SHRINK):
                 report.notes.append(
                     f"stored {len(fp64.narrowed)} fp64 constant(s) read as fp32 as fp32 ({human_bytes(saved)} saved)"
                 )
-            changes += [
-                {
-                    "change": "fp64 -> fp32",
-                    "where": c.name,
-                    "bytes": human_bytes(c.nbytes_before // 2),
-                    "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)",
-                }
-                for c in fp64.narrowed
-            ]
+            changes += _fp64_changes(fp64)
         if options.fold:
             context.progress("shrink: folding constants (guarded)")
             fold = FoldConstantsGuardedPass(max_growth=parse_bytes(options.max_fold_growth))(model)
             report.notes.append(_fold_note(fold))
-            changes += [
-                {
-                    "change": "kept computed",
-                    "where": f"{r.node} ({r.op_type})",
-                    "bytes": "?" if r.output_bytes is None else human_bytes(r.output_bytes),
-                    "why": r.reason,
-                }
-                for r in fold.refused
-            ]
+            changes += _fold_changes(fold)
         if options.narrow_int64:
             context.progress("shrink: narrowing int64 indices")
             infer_types(model)  # folding created values; the regions need their shapes
             evaluated = evaluate_min_max(model, values_to_evaluate(model))
             narrow = NarrowInt64Pass(evaluated=evaluated)(model)
             report.notes.extend(_narrow_notes(narrow))
-            for r in narrow.reports:
-                where = (
-                    f"{', '.join(r.values[:4])}{' ...' if len(r.values) > 4 else ''} (read by {', '.join(r.read_by)})"
-                )
-                changes.append(
-                    {
-                        "change": "int64 -> int32" if r.narrowed else "int64 kept",
-                        "where": where,
-                        "bytes": human_bytes(r.saved_bytes + r.saved_runtime_bytes),
-                        "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
-                        + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
-                        + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
-                    }
-                )
+            changes += _int64_changes(narrow)
         if options.dedup:
             dedup = DeduplicateConstantsPass()(model)
             if dedup.removed:
@@ -127,6 +98,47 @@ class Shrink(Transform, settings=SHRINK):
             ],
         }
         return report
+
+
+def _fp64_changes(fp64) -> list[dict]:
+    return [
+        {
+            "change": "fp64 -> fp32",
+            "where": c.name,
+            "bytes": human_bytes(c.nbytes_before // 2),
+            "why": f"every reader converts it to float32 ({c.casts_removed} Cast(s) removed)",
+        }
+        for c in fp64.narrowed
+    ]
+
+
+def _fold_changes(fold: GuardedFoldResult) -> list[dict]:
+    return [
+        {
+            "change": "kept computed",
+            "where": f"{r.node} ({r.op_type})",
+            "bytes": "?" if r.output_bytes is None else human_bytes(r.output_bytes),
+            "why": r.reason,
+        }
+        for r in fold.refused
+    ]
+
+
+def _int64_changes(narrow: NarrowInt64Result) -> list[dict]:
+    changes = []
+    for r in narrow.reports:
+        where = f"{', '.join(r.values[:4])}{' ...' if len(r.values) > 4 else ''} (read by {', '.join(r.read_by)})"
+        changes.append(
+            {
+                "change": "int64 -> int32" if r.narrowed else "int64 kept",
+                "where": where,
+                "bytes": human_bytes(r.saved_bytes + r.saved_runtime_bytes),
+                "why": (f"values in {r.bounds[0]}..{r.bounds[1]}: {r.proof}" if r.narrowed else r.proof)
+                + (f"; Cast at {', '.join(r.casts_at_producers)}" if r.casts_at_producers else "")
+                + (f"; {r.casts_back} Cast(s) back to int64 for other readers" if r.casts_back else ""),
+            }
+        )
+    return changes
 
 
 def _fold_note(fold: GuardedFoldResult) -> str:

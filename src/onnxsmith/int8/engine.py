@@ -1,0 +1,211 @@
+"""The int8 engine: prepare the graph, find the parts, measure them, choose, rewrite, report.
+
+``make_int8`` is what :class:`onnxsmith.transforms.int8.Int8` runs. Each step is a module of this package:
+what the parts are and the bounds they are decided by (parts.py), how each Linear may be made (forms.py),
+which Convs may go (convs.py), the end-to-end choice (search.py), the probes that measure (measure.py,
+speed.py) and the words the report shows (report.py). The rewrite itself is the passes'
+(passes/quantize_linears.py, quantize_tables.py, quantize_convs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedNodesPass
+
+from onnxsmith.analysis.int8_policy import SpeedCheck, roles
+from onnxsmith.core.options import to_json
+from onnxsmith.core.transform import StepReport, TransformContext
+from onnxsmith.int8.convs import measure_convs, ranges_are_real
+from onnxsmith.int8.forms import compensated_weights, offer_forms
+from onnxsmith.int8.measure import measure_inputs
+from onnxsmith.int8.parts import MIN_SIDE, ConvDecision, Decision, outlier_ratio, vectors_per_sample
+from onnxsmith.int8.report import (
+    closing_notes,
+    describe_parts,
+    describe_speed,
+    refuse_nothing,
+    refuse_too_little,
+    refuse_unchanged,
+    two_pass_note,
+)
+from onnxsmith.int8.search import SPEED_SECONDS, SearchSpace, check_speed, search_parts, without_search
+from onnxsmith.int8.speed import Int8Timer
+from onnxsmith.irutil.tensors import weight_bytes
+from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
+from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs
+from onnxsmith.passes.quantize_linears import (
+    Int8Form,
+    Linear,
+    LinearPlan,
+    QuantizeLinearsPass,
+    find_linears,
+    rounding_key,
+    shared_weights,
+)
+from onnxsmith.passes.quantize_tables import QuantizeTablesPass, Table, find_tables
+from onnxsmith.rules.batchnorm import batchnorm_rules
+from onnxsmith.rules.hardswish import hardswish_rules
+from onnxsmith.settings.int8 import Int8Options
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What goes int8, as the rewrite takes it, and the records of every part that decided it."""
+
+    linears: dict[str, LinearPlan]
+    tables: frozenset[str]
+    convs: dict[str, ConvPlan]
+    form: Int8Form
+    decisions: dict[str, Decision]
+    conv_decisions: dict[str, ConvDecision]
+    speed: SpeedCheck | None
+
+
+def make_int8(
+    model: ir.Model, options: Int8Options, context: TransformContext, given: Path | None, name: str = "int8"
+) -> StepReport:
+    """Rewrite ``model`` in place with the int8 parts its measurements allow; ``given``: the model as given, what
+    the variant's speed is measured against (None: not timed). Raises NothingGained where nothing would pay."""
+    report = StepReport(name, to_json(options))
+    bytes_before = weight_bytes(model)
+    # Convs' activation scales are fixed from the calibration inputs' ranges: real inputs', or made-up ones shaped
+    # like the real thing (photo crops, speech) in a value range read from the model or given by the user. In a
+    # guessed range (an image "normalized" that is really 0..255) every scale would be off 100-fold.
+    with_convs = options.convs if options.convs is not None else ranges_are_real(context)
+    unfused, hard_swishes = _prepare(model, context, with_convs)
+    linears = find_linears(model)
+    tables = {t.name: t for t in find_tables(model)} if options.tables else {}
+    found_convs = find_convs(model)
+    convs = found_convs if with_convs else []
+    if not linears and not tables and not convs:
+        raise refuse_nothing(model, options, context, len(found_convs))
+    budget = options.budget()
+    # Told how the gate measures after it refused a variant (release/: the one gate, or build's task gates),
+    # int8 makes the more exact form: the activation rounding is most of what one pass loses (docs/int8.md).
+    two_pass = options.two_pass_activations or context.judge is not None
+    report.notes.extend(two_pass_note(options, two_pass))
+    with context.model_file(model) as path:
+        choice = _choose(path, model, linears, tables, convs, options, context, budget, two_pass, given, report)
+    context.progress(
+        f"int8: rewriting {len(choice.linears)} Linears, {len(choice.tables)} tables and {len(choice.convs)} Convs"
+    )
+    QuantizeLinearsPass(choice.linears, choice.form)(model)
+    QuantizeTablesPass(set(choice.tables))(model)
+    QuantizeConvsPass(choice.convs)(model)
+    RemoveUnusedNodesPass()(model)
+    conv_decisions = list(choice.conv_decisions.values())
+    describe_parts(
+        report, list(choice.decisions.values()), tables, set(choice.tables), conv_decisions, budget, choice.form
+    )
+    if choice.speed is not None:
+        describe_speed(report, choice.speed, context.feeds[0])
+    closing_notes(
+        report,
+        model,
+        options,
+        context,
+        chosen_convs=len(choice.convs),
+        found_convs=len(found_convs),
+        with_convs=with_convs,
+        unfused=unfused,
+        hard_swishes=hard_swishes,
+    )
+    if not choice.linears and not choice.tables and not choice.convs:
+        raise refuse_unchanged(report, context)
+    refuse_too_little(report, choice.decisions, choice.conv_decisions, bytes_before, weight_bytes(model), context)
+    return report
+
+
+def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
+    """The graph as int8 measures and rewrites it: (what CPU unfusing did, how many hard swishes were rewritten)."""
+    # Constant-node weights (Paddle's) become initializers: what is measured is what is converted;
+    # with Convs, small ones too (BatchNormalization parameters: it folds into its Conv).
+    smallest = 1 if with_convs else MIN_SIDE * MIN_SIDE
+    changed = LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=smallest)(model).modified
+    changed |= bool(with_convs and batchnorm_rules.apply_to_model(model))  # measure the folded Convs
+    # What onnxruntime's CPU kernels run slower fused (or would fuse at load time) is taken apart first: the
+    # Linears int8 finds then include the biases those ops held.
+    unfused = CpuUnfusePass()(model)
+    # A written-out hard swish (Add, Clip, Mul, Div: four passes over the activation) as x * HardSigmoid(x), two.
+    hard_swishes = hardswish_rules.apply_to_model(model)
+    if changed or unfused.modified or hard_swishes:
+        context.model_is_source = False
+    return unfused, hard_swishes
+
+
+def _linear_decisions(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
+    """(the Linears' input statistics, a decision per Linear with the reason of those that cannot go int8)."""
+    context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
+    stats = measure_inputs(path, context.feeds) if linears else {}
+    batch = vectors_per_sample(context.feeds[0])
+    decisions: dict[str, Decision] = {}
+    for linear in linears:
+        k, n = linear.kn()
+        s = stats.get(linear.name)
+        d = decisions[linear.name] = Decision(linear.name, k, n, s.rows if s else 0, outlier_ratio(s))
+        d.role = role[linear.name]
+        if s is None:
+            d.reason, d.kind = "input not measured (no shape)", "not measured"
+        elif min(k, n) < MIN_SIDE:
+            d.reason, d.kind = f"too small ({k}x{n})", "too small"
+        elif s.rows <= batch:
+            d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
+    return stats, decisions
+
+
+def _choose(path, model, linears, tables: dict[str, Table], convs, options, context, budget, two_pass, given, report):
+    """Measure every part on the model at ``path`` and choose what goes int8 (a :class:`Choice`)."""
+    role = roles(
+        [(linear.name, linear.input, linear.output, linear.kn()) for linear in linears]
+        + [(conv.name, conv.input, conv.output, conv.shape) for conv in convs]
+    )
+    stats, decisions = _linear_decisions(path, context, linears, role)
+    candidates = [linear for linear in linears if not decisions[linear.name].reason]
+    shared = shared_weights(candidates)  # stored int8 once: one form and one rounding for all their readers
+    forms = offer_forms(path, context, candidates, shared, stats, decisions, options.smooth_gain, two_pass)
+    rounded = (
+        compensated_weights(path, context, candidates, shared, forms, decisions) if options.compensate_rounding else {}
+    )
+    form = Int8Form(rounded, two_pass)
+    linear_flops = sum(d.flops for d in decisions.values())
+    conv_decisions = measure_convs(path, context, convs, model.opset_imports.get("", 1), linear_flops)
+    for d in conv_decisions.values():
+        d.role = role[d.name]
+    conv_plans = {name: d.plan for name, d in conv_decisions.items() if not d.reason}
+    if not options.sensitivity:
+        chosen = without_search(decisions, candidates, options)
+        chosen_tables, chosen_convs = set(tables), set(conv_plans)
+        for name in chosen_convs:
+            conv_decisions[name].reason = "no end-to-end search"
+        used = {}
+    else:
+        space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions, form)
+        chosen, chosen_tables, chosen_convs, used = search_parts(space, context, budget, options, report)
+    speed = None
+    if given is not None and (chosen or chosen_tables or chosen_convs):
+        linear_plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen}
+        timer = Int8Timer(
+            path, given, context.feeds[0], linear_plans, set(chosen_tables),
+            {n: conv_plans[n] for n in chosen_convs}, form, seconds=SPEED_SECONDS,
+        )  # fmt: skip
+        speed = check_speed(
+            timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, options.keep_fast
+        )
+        chosen, chosen_tables, chosen_convs = (
+            chosen - speed.kept_names,
+            chosen_tables - speed.kept_names,
+            chosen_convs - speed.kept_names,
+        )
+    plans = {}
+    for name in chosen:
+        d = decisions[name]
+        d.int8, d.form = True, used.get(name)
+        plans[name] = forms[name][d.form] if d.form is not None else LinearPlan()
+        d.compensated = rounding_key(name, plans[name]) in form.rounded
+    for name in chosen_convs:
+        conv_decisions[name].int8 = True
+    convs_chosen = {name: conv_plans[name] for name in conv_decisions if name in chosen_convs}
+    return Choice(plans, frozenset(chosen_tables), convs_chosen, form, decisions, conv_decisions, speed)

@@ -1,0 +1,123 @@
+"""How each int8 Linear may be made, measured: plain, smoothed per alpha, outlier channels apart, and its weights' error-compensated rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxsmith.int8.measure import (
+    input_grams,
+    measure_layer_errors,
+)
+from onnxsmith.int8.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS
+from onnxsmith.passes import quantization as qz
+from onnxsmith.passes.quantize_linears import (
+    LinearPlan,
+    by_input,
+    outlier_channels,
+    rounding_key,
+    smoothing_factors,
+    smoothing_folds,
+)
+
+
+def folding_linears(candidates) -> set[str]:
+    """The candidates whose input's smoothing folds into a LayerNorm when every candidate reading it goes int8."""
+    return {
+        r.name
+        for x, readers in by_input(candidates).items()
+        if smoothing_folds(x, [r.node for r in readers])
+        for r in readers
+    }
+
+
+def offer_forms(path, context, candidates, shared: set, stats, decisions, gain: float, two_pass: bool = False) -> dict:
+    """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
+    outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
+    ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
+    ``.offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so): the
+    plain form only (they leave almost no activation rounding error for other forms to trade away); so do the
+    readers of a weight in ``shared`` (:func:`shared_weights`: its one int8 copy cannot change for one input)."""
+    forms: dict[str, dict] = {}
+    for readers in by_input(candidates).values():
+        weights = [r.weight_array() for r in readers]
+        absmax = stats[readers[0].name].channel_absmax
+        per_input: dict = {None: LinearPlan()}
+        if two_pass or any(r.weight in shared for r in readers):
+            for r in readers:
+                forms[r.name] = per_input
+            continue
+        per_input.update({a: LinearPlan(smoothing_factors(absmax, weights, a)) for a in ALPHAS})
+        # Outliers apart where their fp32 product is small next to the input it reads: an output projection's
+        # [rows, N] with N <= K. (The product and its Add are two passes over [rows, N]: on MiniLM's FFN input
+        # projection, N = 4 K, they measured as slow as the int8 product itself.)
+        outliers = outlier_channels(absmax) if all(r.kn()[1] <= r.kn()[0] for r in readers) else ()
+        if outliers:
+            per_input[OUTLIERS] = LinearPlan(outliers=outliers)
+        for r in readers:
+            forms[r.name] = per_input
+            decisions[r.name].outliers = outliers
+    if not forms:
+        return forms
+    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, smoothed, outliers apart)")
+    errors = measure_layer_errors(path, context.feeds, forms, two_pass)
+    for readers in by_input(candidates).values():
+        for r in readers:
+            decisions[r.name].errors = errors.get(r.name, {})
+        labels = [label for label in forms[readers[0].name] if label is not None]
+        if not labels:
+            continue
+        mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *labels)}
+        best = min(labels, key=lambda a: (mean[a], str(a)))
+        smoothing = min(ALPHAS, key=lambda a: (mean[a], a))
+        for r in readers:
+            if mean[best] < (1.0 - gain) * mean[None]:
+                decisions[r.name].offered = best
+            if mean[smoothing] < (1.0 - gain) * mean[None]:
+                decisions[r.name].offered_smoothing = smoothing
+    return forms
+
+
+def compensated_weights(path, context, candidates, shared: set, forms, decisions) -> dict:
+    """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
+    offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
+    form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
+    form (the Linears reading an input share its forms); a weight in ``shared`` once, for all its readers."""
+    # Too few calibration rows for the width of an input leave most directions of XᵀX unseen: compensation puts
+    # the rounding error there, and other inputs meet it (a T5 encoder calibrated on 8 tokens, K 256-1024:
+    # cosine 0.96 on 16 other tokens, 1.0 rounded to nearest). Those Linears are rounded to nearest.
+    for linear in candidates:
+        d = decisions[linear.name]
+        d.few_rows = d.rows * len(context.feeds) < COMPENSATION_ROWS * linear.kn()[0]
+    few = {linear.weight for linear in candidates if decisions[linear.name].few_rows}
+    by_name = {linear.name: linear for linear in candidates if linear.weight not in few}
+    shared_grams: dict = {}  # a weight several inputs' Linears read -> the sum of their inputs' XᵀX
+    rounded = {}
+    if not by_name:
+        return rounded
+    context.progress(f"int8: error-compensated rounding of {len(by_name)} Linears (XᵀX of their inputs)")
+    for readers, gram in input_grams(path, context.feeds, set(by_name)):
+        factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
+        for name in readers:
+            linear, d = by_name[name], decisions[name]
+            if linear.weight in shared:
+                shared_grams[linear.weight] = shared_grams.get(linear.weight, 0) + gram
+                continue
+            w = linear.weight_array()
+            for label in {None, d.offered, d.offered_smoothing}:
+                plan = forms[name].get(label)
+                if plan is None:
+                    continue
+                if label not in factors:
+                    scaling = plan.input_factor(linear.kn()[0])
+                    factors[label] = qz.compensation_factor(
+                        gram if scaling is None else gram * np.outer(scaling, scaling)
+                    )
+                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), factors[label])
+    # One rounding for every reader of a shared weight (the same array: stored once), compensated for all their
+    # inputs together: what it minimises is the sum of their errors.
+    for weight, gram in shared_grams.items():
+        readers = [linear for linear in by_name.values() if linear.weight is weight]
+        q = qz.quantize_columns_compensated(readers[0].weight_array(), qz.compensation_factor(gram))
+        for linear in readers:
+            rounded[rounding_key(linear.name, forms[linear.name][None])] = q
+    return rounded

@@ -1,0 +1,280 @@
+"""What goes int8: the end-to-end search within the error budget, smoothing dropped where it is not needed, and the
+parts kept fp32 for speed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, search
+from onnxsmith.int8.forms import folding_linears
+from onnxsmith.int8.measure import (
+    SensitivityProbe,
+    unsmoothed_name,
+)
+from onnxsmith.int8.parts import OUTLIERS, ConvDecision, Decision
+from onnxsmith.passes.quantize_convs import (
+    ConvPlan,
+)
+from onnxsmith.passes.quantize_linears import (
+    Int8Form,
+    Linear,
+    LinearPlan,
+    by_input,
+    smoothing_folds,
+)
+from onnxsmith.passes.quantize_tables import Table
+from onnxsmith.settings.int8 import Int8Options
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the end-to-end search chooses from, as measured on the model at ``path``: the candidate
+    Linears (with their int8 forms: smoothed per alpha, outliers apart), tables and Convs, and every decision
+    so far."""
+
+    path: Path
+    candidates: list[Linear]
+    tables: dict[str, Table]
+    conv_plans: dict[str, ConvPlan]
+    forms: dict[str, dict]  # Linear -> form label -> LinearPlan
+    decisions: dict[str, Decision]
+    conv_decisions: dict[str, ConvDecision]
+    form: Int8Form  # how the int8 Linears are made (rounded weights, two-pass activations)
+
+
+def without_search(decisions, candidates, options: Int8Options) -> set[str]:
+    chosen = set()
+    for linear in candidates:
+        d = decisions[linear.name]
+        error = d.errors.get(None, float("inf"))
+        if not error <= options.max_layer_error:
+            d.reason = (
+                f"layer error {error:.3f} > {options.max_layer_error:g} (input outlier ratio {d.outlier_ratio:.1f})"
+            )
+            d.kind = "layer error"
+            continue
+        d.reason = "layer error within bound (no end-to-end search)"
+        chosen.add(linear.name)
+    return chosen
+
+
+def search_parts(space: SearchSpace, context, budget, options, report):
+    """(Linears int8, tables int8, Convs int8, form per Linear not plain) from end-to-end measurements."""
+    path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
+    forms, decisions = space.forms, space.decisions
+    # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered. The other
+    # forms offered (smoothing elsewhere, outlier channels apart: a Mul, and a Gather and MatMul) if need be.
+    folding = folding_linears(candidates)
+    free = {n: a for n in folding if (a := decisions[n].offered_smoothing) is not None}
+    offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}  # includes the free ones
+    names = [linear.name for linear in candidates]
+    every = set(names) | set(tables) | set(conv_plans)
+
+    def open_probe(used: dict) -> SensitivityProbe:
+        plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in names}
+        return SensitivityProbe(path, context.feeds, plans, set(tables), conv_plans, form=space.form)
+
+    context.progress(
+        f"int8: a probe with {len(names)} switchable Linears, {len(tables)} tables and {len(conv_plans)} Convs"
+    )
+    probe = open_probe(free)
+    runs = 0  # of the probes closed before the search's
+    try:
+        used: dict[str, float | str] = dict(free)
+        everything = None
+        if free:
+            report.notes.append(f"smoothing folded into LayerNorms (no run-time cost) for {len(free)} Linears")
+        costly = [n for n in offered if offered[n] != free.get(n)]
+        if costly:
+            plain = everything = _measured(probe, every, context.judge, budget)
+            if plain > budget:
+                # Smoothing that costs a Mul, where it was offered: measured in a second probe, kept if it helps.
+                probe.close()
+                runs += probe.runs
+                probe = open_probe(offered)
+                smoothed = _measured(probe, every, context.judge, budget)
+                report.notes.append(
+                    f"smoothing or outliers apart offered for {len(costly)} more Linears (a Mul each input): "
+                    f"everything int8 {plain:.2e} without, {smoothed:.2e} with it"
+                )
+                if smoothed < plain:
+                    used, everything = dict(offered), smoothed
+                else:
+                    probe.close()
+                    runs += probe.runs
+                    probe = open_probe(free)
+        groups, value = _groups_and_values(space)
+
+        def error(chosen: set[str]) -> float:
+            context.progress(f"int8: end-to-end run {runs + probe.runs + 1}")
+            return _measured(probe, chosen, context.judge, budget)
+
+        selection = search(
+            list(groups.items()),
+            value,
+            error,
+            budget,
+            max(1, options.max_runs - runs - probe.runs),  # the smoothing trials count
+            first=set(tables),
+            everything=everything,
+        )
+    finally:
+        probe.close()
+        runs += probe.runs
+    return _settled(space, context, budget, options, report, selection, used, runs)
+
+
+def _groups_and_values(space: SearchSpace) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """The parts the search switches together (the tables; the Linears and Convs of each role) and what each part
+    is worth int8 (its multiply-adds; a table's bytes saved)."""
+    decisions, conv_decisions, tables = space.decisions, space.conv_decisions, space.tables
+    names = [linear.name for linear in space.candidates]
+    groups: dict[str, list[str]] = {}
+    if tables:
+        groups["embedding tables"] = list(tables)
+    for n in names:
+        groups.setdefault(decisions[n].role, []).append(n)
+    for n in space.conv_plans:
+        groups.setdefault(conv_decisions[n].role, []).append(n)
+    value = {n: float(decisions[n].flops) for n in names}
+    value.update({n: float(conv_decisions[n].flops) for n in space.conv_plans})
+    value.update({t: 0.75 * tables[t].value.const_value.nbytes for t in tables})
+    return groups, value
+
+
+def _settled(space: SearchSpace, context, budget, options, report, selection: Selection, used: dict, runs: int):
+    """The search's result explained in each decision, smoothing dropped where the budget holds without it, and
+    the end-to-end measurement in the report: (Linears, tables, Convs int8, form per Linear not plain)."""
+    path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
+    forms, decisions, conv_decisions = space.forms, space.decisions, space.conv_decisions
+    names = [linear.name for linear in candidates]
+    _explain(selection, {**decisions, **{n: conv_decisions[n] for n in conv_plans}}, budget)
+    chosen = selection.chosen
+    used = {n: a for n, a in used.items() if n in chosen}
+    measured, steps = selection.measured, list(selection.steps)
+    if used and runs < options.max_runs:
+        plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen & set(names)}
+        probe = SensitivityProbe(
+            path,
+            context.feeds,
+            plans,
+            chosen & set(tables),
+            {n: conv_plans[n] for n in chosen & set(conv_plans)},
+            unsmoothed=set(used),
+            form=space.form,
+        )
+        try:
+            dropped, measured = _drop_smoothing(
+                probe, context, candidates, chosen, used, decisions, budget, options.max_runs - runs, measured
+            )
+        finally:
+            probe.close()
+            runs += probe.runs
+        for label, n_names, error in dropped:
+            steps.append(f"smoothing of {label} dropped: {error:.2e}")
+            for n in n_names:
+                del used[n]
+    report.notes.append(
+        f"end to end on the calibration inputs: relative output error {measured:.2e} "
+        f"(budget {budget:g}; {runs} run(s): {'; '.join(steps)})"
+    )
+    report.stats["measured_output_error"] = measured
+    report.stats["end_to_end_runs"] = runs
+    return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used
+
+
+def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> float:
+    """The outputs' relative error with ``int8`` switched on; told how the gate measures (``judge``: it refused
+    the first variant), a choice it would refuse counts as over ``budget`` by as much as it is over the gate."""
+    if judge is None:
+        return probe.error(int8)
+    error, severity = probe.judged(int8, judge)
+    return error if severity <= 1 else max(error, budget * severity)
+
+
+def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget, runs_left, measured):
+    """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
+    dropped where the outputs stay within ``budget`` without it, the least helpful first: one measured run per
+    role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
+    for each drop, the final measured error)."""
+    units: dict[tuple, list] = {}
+    for x, readers in by_input(candidates).items():
+        smoothed = [r for r in readers if r.name in used]
+        apart = any(used[r.name] == OUTLIERS for r in smoothed)  # the Gather reads the input: no fold
+        if not smoothed or (not apart and smoothing_folds(x, [r.node for r in readers if r.name in chosen])):
+            continue
+        key = tuple(sorted({decisions[r.name].role.split(" #")[0] for r in smoothed}))
+        units.setdefault(key, []).extend(smoothed)
+
+    def kept_share(linears) -> float:
+        shares = []
+        for r in linears:
+            errors = decisions[r.name].errors
+            plain, smooth = errors.get(None), errors.get(used[r.name])
+            shares.append(smooth / plain if plain and smooth is not None else 0.0)
+        return float(np.mean(shares))
+
+    dropped = []
+    current = set(chosen)
+    for key, linears in sorted(units.items(), key=lambda item: -kept_share(item[1])):
+        if probe.runs >= runs_left:
+            break
+        context.progress(f"int8: without the smoothing of {len(linears)} Linears ({key[0]}, ...)")
+        trial = current | {unsmoothed_name(r.name) for r in linears}
+        error = _measured(probe, trial, context.judge, budget)
+        if error <= budget:
+            current, measured = trial, error
+            roles = key[0] + (f" and {len(key) - 1} more role(s)" if len(key) > 1 else "")
+            dropped.append((f"{len(linears)} Linears ({roles})", [r.name for r in linears], error))
+    return dropped, measured
+
+
+def _explain(selection: Selection, decisions: dict[str, Decision], budget: float) -> None:
+    for name, d in decisions.items():
+        if d.reason:
+            continue
+        piece = selection.piece_of(name)
+        if piece is not None:
+            d.piece, d.piece_error = piece.label, piece.error
+        if name in selection.chosen:
+            d.reason = "measured within budget" if piece is None else f"its part measured {piece.error:.2e}, chosen"
+        else:
+            d.kind = "end-to-end error"
+            d.reason = (
+                f"{piece.label}: {piece.error:.2e} alone; with the rest over the budget {budget:g}"
+                if piece is not None
+                else f"over the budget {budget:g}"
+            )
+
+
+#: Seconds each timing of the variant against fp32 takes at most (beyond a few rounds, however long they take).
+SPEED_SECONDS = 2.0
+
+
+def check_speed(timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, trim) -> SpeedCheck:
+    """Times the variant against the model given; with ``trim``, the groups of int8 parts (the tables, the Convs,
+    the Linears of each role) that do not make it faster are kept fp32, and their decisions say so."""
+    groups = [
+        ("the embedding tables", sorted(chosen_tables)),
+        ("the Convs", [n for n in conv_decisions if n in chosen_convs]),
+    ]
+    by_role: dict[str, list[str]] = {}
+    for name, d in decisions.items():
+        if name in chosen:
+            by_role.setdefault(d.role, []).append(name)
+    groups += [(f"the Linears {role}", names) for role, names in by_role.items()]
+    context.progress("int8: timing the variant against the model given (onnxruntime CPU)")
+    check = keep_fast(set(chosen) | set(chosen_tables) | set(chosen_convs), groups, timer, trim=trim)
+    for label, names, without in check.kept:
+        reason = (
+            f"kept fp32: not faster, measured {check.with_all:.2f}x the model given with {label} int8, "
+            f"{without:.2f}x without"
+        )
+        for n in names:
+            d = decisions.get(n) or conv_decisions.get(n)
+            if d is not None:
+                d.reason, d.kind = reason, "not faster"
+    return check
