@@ -34,6 +34,7 @@ test: setup clients/web/node_modules
 	$(VENV)/bin/ruff check src tests tools benchmarks
 	$(VENV)/bin/ruff format --check src tests tools benchmarks
 	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md (pyproject.toml [tool.importlinter])
+	$(VENV)/bin/mypy  # strict types in the packages pyproject.toml [tool.mypy] lists
 	tools/setup-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -22,7 +22,7 @@ class OnnxsmithError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, problem: str, path: str | os.PathLike | None = None) -> None:
+    def __init__(self, problem: str, path: str | os.PathLike[str] | None = None) -> None:
         self.problem = problem
         self.path = None if path is None else os.fspath(path)
         super().__init__(self.one_line())

@@ -22,14 +22,21 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from onnxsmith.core.errors import UsageError
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, default_factory=dataclasses.MISSING, choices=None):
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    choices: list[Any] | None = None,
+) -> Any:
     """A field of an ``Options`` dataclass: its default, its help text and, where fixed, its choices."""
-    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    metadata: dict[str, Any] = {"help": help} if choices is None else {"help": help, "choices": choices}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -37,9 +44,9 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, default_factor
 # (argparse reports an ArgumentTypeError as "argument --flag: <message>"; cli/main.py prints it as one line.)
 
 
-def _number(text: str, kind: type, what: str, ok) -> int | float:
+def _number(text: str, kind: type[int] | type[float], what: str, ok: Callable[[float], bool]) -> int | float:
     try:
-        value = kind(text)
+        value: int | float | None = kind(text)
     except (TypeError, ValueError, OverflowError):
         value = None
     if value is None or (kind is float and not math.isfinite(value)) or not ok(value):
@@ -49,39 +56,39 @@ def _number(text: str, kind: type, what: str, ok) -> int | float:
 
 def non_negative_int(text: str) -> int:
     """A seed, a count that may be 0 (warm-up runs, threads: 0 is onnxruntime's choice)."""
-    return _number(text, int, "a non-negative integer", lambda v: v >= 0)
+    return int(_number(text, int, "a non-negative integer", lambda v: v >= 0))
 
 
 def positive_int(text: str) -> int:
     """A count of at least one (samples, runs, windows)."""
-    return _number(text, int, "a positive integer", lambda v: v > 0)
+    return int(_number(text, int, "a positive integer", lambda v: v > 0))
 
 
 def finite_float(text: str) -> float:
     """Any finite number: 'nan' and 'inf' are never a sensible option value."""
-    return _number(text, float, "a finite number", lambda v: True)
+    return float(_number(text, float, "a finite number", lambda v: True))
 
 
 def tolerance(text: str) -> float:
     """A gate's rtol / atol: finite and >= 0 (0 is exact, e.g. an absolute bound alone with rtol 0)."""
-    return _number(text, float, "a finite number >= 0", lambda v: v >= 0)
+    return float(_number(text, float, "a finite number >= 0", lambda v: v >= 0))
 
 
 def cosine(text: str) -> float:
     """A cosine similarity bound: in [-1, 1]."""
-    return _number(text, float, "a cosine in [-1, 1]", lambda v: -1 <= v <= 1)
+    return float(_number(text, float, "a cosine in [-1, 1]", lambda v: -1 <= v <= 1))
 
 
 def share(text: str) -> float:
     """A share of values or rows (the gate's label agreement): in [0, 1]."""
-    return _number(text, float, "a share in [0, 1]", lambda v: 0 <= v <= 1)
+    return float(_number(text, float, "a share in [0, 1]", lambda v: 0 <= v <= 1))
 
 
 #: The argparse type of an ``Options`` field of each scalar type (ranges are the dataclass's ``validate()``).
-ARGUMENT_TYPES = {int: int, float: finite_float}
+ARGUMENT_TYPES: dict[Any, Callable[[str], Any]] = {int: int, float: finite_float}
 
 
-def _base_type(annotation) -> tuple[type, bool]:
+def _base_type(annotation: Any) -> tuple[Any, bool]:
     """(the scalar type, whether None is allowed) of a field annotation."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -92,12 +99,12 @@ def _base_type(annotation) -> tuple[type, bool]:
     return annotation, False
 
 
-def _fields(options_cls) -> list[tuple[dataclasses.Field, type, bool]]:
+def _fields(options_cls: type) -> list[tuple[dataclasses.Field[Any], Any, bool]]:
     hints = typing.get_type_hints(options_cls)
     return [(f, *_base_type(hints[f.name])) for f in dataclasses.fields(options_cls)]
 
 
-def add_arguments(parser: argparse.ArgumentParser, options_cls) -> None:
+def add_arguments(parser: argparse.ArgumentParser, options_cls: type) -> None:
     group = parser.add_argument_group("options")
     for f, kind, optional in _fields(options_cls):
         flag = "--" + f.name.replace("_", "-")
@@ -137,14 +144,14 @@ def _literal(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def from_args(args: argparse.Namespace, options_cls):
+def from_args(args: argparse.Namespace, options_cls: type) -> Any:
     given = {
         f.name: getattr(args, f.name) for f, _, _ in _fields(options_cls) if getattr(args, f.name, None) is not None
     }
     return build(options_cls, given, where="command line")
 
 
-def build(options_cls, mapping: dict[str, Any], *, where: str = ""):
+def build(options_cls: type, mapping: dict[str, Any], *, where: str = "") -> Any:
     """Options from a mapping (a recipe table), every key checked against the dataclass."""
     known = {f.name: (f, kind, optional) for f, kind, optional in _fields(options_cls)}
     values = {}
@@ -168,7 +175,7 @@ def build(options_cls, mapping: dict[str, Any], *, where: str = ""):
     return options
 
 
-def _coerce(value, kind, optional, f, prefix):
+def _coerce(value: Any, kind: Any, optional: bool, f: dataclasses.Field[Any], prefix: str) -> Any:
     if value is None and optional:
         return None
     if kind is list:
@@ -193,6 +200,6 @@ def _coerce(value, kind, optional, f, prefix):
     raise UsageError(f"{prefix}option '{f.name}' expects {kind.__name__}, got {value!r}")
 
 
-def to_json(options) -> dict[str, Any]:
+def to_json(options: Any) -> dict[str, Any]:
     """The effective options, as stamped into provenance (deterministic, JSON-able)."""
     return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}

@@ -7,11 +7,18 @@ Whoever looks a name up imports that package first (its ``get_*`` functions do).
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from onnxsmith.core.errors import UsageError
 
-T = TypeVar("T")
+
+class Named(Protocol):
+    """What a registry holds: classes that say their name."""
+
+    name: ClassVar[str]
+
+
+T = TypeVar("T", bound=Named)
 
 
 class Registry(Generic[T]):

@@ -118,7 +118,7 @@ class StepReport:
     #: Tables shown only on ``--explain``: each change and why, before/after breakdowns.
     details: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
