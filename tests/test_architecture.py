@@ -124,3 +124,13 @@ def test_no_function_is_longer_than_a_screen():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+def test_no_module_shadows_a_call_of_the_api():
+    """``onnxsmith.int8(...)`` is the API's call: a subpackage ``onnxsmith/int8/`` would replace it once imported."""
+    import onnxsmith
+
+    public = [name for name in dir(onnxsmith) if not name.startswith("_") and callable(getattr(onnxsmith, name))]
+    assert public, "onnxsmith exports no calls"
+    shadowing = [n for n in public if (SRC / n).is_dir() or (SRC / f"{n}.py").is_file()]
+    assert not shadowing, shadowing

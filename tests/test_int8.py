@@ -160,7 +160,7 @@ def test_told_how_the_gate_measures_int8_chooses_what_the_gate_accepts(tmp_path)
     """Handed the gate (it refused a first variant), int8's search measures each choice with it: what the gate
     would refuse counts over budget, so the variant keeps fp32 what the gate needs, though the budget alone allowed
     everything int8 (PP-OCRv4's recogniser: a softmax value bound the relative error does not see)."""
-    from onnxsmith.int8.measure import relative_output_error
+    from onnxsmith.int8_engine.measure import relative_output_error
 
     source = FACEAGE["dynamo"]
     feeds = [random_inputs(load_model(source), seed=0)]

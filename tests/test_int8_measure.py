@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.int8.measure import (
+from onnxsmith.int8_engine.measure import (
     SensitivityProbe,
     input_grams,
     measure_inputs,

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxsmith.core.errors import NothingGained
-from onnxsmith.int8 import speed as int8_speed
-from onnxsmith.int8.speed import Int8Timer
+from onnxsmith.int8_engine import speed as int8_speed
+from onnxsmith.int8_engine.speed import Int8Timer
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan
 from onnxsmith.release.variant import produce_variant

@@ -124,8 +124,6 @@ def build(
     earlier release are replaced, one by one instead of the folder as a whole.
     """
     out = Path(out)
-    for note in recipe.notes:
-        log(note)
     with _exclusive(out):
         previous = _check_out(out, recipe, force)
         with staging_dir(out.parent) as tmp:
@@ -139,6 +137,8 @@ def build(
                 if out.exists():
                     os.replace(out, tmp / "previous")
                 os.replace(release, out)
+    for note in recipe.notes:  # after the work: a refusal stays one line
+        log(note)
     return dataclasses.replace(result, out=out)
 
 

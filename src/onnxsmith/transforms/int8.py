@@ -12,7 +12,7 @@ are taken apart first, and an Add before a LayerNorm is written so that onnxrunt
 back at load time (passes/cpu_unfuse.py); a written-out hard swish becomes x * HardSigmoid(x), two passes
 over the activation instead of four (rules/hardswish.py). The choice is made from measurements on the
 calibration inputs (int8/measure.py, analysis/int8_policy.py), never from op types; the engine is
-:mod:`onnxsmith.int8` (int8/engine.py), this module its declaration:
+:mod:`onnxsmith.int8_engine` (int8/engine.py), this module its declaration:
 
 1. **Cost**: a Linear that multiplies one vector per sample (a CLS readout, a classifier
    head) stays fp32: int8 saves nothing there.
@@ -47,7 +47,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.int8.engine import make_int8
+from onnxsmith.int8_engine.engine import make_int8
 from onnxsmith.settings.int8 import INT8, Int8Options
 
 #: The options by their short name.

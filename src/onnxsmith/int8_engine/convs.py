@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from onnxsmith.core.transform import TransformContext
-from onnxsmith.int8.measure import (
+from onnxsmith.int8_engine.measure import (
     measure_ranges,
 )
-from onnxsmith.int8.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvDecision
+from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvDecision
 from onnxsmith.passes.quantize_convs import (
     MIN_OPSET,
     Conv,

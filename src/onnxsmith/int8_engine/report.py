@@ -13,8 +13,8 @@ from onnxsmith.analysis.input_roles import describe_inputs
 from onnxsmith.analysis.int8_policy import SpeedCheck
 from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.transform import StepReport, TransformContext
-from onnxsmith.int8.convs import why_convs_fp32
-from onnxsmith.int8.parts import COMPENSATION_ROWS, OUTLIERS, ConvDecision, Decision, vectors_per_sample
+from onnxsmith.int8_engine.convs import why_convs_fp32
+from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, ConvDecision, Decision, vectors_per_sample
 from onnxsmith.settings.int8 import Int8Options
 
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).

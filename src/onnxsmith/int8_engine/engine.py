@@ -18,11 +18,11 @@ from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedN
 from onnxsmith.analysis.int8_policy import SpeedCheck, roles
 from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, TransformContext
-from onnxsmith.int8.convs import measure_convs, ranges_are_real
-from onnxsmith.int8.forms import compensated_weights, offer_forms
-from onnxsmith.int8.measure import measure_inputs
-from onnxsmith.int8.parts import MIN_SIDE, ConvDecision, Decision, outlier_ratio, vectors_per_sample
-from onnxsmith.int8.report import (
+from onnxsmith.int8_engine.convs import measure_convs, ranges_are_real
+from onnxsmith.int8_engine.forms import compensated_weights, offer_forms
+from onnxsmith.int8_engine.measure import measure_inputs
+from onnxsmith.int8_engine.parts import MIN_SIDE, ConvDecision, Decision, outlier_ratio, vectors_per_sample
+from onnxsmith.int8_engine.report import (
     closing_notes,
     describe_parts,
     describe_speed,
@@ -31,8 +31,8 @@ from onnxsmith.int8.report import (
     refuse_unchanged,
     two_pass_note,
 )
-from onnxsmith.int8.search import SPEED_SECONDS, SearchSpace, check_speed, search_parts, without_search
-from onnxsmith.int8.speed import Int8Timer
+from onnxsmith.int8_engine.search import SPEED_SECONDS, SearchSpace, check_speed, search_parts, without_search
+from onnxsmith.int8_engine.speed import Int8Timer
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs

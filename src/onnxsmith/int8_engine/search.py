@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, search
-from onnxsmith.int8.forms import folding_linears
-from onnxsmith.int8.measure import (
+from onnxsmith.int8_engine.forms import folding_linears
+from onnxsmith.int8_engine.measure import (
     SensitivityProbe,
     unsmoothed_name,
 )
-from onnxsmith.int8.parts import OUTLIERS, ConvDecision, Decision
+from onnxsmith.int8_engine.parts import OUTLIERS, ConvDecision, Decision
 from onnxsmith.passes.quantize_convs import (
     ConvPlan,
 )

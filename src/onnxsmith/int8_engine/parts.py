@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxsmith.int8.measure import (
+from onnxsmith.int8_engine.measure import (
     InputStats,
 )
 from onnxsmith.passes.quantize_convs import (
