@@ -20,7 +20,7 @@ references by then (see :mod:`onnxsmith.io.load`), so the checks never copy them
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -96,7 +96,7 @@ def ops_left_to_onnxruntime(proto: onnx.ModelProto) -> list[tuple[str, str, int]
 def _scopes(proto: onnx.ModelProto) -> Iterator[tuple[list[onnx.NodeProto], dict[str, int]]]:
     """Every node list (graph, subgraphs, functions) with the opsets its nodes are read at."""
 
-    def opsets(imports) -> dict[str, int]:
+    def opsets(imports: Iterable[onnx.OperatorSetIdProto]) -> dict[str, int]:
         return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in imports}
 
     def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -135,7 +135,10 @@ def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _io_shapes_declared(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto``, or a copy in which graph inputs and outputs of unknown rank declare an (empty) shape."""
-    graph_io = lambda graph: [*graph.input, *graph.output]  # noqa: E731
+
+    def graph_io(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+        return [*graph.input, *graph.output]
+
     if all(v.type.tensor_type.HasField("shape") for v in graph_io(proto.graph) if v.type.HasField("tensor_type")):
         return proto
     copy = onnx.ModelProto()
@@ -254,7 +257,14 @@ def _order_graph(graph: onnx.GraphProto, outer: set[str], path: Path) -> None:
             _order_graph(sub, visible, path)
 
 
-def _sort_nodes(graph, nodes, reads, producer, defined, path: Path) -> None:
+def _sort_nodes(
+    graph: onnx.GraphProto,
+    nodes: list[onnx.NodeProto],
+    reads: list[list[str]],
+    producer: dict[str, int],
+    defined: set[str],
+    path: Path,
+) -> None:
     """Reorder ``graph.node`` topologically, keeping the file's order where it is free (Kahn)."""
     users: list[list[int]] = [[] for _ in nodes]
     pending = [0] * len(nodes)
@@ -371,7 +381,8 @@ def _declared_bytes(tensor: onnx.TensorProto, path: Path) -> int | None:
         return None
     if any(d < 0 for d in tensor.dims):
         raise InputError(f"tensor '{tensor.name}' has a negative dim {list(tensor.dims)}", path)
-    return math.ceil(math.prod(tensor.dims) * dtype.bitwidth / 8)
+    size: int = math.ceil(math.prod(tensor.dims) * dtype.bitwidth / 8)
+    return size
 
 
 def _check_tensor_data(tensor: onnx.TensorProto, path: Path, data_files: dict[str, tuple[Path, int]]) -> None:
@@ -387,7 +398,9 @@ def _check_tensor_data(tensor: onnx.TensorProto, path: Path, data_files: dict[st
         )
 
 
-def _check_external(tensor, needed: int | None, shape: str, path: Path, data_files) -> None:
+def _check_external(
+    tensor: onnx.TensorProto, needed: int | None, shape: str, path: Path, data_files: dict[str, tuple[Path, int]]
+) -> None:
     entries = {entry.key: entry.value for entry in tensor.external_data}
     location = entries.get("location", "")
     if location not in data_files:
@@ -408,7 +421,7 @@ def _check_external(tensor, needed: int | None, shape: str, path: Path, data_fil
         raise InputError(f"tensor '{tensor.name}': external data offset or length is negative", path)
     if needed is not None and length != needed:
         raise InputError(
-            f"tensor '{tensor.name}' declares {shape} ({_bytes(needed)}) but {_bytes(length)} of external data; "
+            f"tensor '{tensor.name}' declares {shape} ({_bytes(needed)}) but {_bytes(length or 0)} of external data; "
             "the declared size disagrees with the data",
             path,
         )

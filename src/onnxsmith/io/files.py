@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from onnxsmith.core.errors import OutputError, UsageError
 from onnxsmith.io.lock import LockHeld, NotALock, hold_lock
@@ -36,11 +36,11 @@ class FileRecord:
     sha256: str
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> FileRecord:
+    def of(cls, path: str | os.PathLike[str]) -> FileRecord:
         path = Path(path)
         return cls(path=path, bytes=path.stat().st_size, sha256=sha256_file(path))
 
-    def to_json(self, relative_to: Path | None = None) -> dict:
+    def to_json(self, relative_to: Path | None = None) -> dict[str, Any]:
         name = self.path.relative_to(relative_to) if relative_to else self.path
         return {"path": name.as_posix(), "bytes": self.bytes, "sha256": self.sha256}
 
@@ -54,7 +54,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -62,7 +62,7 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def display(path: str | os.PathLike) -> str:
+def display(path: str | os.PathLike[str]) -> str:
     """A path as text that can always be printed (undecodable bytes as \\xNN escapes)."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
@@ -74,19 +74,19 @@ def describe_os_error(err: OSError) -> str:
     return (err.strerror or str(err)).lower()
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def protected(target: str | os.PathLike, protect: Iterable[str | os.PathLike]) -> bool:
+def protected(target: str | os.PathLike[str], protect: Iterable[str | os.PathLike[str]]) -> bool:
     """Whether ``target`` is (a link to) one of the files in ``protect``."""
     return os.path.lexists(target) and any(os.path.exists(p) and same_file(p, target) for p in protect)
 
 
-def refuse_protected(targets: Iterable[str | os.PathLike], protect: Iterable[str | os.PathLike]) -> None:
+def refuse_protected(targets: Iterable[str | os.PathLike[str]], protect: Iterable[str | os.PathLike[str]]) -> None:
     """Raise before ``targets`` are written if one of them is a file a source reads."""
     protect = list(protect)
     for target in targets:
@@ -98,7 +98,7 @@ def refuse_protected(targets: Iterable[str | os.PathLike], protect: Iterable[str
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def create_file(path: str | os.PathLike, *, dir_fd: int | None = None) -> BinaryIO:
+def create_file(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> BinaryIO:
     """A new file at ``path``, open for writing; FileExistsError if anything (a link too) is there.
 
     The one way onnxsmith makes a file: what it writes can never land in a file it did not make.
@@ -106,7 +106,7 @@ def create_file(path: str | os.PathLike, *, dir_fd: int | None = None) -> Binary
     return os.fdopen(os.open(path, _NEW_FILE, 0o666, dir_fd=dir_fd), "wb")
 
 
-def write_file(path: str | os.PathLike, data: bytes) -> None:
+def write_file(path: str | os.PathLike[str], data: bytes) -> None:
     """``data`` as the new file ``path`` (:func:`create_file`); on failure (a full disk) it is removed."""
     fd = os.open(path, _NEW_FILE, 0o666)
     try:
@@ -121,13 +121,13 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
     os.close(fd)
 
 
-def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+def copy_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
     """``source``'s bytes as the new file ``target`` (:func:`create_file`)."""
     with open(source, "rb") as src, create_file(target) as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
 
 
-def remove_inside(folder: str | os.PathLike, relative: str) -> bool:
+def remove_inside(folder: str | os.PathLike[str], relative: str) -> bool:
     """Remove the file ``folder``/``relative`` and the folders it leaves empty (up to ``folder``).
 
     Each folder on the way is opened without following a link, so the removal cannot leave
@@ -159,7 +159,7 @@ def remove_inside(folder: str | os.PathLike, relative: str) -> bool:
     return True
 
 
-def fsync_file(path: str | os.PathLike) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
@@ -173,7 +173,7 @@ _UNLOCKED_GRACE_S = 600
 _held_locks: dict[Path, contextlib.ExitStack] = {}
 
 
-def new_private_dir(parent: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -> Path:
+def new_private_dir(parent: str | os.PathLike[str], *, prefix: str = STAGING_PREFIX) -> Path:
     """A new folder in ``parent``, locked by this process; remove it with :func:`remove_private_dir`.
 
     Folders of the same prefix left in ``parent`` by processes that died (kill -9, a crash,
@@ -257,7 +257,7 @@ class PrivateFolder:
     destination is known (an API variant) holds until it is saved or dropped.
     """
 
-    def __init__(self, final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -> None:
+    def __init__(self, final_dir: str | os.PathLike[str], *, prefix: str = STAGING_PREFIX) -> None:
         self.final_dir = Path(final_dir)
         self._created = _make_dirs(self.final_dir)
         try:
@@ -278,7 +278,7 @@ class PrivateFolder:
 
 
 @contextlib.contextmanager
-def staging_dir(final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -> Iterator[Path]:
+def staging_dir(final_dir: str | os.PathLike[str], *, prefix: str = STAGING_PREFIX) -> Iterator[Path]:
     """A private folder beside the destination (same file system, so renames are atomic).
 
     It and everything in it are removed however the block ends, and so are the folders
@@ -293,7 +293,7 @@ def staging_dir(final_dir: str | os.PathLike, *, prefix: str = STAGING_PREFIX) -
 
 
 @contextlib.contextmanager
-def made_dirs(folder: str | os.PathLike) -> Iterator[Path]:
+def made_dirs(folder: str | os.PathLike[str]) -> Iterator[Path]:
     """``folder``, created with its missing parents for the block; those still empty after it are removed."""
     created = _make_dirs(Path(folder))
     try:
@@ -308,7 +308,7 @@ def _remove_empty(created: list[Path]) -> None:
             folder.rmdir()
 
 
-def same_file_system(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+def same_file_system(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     """Whether the existing folders ``a`` and ``b`` are on one file system (a rename between them is atomic)."""
     try:
         return os.stat(a).st_dev == os.stat(b).st_dev
@@ -333,7 +333,7 @@ def _make_dirs(folder: Path) -> list[Path]:
     return missing
 
 
-def commit_files(pairs: list[tuple[Path, Path]], *, protect: Iterable[str | os.PathLike] = ()) -> None:
+def commit_files(pairs: list[tuple[Path, Path]], *, protect: Iterable[str | os.PathLike[str]] = ()) -> None:
     """fsync each staged file, then rename it over its destination, in the given order.
 
     A destination that is one of the files in ``protect`` (what a source reads) is refused
@@ -355,7 +355,9 @@ def commit_files(pairs: list[tuple[Path, Path]], *, protect: Iterable[str | os.P
             os.close(dir_fd)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, *, protect: Iterable[str | os.PathLike] = ()) -> FileRecord:
+def write_text_atomic(
+    path: str | os.PathLike[str], text: str, *, protect: Iterable[str | os.PathLike[str]] = ()
+) -> FileRecord:
     path = Path(path)
     with staging_dir(path.parent) as tmp:
         commit_files([(stage_text(tmp, path, text), path)], protect=protect)

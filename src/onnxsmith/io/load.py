@@ -41,7 +41,9 @@ LEFT_TO_ONNXRUNTIME = "onnxsmith.left_to_onnxruntime"
 _CHECKED_BY_ONNX: set[tuple[int, int, int, int]] = set()
 
 
-def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTES, checker: bool = True) -> ir.Model:
+def load_model(
+    path: str | os.PathLike[str], *, lazy_file_bytes: int = LAZY_FILE_BYTES, checker: bool = True
+) -> ir.Model:
     """Load and validate ``path``; raise :class:`InputError` naming the problem.
 
     ``checker=False``: onnx.checker's full check is skipped (our own checks still run), for a model that
@@ -88,19 +90,19 @@ def load_model(path: str | os.PathLike, *, lazy_file_bytes: int = LAZY_FILE_BYTE
     return model
 
 
-def passed_onnx_checker(path: str | os.PathLike) -> None:
+def passed_onnx_checker(path: str | os.PathLike[str]) -> None:
     """Note that the file at ``path`` (as it is now) passed onnx.checker: a save checked what it wrote."""
     stat = os.stat(path)
     if stat.st_size >= LAZY_FILE_BYTES:
         _CHECKED_BY_ONNX.add((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
 
-def files_read_by(*paths: str | os.PathLike) -> list[Path]:
+def files_read_by(*paths: str | os.PathLike[str]) -> list[Path]:
     """Every file the models at ``paths`` read; each is loaded, so a bad one is refused here, before any work."""
     return sorted({f for path in paths for f in source_files(load_model(path), path)})
 
 
-def source_files(model: ir.Model, path: str | os.PathLike) -> list[Path]:
+def source_files(model: ir.Model, path: str | os.PathLike[str]) -> list[Path]:
     """The files ``model``, as loaded from ``path``, reads: the .onnx and each external data file.
 
     Call it before transforming the model (a transform may drop references); outputs must
@@ -144,11 +146,11 @@ class WindowTensor(ir.ExternalTensor):
 
     _window_start = 0
 
-    def _load(self):
+    def _load(self) -> None:
         offset, length = self.offset or 0, self.length or self.nbytes
         if self.size == 0 or self.dtype.bitwidth % 8:
             self._window_start = 0
-            super()._load()
+            super()._load()  # type: ignore[no-untyped-call]  # onnx-ir leaves it unannotated
             return
         self._check_validity()
         self._check_path_containment()
@@ -165,8 +167,9 @@ class WindowTensor(ir.ExternalTensor):
         self._check_validity()
         if self.raw is None:
             self._load()
+        assert self.raw is not None  # mapped by _load
         offset = (self.offset or 0) - self._window_start
-        return self.raw[offset : offset + (self.length or self.nbytes)]
+        return bytes(self.raw[offset : offset + (self.length or self.nbytes)])
 
 
 def _map_windows(model: ir.Model) -> None:
@@ -223,7 +226,7 @@ def _read_lazily(path: Path) -> onnx.ModelProto:
                 graphs.append(field)
             else:
                 model_rest += buf[field.start : field.end]
-        proto = onnx.ModelProto.FromString(bytes(model_rest))
+        proto: onnx.ModelProto = onnx.ModelProto.FromString(bytes(model_rest))
         for graph_field in graphs:  # a message field repeated on the wire is merged
             graph_rest = bytearray()
             initializers: list[wire.Field] = []
@@ -238,7 +241,7 @@ def _read_lazily(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def _add_initializer(graph: onnx.GraphProto, buf, init: wire.Field, file_name: str) -> None:
+def _add_initializer(graph: onnx.GraphProto, buf: wire.Buffer, init: wire.Field, file_name: str) -> None:
     header = bytearray()
     raw: wire.Field | None = None
     for field in wire.iter_fields(buf, init.value_start, init.end):

@@ -46,7 +46,7 @@ class NotALock(Exception):
 
 
 @contextlib.contextmanager
-def hold_lock(path: str | os.PathLike, *, dir_fd: int | None = None, new: bool = False) -> Iterator[Path]:
+def hold_lock(path: str | os.PathLike[str], *, dir_fd: int | None = None, new: bool = False) -> Iterator[Path]:
     """Hold the lock file ``path`` for the duration of the block; raise :class:`LockHeld` if taken.
 
     ``dir_fd``: ``path`` is relative to this open folder (a folder reached without following links).

@@ -11,6 +11,7 @@ too (analysis/type_rules.py). The registry is data: reading it opens no session.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import onnx
 
@@ -30,7 +31,7 @@ def onnxruntime_has(domain: str, op_type: str, opset: int) -> bool:
 
 
 @functools.cache
-def onnxruntime_schemas() -> dict[tuple[str, str], list]:
+def onnxruntime_schemas() -> dict[tuple[str, str], list[Any]]:
     """onnxruntime's operator registry (contrib ops included), by (domain, op), oldest version first."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
@@ -38,7 +39,7 @@ def onnxruntime_schemas() -> dict[tuple[str, str], list]:
         schemas = ort_state.get_all_operator_schema()
     except (ImportError, AttributeError):  # a minimal onnxruntime build without the registry
         return {}
-    table: dict[tuple[str, str], list] = {}
+    table: dict[tuple[str, str], list[Any]] = {}
     for schema in schemas:
         table.setdefault((schema.domain, schema.name), []).append(schema)
     for versions in table.values():

@@ -50,7 +50,7 @@ def data_file(location: str, model_path: Path, tensor: str) -> Path:
     return path
 
 
-def resolves_outside(path: str | os.PathLike, folder: str | os.PathLike) -> Path | None:
+def resolves_outside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path | None:
     """Where ``path`` really is (symbolic links followed) when that is outside ``folder``; None when inside.
 
     The one test of what a release publishes (``build``'s ``include``, ``quantize``'s copied tokenizer
@@ -60,7 +60,9 @@ def resolves_outside(path: str | os.PathLike, folder: str | os.PathLike) -> Path
     return None if real.is_relative_to(Path(folder).resolve()) else real
 
 
-def check_outputs(outputs: Iterable[str | os.PathLike | None], *, protect: Iterable[str | os.PathLike] = ()) -> None:
+def check_outputs(
+    outputs: Iterable[str | os.PathLike[str] | None], *, protect: Iterable[str | os.PathLike[str]] = ()
+) -> None:
     """:func:`check_output` for each output a command was given (None: not asked for); no two the same."""
     protect = list(protect)
     seen: dict[str, Path] = {}
@@ -84,9 +86,9 @@ _KINDS = {
 
 
 def check_output(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
-    protect: Iterable[str | os.PathLike] = (),
+    protect: Iterable[str | os.PathLike[str]] = (),
     folder: bool = False,
 ) -> Path:
     """``path`` as an output that can be written; raise naming the problem, before any work.
@@ -115,7 +117,7 @@ def check_output(
     return path
 
 
-def file_kind(path: str | os.PathLike) -> str | None:
+def file_kind(path: str | os.PathLike[str]) -> str | None:
     """What is at ``path`` (links followed) if not a regular file ("a fifo", "a folder"); None if one, or nothing."""
     return _kind(Path(path))
 
@@ -140,7 +142,7 @@ def _probe_writable(folder: Path, path: Path) -> None:
     os.unlink(probe)
 
 
-def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
+def check_readable(path: str | os.PathLike[str], what: str = "file") -> Path:
     """``path`` as a file to read: a regular file (links followed); raise naming it otherwise, without
     opening it (opening a fifo blocks until something writes to it; a device never ends)."""
     path = Path(path)
@@ -155,7 +157,7 @@ def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
     return path
 
 
-def open_readable(path: str | os.PathLike, what: str = "file") -> BinaryIO:
+def open_readable(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     """The regular file ``path`` opened for reading (binary), after :func:`check_readable`. It is opened
     without waiting (O_NONBLOCK) and checked again once open: a fifo swapped in meanwhile cannot block."""
     path = check_readable(path, what)
@@ -174,7 +176,7 @@ def open_readable(path: str | os.PathLike, what: str = "file") -> BinaryIO:
         raise
 
 
-def read_text(path: str | os.PathLike, what: str = "text file") -> str:
+def read_text(path: str | os.PathLike[str], what: str = "text file") -> str:
     """A regular file's UTF-8 text (:func:`open_readable`); one-line errors naming it."""
     with open_readable(path, what) as f:
         try:

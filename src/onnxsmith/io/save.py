@@ -20,11 +20,11 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import onnx
 import onnx_ir as ir
@@ -69,7 +69,7 @@ class Provenance:
 
     source_name: str
     source_sha256: str
-    steps: list[dict] = field(default_factory=list)  # [{"name": ..., "options": {...}}]
+    steps: list[dict[str, Any]] = field(default_factory=list)  # [{"name": ..., "options": {...}}]
     #: Where a source that was not a file came from ("an onnx_ir.Model in memory"); None for a file.
     origin: str | None = None
 
@@ -88,17 +88,17 @@ class Provenance:
         )
 
 
-def data_file_name(path: str | os.PathLike) -> str:
+def data_file_name(path: str | os.PathLike[str]) -> str:
     return Path(path).name + ".data"
 
 
 def save_model(
     model: ir.Model,
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     provenance: Provenance | None = None,
     external_data: bool | None = None,
-    protect: list[str | os.PathLike] = (),
+    protect: Sequence[str | os.PathLike[str]] = (),
 ) -> list[FileRecord]:
     """Write ``model`` to ``path`` (and ``path``.data when external); return what was written.
 
@@ -131,17 +131,20 @@ class StagedModel:
 
     @property
     def data_path(self) -> Path | None:
-        return self.path.with_name(data_file_name(self.path)) if self.external else None
+        return self._data_file() if self.external else None
+
+    def _data_file(self) -> Path:
+        return self.path.with_name(data_file_name(self.path))
 
     def files(self) -> list[Path]:
         """The files as they are now, the data file first."""
-        return [self.data_path, self.path] if self.external else [self.path]
+        return [self._data_file(), self.path] if self.external else [self.path]
 
     def commit(
         self,
-        final: str | os.PathLike | None = None,
+        final: str | os.PathLike[str] | None = None,
         *,
-        alongside: tuple[str | os.PathLike, Callable[[list[FileRecord]], str]] | None = None,
+        alongside: tuple[str | os.PathLike[str], Callable[[list[FileRecord]], str]] | None = None,
     ) -> list[FileRecord]:
         """Put the model at ``final`` (default: where it was staged for); return what is there.
 
@@ -155,12 +158,17 @@ class StagedModel:
         do not change). Moved when staged on the same file system, else copied through a
         staging folder beside ``final``.
         """
-        if final is None and self.final is None:
+        target = Path(final) if final is not None else self.final
+        if target is None:
             raise UsageError("no output path given; say where to save the model")
-        final = Path(final) if final is not None else self.final
+        return self._commit(target, alongside)
+
+    def _commit(
+        self, final: Path, alongside: tuple[str | os.PathLike[str], Callable[[list[FileRecord]], str]] | None
+    ) -> list[FileRecord]:
         finals = [final.with_name(data_file_name(final)), final] if self.external else [final]
         check_outputs([*finals, alongside and alongside[0]], protect=self._protect)
-        staged = self._records.result() if self._records is not None and self._staged else None
+        staged: list[FileRecord] | None = self._records.result() if self._records is not None and self._staged else None
         # The data file of the model being replaced goes with it, unless a source reads it.
         leftover = None if self.external else _own_data_file(final)
         with contextlib.ExitStack() as stack:
@@ -168,12 +176,13 @@ class StagedModel:
             moving = self._staged and same_file_system(self.path.parent, final.parent)
             here = self.path.parent if moving else stack.enter_context(staging_dir(final.parent))
             placed = self._place(here, final, copy=not moving)
+            before: list[FileRecord | None] = list(staged) if staged else [None] * len(finals)
             records = [
                 # renamed as staged: the bytes hashed then hold; a copy or a rewritten .onnx is hashed
                 FileRecord(path, record.bytes, record.sha256)
                 if record is not None and was == now
                 else dataclasses.replace(FileRecord.of(now), path=path)
-                for record, was, now, path in zip(staged or [None] * len(finals), self.files(), placed, finals)
+                for record, was, now, path in zip(before, self.files(), placed, finals)
             ]
             pairs = list(zip(placed, finals))
             if alongside is not None:
@@ -191,10 +200,10 @@ class StagedModel:
         placed = []
         try:
             if self.external:
-                data = self.data_path
+                data = self._data_file()
                 if copy:
                     data = folder / data_file_name(final)
-                    copy_file(self.data_path, data)
+                    copy_file(self._data_file(), data)
                 placed.append(data)
             model = self.path
             if self.external and final.name != self.path.name:
@@ -248,11 +257,11 @@ def _locations(proto: onnx.ModelProto) -> set[str]:
 @contextlib.contextmanager
 def staged_model(
     model: ir.Model,
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     provenance: Provenance | None = None,
     external_data: bool | None = None,
-    protect: list[str | os.PathLike] = (),
+    protect: Sequence[str | os.PathLike[str]] = (),
 ) -> Iterator[StagedModel]:
     """Write ``model`` into a staging folder beside ``path``; see :class:`StagedModel`.
 
@@ -270,11 +279,11 @@ def staged_model(
 def stage_model(
     model: ir.Model,
     folder: Path,
-    name: str | os.PathLike,
+    name: str | os.PathLike[str],
     *,
     provenance: Provenance | None = None,
     external_data: bool | None = None,
-    protect: list[str | os.PathLike] = (),
+    protect: Sequence[str | os.PathLike[str]] = (),
     final: Path | None = None,
 ) -> StagedModel:
     """Write ``model`` as ``folder``/``name`` (and its data file); see :class:`StagedModel`.
@@ -369,7 +378,7 @@ def _file_attributes(model: ir.Model) -> list[tuple[ir.Node, ir.Attr]]:
 
 
 @contextlib.contextmanager
-def _in_memory(items) -> Iterator[None]:
+def _in_memory(items: list[tuple[Any, Any]]) -> Iterator[None]:
     """Hold tensors read from files in memory while the model is serialised, then put the originals back.
 
     ``items``: (value, tensor) for initializers, (node, attr) for tensor attributes.
@@ -410,21 +419,21 @@ def _proto_without_streamed(model: ir.Model) -> tuple[onnx.ModelProto, dict[str,
     bytes are streamed in after), and those tensors by name; subgraphs' file tensors copied in."""
     streamed: dict[str, ir.TensorProtocol] = {}
     originals: list[tuple[ir.Value, ir.TensorProtocol]] = []
-    for value in model.graph.initializers.values():
+    for name, value in model.graph.initializers.items():
         tensor = value.const_value
         if tensor is None or tensor.dtype == ir.DataType.STRING:
             continue
         if tensor.nbytes < _STREAM_TENSOR_BYTES and not isinstance(tensor, ir.ExternalTensor):
             continue
         originals.append((value, tensor))
-        streamed[value.name] = tensor
+        streamed[name] = tensor
         value.const_value = ir.ExternalTensor(
             _PLACEHOLDER,
             offset=0,
             length=tensor.nbytes,
             dtype=tensor.dtype,
-            shape=tensor.shape,
-            name=value.name,
+            shape=tensor.shape,  # type: ignore[arg-type]  # an ir.Shape: onnx-ir types it as its protocol
+            name=name,
         )
     in_files = [
         (value, value.const_value)
@@ -472,10 +481,10 @@ def write_single_file(model: ir.Model, f: BinaryIO, *, check: Callable[[onnx.Mod
     proto.ClearField("graph")
     model_before, model_after = wire.split_at_field(proto.SerializeToString(), wire.MODEL_GRAPH)
 
-    def raw_len(tensor):
+    def raw_len(tensor: ir.TensorProtocol | None) -> int:
         return 0 if tensor is None else tensor.nbytes
 
-    def chunk_len(before, after, tensor):
+    def chunk_len(before: bytes, after: bytes, tensor: ir.TensorProtocol | None) -> int:
         n = raw_len(tensor)
         raw_field = len(wire.len_prefix(wire.TENSOR_RAW_DATA, n)) + n if tensor is not None else 0
         return len(before) + raw_field + len(after)
@@ -534,7 +543,7 @@ def _drop_restated_initializer_types(graph: onnx.GraphProto) -> None:
 def _stream_tensor(tensor: ir.TensorProtocol, f: BinaryIO) -> None:
     mapped_before = isinstance(tensor, ir.ExternalTensor) and tensor.raw is not None
     start = f.tell()
-    tensor.tofile(f)
+    tensor.tofile(f)  # type: ignore[attr-defined]  # onnx-ir's tensors have it; its protocol does not say so
     if f.tell() - start != tensor.nbytes:
         raise InputError(f"tensor '{tensor.name}' wrote {f.tell() - start} bytes, expected {tensor.nbytes}")
     if isinstance(tensor, ir.ExternalTensor) and not mapped_before:

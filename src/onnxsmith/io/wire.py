@@ -14,8 +14,12 @@ GraphProto.initializer = 5, TensorProto.raw_data = 9, ...).
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from typing import NamedTuple
+
+#: What the wire format is read from: bytes, or a memory map of the file.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 VARINT = 0
 I64 = 1
@@ -39,7 +43,7 @@ class Field(NamedTuple):
     end: int  # offset just past the field
 
 
-def read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
@@ -76,7 +80,7 @@ def len_prefix(number: int, length: int) -> bytes:
     return encode_key(number, LEN) + encode_varint(length)
 
 
-def iter_fields(buf, start: int, end: int) -> Iterator[Field]:
+def iter_fields(buf: Buffer, start: int, end: int) -> Iterator[Field]:
     """The top-level fields of the message in ``buf[start:end]``."""
     pos = start
     while pos < end:
