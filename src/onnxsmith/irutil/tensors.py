@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -31,9 +32,9 @@ def weight_bytes(model: ir.Model) -> int:
     )
 
 
-def _contiguous(array) -> np.ndarray:
+def _contiguous(given: Any) -> np.ndarray:
     """C-contiguous, its shape kept (``np.ascontiguousarray`` makes a scalar one-dimensional)."""
-    array = np.asarray(array)
+    array: np.ndarray = np.asarray(given)
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
@@ -43,7 +44,7 @@ class ConstantPool:
     def __init__(self, graph: ir.Graph, names: FreshNames) -> None:
         self.graph = graph
         self.names = names
-        self._by_content: dict[tuple, ir.Value] = {}
+        self._by_content: dict[tuple[Any, ...], ir.Value] = {}
 
     def get(self, array: np.ndarray, name: str) -> ir.Value:
         """The initializer holding ``array``; a new one named ``name`` (made fresh) the first time."""
@@ -72,4 +73,4 @@ def lazy_tensor(
                 tensor.release()
         return ir.tensor(result, dtype=dtype, name=name)
 
-    return ir.LazyTensor(compute, dtype=dtype, shape=ir.Shape(tensor.shape), name=name)
+    return ir.LazyTensor(compute, dtype=dtype, shape=ir.Shape(tensor.shape), name=name)  # type: ignore[arg-type]

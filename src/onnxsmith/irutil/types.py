@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
@@ -67,7 +68,7 @@ def forget_inferred_types(model: ir.Model, stated: set[ir.Value]) -> int:
     return dropped
 
 
-def _inner_values(model: ir.Model):
+def _inner_values(model: ir.Model) -> Iterator[ir.Value]:
     """Values computed by nodes that are not graph outputs (what is written as value_info)."""
     for graph in model.graphs():
         for node in graph:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -48,7 +49,7 @@ def outputs_no_input_reaches(model: ir.Model) -> set[str]:
             yield from owner.get(user, user).outputs
 
     reached = reachable(model.graph.inputs, step)
-    return {value.name for value in model.graph.outputs if value not in reached}
+    return {value.name for value in model.graph.outputs if value not in reached and value.name is not None}
 
 
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
@@ -111,7 +112,7 @@ def rewritable_constants(graph: ir.Graph) -> list[ir.Value]:
     return [c.value for c in graph_constants(graph) if not c.value.is_graph_input() and not c.value.is_graph_output()]
 
 
-def const_array(value: ir.Value | None):
+def const_array(value: ir.Value | None) -> Any:
     """The numpy value of a constant (initializer or Constant node output), else None."""
     if value is None:
         return None
@@ -123,4 +124,5 @@ def constant(value: ir.Value | None) -> np.ndarray | None:
     """The array of a constant operand (initializer or Constant node), else None."""
     if value is None or value.is_graph_input():
         return None
-    return const_array(value)
+    array: np.ndarray | None = const_array(value)
+    return array
