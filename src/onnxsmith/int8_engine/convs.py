@@ -5,17 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from onnxsmith.core.transform import TransformContext
-from onnxsmith.int8_engine.measure import (
-    measure_ranges,
-)
+from onnxsmith.int8_engine.measure import measure_ranges
 from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvDecision
-from onnxsmith.passes.quantize_convs import (
-    MIN_OPSET,
-    Conv,
-    ConvPlan,
-    int8_rank_problem,
-    uint8_params,
-)
+from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, int8_rank_problem, uint8_params
 from onnxsmith.settings.int8 import Int8Options
 
 

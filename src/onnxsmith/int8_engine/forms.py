@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxsmith.int8_engine.measure import (
-    input_grams,
-    measure_layer_errors,
-)
+from onnxsmith.int8_engine.measure import input_grams, measure_layer_errors
 from onnxsmith.int8_engine.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import (

@@ -6,12 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxsmith.int8_engine.measure import (
-    InputStats,
-)
-from onnxsmith.passes.quantize_convs import (
-    ConvPlan,
-)
+from onnxsmith.int8_engine.measure import InputStats
+from onnxsmith.passes.quantize_convs import ConvPlan
 
 #: Error-compensated rounding needs calibration rows (vectors over all calibration inputs) of at least this
 #: share of a Linear's input width K; MiniLM's 128 rows for K 384 helped, a T5's 8 for K 256 hurt.

@@ -10,21 +10,10 @@ import numpy as np
 
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, search
 from onnxsmith.int8_engine.forms import folding_linears
-from onnxsmith.int8_engine.measure import (
-    SensitivityProbe,
-    unsmoothed_name,
-)
+from onnxsmith.int8_engine.measure import SensitivityProbe, unsmoothed_name
 from onnxsmith.int8_engine.parts import OUTLIERS, ConvDecision, Decision
-from onnxsmith.passes.quantize_convs import (
-    ConvPlan,
-)
-from onnxsmith.passes.quantize_linears import (
-    Int8Form,
-    Linear,
-    LinearPlan,
-    by_input,
-    smoothing_folds,
-)
+from onnxsmith.passes.quantize_convs import ConvPlan
+from onnxsmith.passes.quantize_linears import Int8Form, Linear, LinearPlan, by_input, smoothing_folds
 from onnxsmith.passes.quantize_tables import Table
 from onnxsmith.settings.int8 import Int8Options
 
@@ -46,6 +35,7 @@ class SearchSpace:
 
 
 def without_search(decisions, candidates, options: Int8Options) -> set[str]:
+    """With ``--no-sensitivity``: every candidate whose own int8 error is within ``--max-layer-error``."""
     chosen = set()
     for linear in candidates:
         d = decisions[linear.name]
