@@ -15,11 +15,14 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.checkout import checkout  # noqa: E402
+
 COMMANDS = [[], ["fp16"], ["fuse"], ["int8"], ["quantize"], ["shrink"], ["compare"], ["build"], ["validate"]]
 
 
@@ -39,25 +42,16 @@ def main() -> None:
     parser.add_argument("--before", default="34dd916", help="the checkout to compare with (a git revision)")
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(before), args.before],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            times: dict[tuple[str, str], list[float]] = {}
-            python = []
-            for _ in range(args.runs):
-                start = time.perf_counter()
-                subprocess.run([sys.executable, "-c", "pass"], check=True)
-                python.append(time.perf_counter() - start)
-                for argv in COMMANDS:
-                    for label, src in (("now", REPO / "src"), ("before", before / "src")):
-                        times.setdefault((" ".join(argv), label), []).append(seconds([*argv, "--help"], src))
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=True)
+    with checkout(args.before) as before:
+        times: dict[tuple[str, str], list[float]] = {}
+        python = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            python.append(time.perf_counter() - start)
+            for argv in COMMANDS:
+                for label, src in (("now", REPO / "src"), ("before", before / "src")):
+                    times.setdefault((" ".join(argv), label), []).append(seconds([*argv, "--help"], src))
     print(
         f"{platform.machine()}, Python {platform.python_version()}, median of {args.runs} fresh processes; "
         f"an empty Python start: {statistics.median(python):.3f} s\n"

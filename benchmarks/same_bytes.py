@@ -19,6 +19,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.checkout import checkout  # noqa: E402
+
 MODELS = [
     REPO / "tests" / "fixtures" / "faceage_dynamo.onnx",
     REPO / ".cache" / "realmodels" / "minilm" / "paraphrase-MiniLM-L3-v2.onnx",
@@ -46,23 +50,14 @@ def main() -> int:
     parser.add_argument("--before", default="34dd916", help="the checkout to compare with (a git revision)")
     args = parser.parse_args()
     rows, differ = [], 0
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp) / "before"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(before), args.before],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            for model in MODELS:
-                for command in COMMANDS:
-                    old = made(before / "src", command, model, Path(tmp) / f"{model.stem}.{command}.before.onnx")
-                    new = made(REPO / "src", command, model, Path(tmp) / f"{model.stem}.{command}.now.onnx")
-                    same = old == new and len(new) == 64
-                    differ += not same
-                    rows.append(f"| {model.name} | {command} | {old[:16]} | {new[:16]} | {'yes' if same else 'NO'} |")
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=True)
+    with checkout(args.before) as before, tempfile.TemporaryDirectory() as tmp:
+        for model in MODELS:
+            for command in COMMANDS:
+                old = made(before / "src", command, model, Path(tmp) / f"{model.stem}.{command}.before.onnx")
+                new = made(REPO / "src", command, model, Path(tmp) / f"{model.stem}.{command}.now.onnx")
+                same = old == new and len(new) == 64
+                differ += not same
+                rows.append(f"| {model.name} | {command} | {old[:16]} | {new[:16]} | {'yes' if same else 'NO'} |")
     print(f"| model | command | sha256 before ({args.before}) | sha256 now | same bytes |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))
