@@ -64,6 +64,32 @@ def test_per_channel_int8():
     assert qz.relative_error(w.T, qz.dequantize_per_channel(p)) < 0.01
 
 
+@pytest.mark.parametrize("slab", [1, 5, 1 << 22])
+def test_per_channel_int8_in_slabs_gives_the_whole_weights_numbers(monkeypatch, slab):
+    """Quantized a slab of rows at a time (a 2 GB table is never widened to float64 whole): the same bytes as the
+    formula on the whole weight, along any axis, a zero channel included."""
+
+    def whole(w, axis):
+        others = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+        scale = (np.abs(w.astype(np.float64)).max(axis=others) / 127.0).astype(w.dtype)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        safe = np.where(scale == 0, 1, scale).astype(np.float64).reshape(shape)
+        return np.clip(np.rint(w / safe), -127, 127).astype(np.int8), scale
+
+    monkeypatch.setattr(qz, "_SLAB_ELEMENTS", slab)
+    rng = np.random.default_rng(0)
+    for shape in [(13, 7), (1, 9), (4, 5, 6), (40,)]:
+        w = (rng.standard_normal(shape) * rng.uniform(0.01, 10.0, shape[-1:])).astype(np.float32)
+        w[0] = 0
+        for axis in range(-w.ndim, w.ndim):
+            p = qz.quantize_per_channel_int8(w, axis)
+            q, scale = whole(w, axis)
+            assert p.axis == axis % w.ndim
+            assert p.q.tobytes() == q.tobytes() and p.q.shape == q.shape
+            assert p.scale.tobytes() == scale.tobytes() and p.scale.dtype == np.float32
+
+
 def _matmul_model(k: int, n: int = 64, seed: int = 0) -> onnx.ModelProto:
     """x [b, s, k] @ w [k, n] -> Relu -> @ w2 [n, 48]."""
     w = _weight(k, n, seed)

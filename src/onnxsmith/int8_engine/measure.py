@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.io.load import load_model, release_weights
+from onnxsmith.io.load import discard_weights, load_model, release_weights
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
@@ -420,4 +420,4 @@ class SensitivityProbe:
 
     def close(self) -> None:
         del self.session
-        release_weights(self.model)
+        discard_weights(self.model)  # its int8 tables and weights: not when the next probe is already made

@@ -133,6 +133,17 @@ def release_weights(model: ir.Model) -> None:
                 value.const_value.release()
 
 
+def discard_weights(model: ir.Model) -> None:
+    """Let go of every weight of a ``model`` that is not used again: those of its files unmapped, those made in
+    memory dropped (the model is unusable after). Its graph's reference cycles would keep them until the garbage
+    collector runs, which can be after the next model is made: the int8 copy of a 2 GB table is 0.5 GB each time.
+    """
+    release_weights(model)
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            value.const_value = None
+
+
 class WindowTensor(ir.ExternalTensor):
     """An external tensor that maps only its own bytes of its file, not the whole file.
 

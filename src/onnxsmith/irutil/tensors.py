@@ -32,6 +32,11 @@ def weight_bytes(model: ir.Model) -> int:
     )
 
 
+def tensor_dims(tensor: ir.TensorProtocol) -> tuple[int, ...]:
+    """A tensor's dims as ints: its shape is concrete (onnx-ir's protocol types them as any shape's dims)."""
+    return tuple(int(d) for d in tensor.shape)  # type: ignore[arg-type]  # ints: a tensor has no symbolic dims
+
+
 def _contiguous(given: Any) -> np.ndarray:
     """C-contiguous, its shape kept (``np.ascontiguousarray`` makes a scalar one-dimensional)."""
     array: np.ndarray = np.asarray(given)
@@ -56,7 +61,7 @@ class ConstantPool:
 
 
 def lazy_tensor(
-    tensor: ir.TensorProtocol, convert: Callable[[np.ndarray], np.ndarray], *, dtype: ir.DataType, name: str
+    tensor: ir.TensorProtocol, convert: Callable[[np.ndarray], np.ndarray], *, dtype: ir.DataType, name: str | None
 ) -> ir.TensorProtocol:
     """``convert(tensor.numpy())`` as a ``dtype`` tensor, computed when read.
 

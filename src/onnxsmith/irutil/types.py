@@ -42,6 +42,14 @@ def ensure_types(model: ir.Model) -> None:
                 return
 
 
+def set_dtype(value: ir.Value, dtype: ir.DataType | None) -> None:
+    """``value.dtype = dtype``, None included: a rewrite copies its source's dtype, known or not.
+
+    onnx-ir's setter is annotated without None but stores it all the same.
+    """
+    value.dtype = dtype  # type: ignore[assignment]  # onnx-ir's setter is typed without None, takes it
+
+
 def typed_values(model: ir.Model) -> set[ir.Value]:
     """The values whose type the model states (before :func:`infer_types` adds the rest)."""
     return {v for v in _inner_values(model) if v.type is not None or v.shape is not None}

@@ -112,6 +112,13 @@ def rewritable_constants(graph: ir.Graph) -> list[ir.Value]:
     return [c.value for c in graph_constants(graph) if not c.value.is_graph_input() and not c.value.is_graph_output()]
 
 
+def const_tensor(value: ir.Value) -> ir.TensorProtocol:
+    """The tensor of a value known to be a constant (one of :func:`rewritable_constants`, an initializer)."""
+    tensor = ir.convenience.get_const_tensor(value)
+    assert tensor is not None, f"'{value.name}' is not a constant"
+    return tensor
+
+
 def const_array(value: ir.Value | None) -> Any:
     """The numpy value of a constant (initializer or Constant node output), else None."""
     if value is None:

@@ -68,19 +68,26 @@ def round_trip_pairs(model: ir.Model) -> list[tuple[ir.Node, ir.Node]]:
 def _inner_cast(node: ir.Node) -> ir.Node | None:
     if not is_float_cast(node):
         return None
-    producer = node.inputs[0].producer()
+    producer = _cast_input(node).producer()
     return producer if producer is not None and is_float_cast(producer) else None
 
 
+def _cast_input(cast: ir.Node) -> ir.Value:
+    """The value a float Cast reads (:func:`is_float_cast` checked it has one)."""
+    value = cast.inputs[0]
+    assert value is not None
+    return value
+
+
 def _narrows_then_widens(inner: ir.Node, outer: ir.Node) -> bool:
-    source = inner.inputs[0].dtype
+    source = _cast_input(inner).dtype
     middle = ir.DataType(inner.attributes.get_int("to"))
     target = ir.DataType(outer.attributes.get_int("to"))
     return target == source and _BITS[middle] < _BITS[source]
 
 
 def _widens_then_narrows(inner: ir.Node, outer: ir.Node) -> bool:
-    source = inner.inputs[0].dtype
+    source = _cast_input(inner).dtype
     middle = ir.DataType(inner.attributes.get_int("to"))
     target = ir.DataType(outer.attributes.get_int("to"))
     # fp16 -> fp32 -> fp16 is exact; fp16 -> fp32 -> bf16 is not the identity.
@@ -115,14 +122,14 @@ class CastHygienePass(ir.passes.InPlacePass):
                 counts.identities += 1
             else:
                 continue
-            _bypass(graph, node, inner.inputs[0])
+            _bypass(graph, node, _cast_input(inner))
 
     def _merge_duplicates(self, graph: ir.Graph, counts: CastCounts) -> None:
         seen: dict[tuple[ir.Value, int], ir.Node] = {}
         for node in list(graph):
             if not is_float_cast(node):
                 continue
-            key = (node.inputs[0], node.attributes.get_int("to"))
+            key = (_cast_input(node), node.attributes.get_int("to"))
             kept = seen.get(key)
             if kept is None:
                 seen[key] = node

@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import node_label
-from onnxsmith.irutil.walk import rewritable_constants
+from onnxsmith.irutil.walk import const_tensor, rewritable_constants
 
 
 @dataclass
@@ -36,7 +36,7 @@ class _Sha256Writer:
     def __init__(self) -> None:
         self.digest = hashlib.sha256()
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         self.digest.update(data)
         return len(data)
 
@@ -59,16 +59,16 @@ class DeduplicateConstantsPass(ir.passes.InPlacePass):
 def _deduplicate(graph: ir.Graph) -> list[Duplicate]:
     """Each constant of ``graph`` that equals an earlier one replaced by it; what was removed."""
     removed = []
-    by_shape: dict[tuple, list[ir.Value]] = defaultdict(list)
+    by_shape: dict[tuple[ir.DataType, tuple[int | ir.SymbolicDimProtocol, ...]], list[ir.Value]] = defaultdict(list)
     for value in rewritable_constants(graph):
-        tensor = ir.convenience.get_const_tensor(value)
+        tensor = const_tensor(value)
         by_shape[(tensor.dtype, tuple(tensor.shape))].append(value)
     for candidates in by_shape.values():
         if len(candidates) < 2:
             continue  # unique shape: never read
         kept: dict[str, list[ir.Value]] = {}
         for value in candidates:
-            digest = _sha256(ir.convenience.get_const_tensor(value))
+            digest = _sha256(const_tensor(value))
             twin = next((k for k in kept.get(digest, []) if _same_bytes(k, value)), None)
             if twin is None:
                 kept.setdefault(digest, []).append(value)
@@ -78,11 +78,12 @@ def _deduplicate(graph: ir.Graph) -> list[Duplicate]:
 
 
 def _replace(graph: ir.Graph, duplicate: ir.Value, kept: ir.Value) -> Duplicate:
-    nbytes = ir.convenience.get_const_tensor(duplicate).nbytes
+    nbytes = const_tensor(duplicate).nbytes
     name = duplicate.name or "?"
     producer = duplicate.producer()
     duplicate.replace_all_uses_with(kept)
     if producer is None:
+        assert duplicate.name is not None  # an initializer is named
         graph.initializers.pop(duplicate.name)
     else:
         name = node_label(producer)
@@ -96,14 +97,15 @@ def _sha256(tensor: ir.TensorProtocol) -> str:
         tensor.tofile(sink)  # chunked reads, no map of the whole weight
         return sink.digest.hexdigest()
     if tensor.dtype == ir.DataType.STRING:
-        return hashlib.sha256(b"\0".join(tensor.string_data())).hexdigest()
+        strings = tensor.string_data()  # type: ignore[attr-defined]  # onnx-ir's string tensors have it; its protocol does not
+        return hashlib.sha256(b"\0".join(strings)).hexdigest()
     return hashlib.sha256(tensor.tobytes()).hexdigest()
 
 
 def _same_bytes(a: ir.Value, b: ir.Value) -> bool:
-    ta, tb = ir.convenience.get_const_tensor(a), ir.convenience.get_const_tensor(b)
+    ta, tb = const_tensor(a), const_tensor(b)
     if ta.dtype == ir.DataType.STRING:
-        return list(ta.string_data()) == list(tb.string_data())
+        return list(ta.string_data()) == list(tb.string_data())  # type: ignore[attr-defined]  # as in _sha256
     if isinstance(ta, ir.ExternalTensor) or isinstance(tb, ir.ExternalTensor):
         return True  # their sha256 matched; reading both weights again would cost more than it proves
     return np.array_equal(np.frombuffer(ta.tobytes(), np.uint8), np.frombuffer(tb.tobytes(), np.uint8))

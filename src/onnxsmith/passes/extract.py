@@ -57,27 +57,33 @@ class ExtractPass(ir.passes.FunctionalPass):
             model_version=model.model_version,
             functions=list(model.functions.values()),
         )
-        typed_by_running = [value.name for value in [*graph.inputs, *graph.outputs] if self._complete_type(value)]
-        RemoveUnusedFunctionsPass()(piece)
+        typed_by_running = [
+            value.name
+            for value in [*graph.inputs, *graph.outputs]
+            if self._complete_type(value) and value.name is not None  # filled ones are named: found by name
+        ]
+        RemoveUnusedFunctionsPass()(piece)  # type: ignore[no-untyped-call]  # onnx-ir leaves __init__ unannotated
         RemoveUnusedOpsetsPass()(piece)
         return ExtractResult(piece, True, typed_by_running)
 
     def _complete_type(self, value: ir.Value) -> bool:
         """Fill a missing dtype or unknown dims from the observed arrays; True if anything was filled."""
         complete = value.dtype is not None and value.shape is not None and all(_told(d) for d in value.shape)
-        arrays = self.observed.get(value.name)
+        arrays = self.observed.get(value.name) if value.name is not None else None
         if complete or not arrays:
             return False
         if value.dtype is None:
             value.dtype = ir.DataType.from_numpy(arrays[0].dtype)
         rank = arrays[0].ndim
-        known = list(value.shape) if value.shape is not None and value.shape.rank() == rank else [None] * rank
+        known: list[int | ir.SymbolicDim | None] = (
+            list(value.shape) if value.shape is not None and value.shape.rank() == rank else [None] * rank
+        )
         dims: list[int | str] = []
         for i, dim in enumerate(known):
             sizes = {int(a.shape[i]) for a in arrays}
             if isinstance(dim, int):
                 dims.append(dim)
-            elif dim is not None and _told(dim):
+            elif dim is not None and dim.value is not None and _told(dim):
                 dims.append(dim.value)
             elif self.static_dims and len(sizes) == 1:
                 dims.append(sizes.pop())
@@ -87,6 +93,6 @@ class ExtractPass(ir.passes.FunctionalPass):
         return True
 
 
-def _told(dim) -> bool:
+def _told(dim: int | ir.SymbolicDim) -> bool:
     """A dim inference really knows: a number or a name from the model (not onnx's made-up ``unk__N``)."""
     return isinstance(dim, int) or bool(dim.value and not dim.value.startswith("unk__"))

@@ -86,8 +86,8 @@ class PrecisionResult(ir.passes.PassResult):
     """What :class:`FloatPrecisionPass` did (its result)."""
 
     dtype: ir.DataType = ir.DataType.FLOAT16
-    low_nodes: Counter = field(default_factory=Counter)  # op -> nodes computing in the low type
-    float_nodes: Counter = field(default_factory=Counter)  # op -> nodes that had fp32 to convert
+    low_nodes: Counter[str] = field(default_factory=Counter)  # op -> nodes computing in the low type
+    float_nodes: Counter[str] = field(default_factory=Counter)  # op -> nodes that had fp32 to convert
     kept: dict[str, str] = field(default_factory=dict)  # node label -> why it stays fp32
     kept_nodes: list[ir.Node] = field(default_factory=list)
     #: node -> the keep_fp32 tensor that made it fp32 (None: the op policy or unknown type rules)
@@ -104,7 +104,7 @@ class PrecisionResult(ir.passes.PassResult):
     unknown_ops: list[str] = field(default_factory=list)  # "domain::Op" left fp32
 
 
-def _graphs_parent_first(graph: ir.Graph):
+def _graphs_parent_first(graph: ir.Graph) -> Iterator[ir.Graph]:
     yield graph
     for node in graph:
         for sub in subgraphs_of(node):
@@ -337,15 +337,16 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         self._result.kept_nodes.append(node)
         self._result.kept_for[node] = tensor
 
-    def _range_reason(self, node: ir.Node, slots: NodeSlots) -> tuple[str, str] | None:
+    def _range_reason(self, node: ir.Node, slots: NodeSlots) -> tuple[str, str | None] | None:
         """(why, the tensor) when ``node`` writes or reads a tensor that must stay fp32."""
         for j in sorted(slots.outputs):
             out = node.outputs[j]
-            if out.name in self.keep_fp32:
+            if out.name is not None and out.name in self.keep_fp32:
                 return f"writes '{out.name}': {self.keep_fp32[out.name]}", out.name
         for i in sorted(slots.inputs):
             value = node.inputs[i]
-            if value.name in self.keep_fp32:
+            assert value is not None  # _slots_of: an input slot holds a value
+            if value.name is not None and value.name in self.keep_fp32:
                 return f"reads '{value.name}': {self.keep_fp32[value.name]}", value.name
             problem = self._constant_problem(value)
             if problem is not None:
@@ -413,8 +414,12 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             candidates = [v for v in graph.initializers.values() if not v.is_graph_input()]
             candidates += [n.outputs[0] for n in graph if _is_constant_node(n)]
             for value in candidates:
-                if self._orig(value) != F32 or _weight_tensor(value) is None:
+                if self._orig(value) != F32:
                     continue
+                tensor = _weight_tensor(value)
+                if tensor is None:
+                    continue
+                assert value.name is not None  # an initializer, or a value of a graph: named
                 needs = {self._required(user, i, value) for user, i in value.uses()} - {None}
                 if value.is_graph_output():
                     needs.add(F32)
@@ -440,11 +445,12 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
                     reader, why = self._why_fp32(value)
                 else:
                     reader, why = "", self._constant_problem(value) or self.keep_fp32[value.name]
-                self._result.weights_fp32[value.name] = (_weight_tensor(value).nbytes, reader, why)
+                self._result.weights_fp32[value.name] = (tensor.nbytes, reader, why)
 
     def _store_low(self, value: ir.Value) -> int:
         low = self.dtype
         tensor = _weight_tensor(value)
+        assert tensor is not None  # a weight (_convert_weights)
         producer = value.producer()
         converted = lazy_tensor(tensor, lambda a: a.astype(low.numpy()), dtype=low, name=value.name)
         if producer is not None:  # a Constant node: rewrite its attribute
@@ -511,8 +517,10 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             cast = self._new_cast(value, want)
             producer = value.producer()
             if producer is not None:
+                assert producer.graph is not None  # a node of the model is in a graph
                 insert_after_producer(producer.graph, value, cast)
             else:  # first in the graph, all together in the order they were made
+                assert value.graph is not None  # an input or initializer of a graph
                 front.setdefault(value.graph, []).append(cast)
             for user, index in uses:
                 user.replace_input_with(index, cast.outputs[0])
@@ -535,13 +543,16 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
         cast = self._new_cast(value, want)
         cast.outputs[0].name = name
         producer = value.producer()
-        insert_after_producer(graph if producer is None else producer.graph, value, cast)
+        target = graph if producer is None else producer.graph
+        assert target is not None  # a node of the model is in a graph
+        insert_after_producer(target, value, cast)
         graph.outputs[index] = cast.outputs[0]
 
 
-def _suffix(dtype: ir.DataType) -> str:
+def _suffix(dtype: ir.DataType | None) -> str:
     # "as_": storage-faithful emulation names its own values "<name>/fp32"
-    return "as_" + {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}.get(dtype, "fp32")
+    names: dict[ir.DataType | None, str] = {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}
+    return "as_" + names.get(dtype, "fp32")
 
 
 def _weight_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:

@@ -103,7 +103,7 @@ class FoldConstantsGuardedPass(ir.passes.InPlacePass):
         self._result.folded += 1
         return True
 
-    def _refuse(self, node: ir.Node, output_bytes, growth, reason: str) -> bool:
+    def _refuse(self, node: ir.Node, output_bytes: int | None, growth: int | None, reason: str) -> bool:
         self._result.refused.append(RefusedFold(node_label(node), node.op_type, output_bytes, growth, reason))
         return False
 
@@ -114,6 +114,9 @@ def _const_bytes(value: ir.Value) -> int:
 
 
 def _static_nbytes(value: ir.Value) -> int | None:
-    if value.dtype is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
+    if value.dtype is None or value.shape is None:
         return None
-    return math.ceil(math.prod(int(d) for d in value.shape) * value.dtype.itemsize)
+    dims = [d for d in value.shape if isinstance(d, int)]
+    if len(dims) != len(value.shape):  # a symbolic dim
+        return None
+    return math.ceil(math.prod(dims) * value.dtype.itemsize)

@@ -42,7 +42,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.fold_cost import SMALL_FOLD, fold_cost, fold_refusal
-from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
+from onnxsmith.analysis.symbolic_shapes import Dim, SymbolicShapes, as_int, is_int, same
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import ConstantPool
 from onnxsmith.irutil.types import ensure_types
@@ -111,7 +111,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
         for value in foldable(graph, shapes, self.keep_ops):
             array = _literal(shapes, value)
             if array is None:
-                array = self.evaluated.arrays.get(value.name)
+                array = self.evaluated.arrays.get(value.name) if value.name is not None else None
             if array is None or array.size > MAX_FOLDED_ELEMENTS:
                 continue
             if fold_refusal(fold_cost([value], array.nbytes), SMALL_FOLD, generated_limit=MAX_GENERATED_BYTES):
@@ -122,10 +122,14 @@ class FoldShapesPass(ir.passes.InPlacePass):
             RemoveUnusedNodesPass()(model)
             shapes = SymbolicShapes(graph)
         for node in graph:
-            if _is_op(node, "Reshape") and ir.convenience.get_const_tensor(node.inputs[1]) is None:
+            if not _is_op(node, "Reshape"):
+                continue
+            old_target = node.inputs[1]
+            assert old_target is not None  # Reshape's shape is required
+            if ir.convenience.get_const_tensor(old_target) is None:
                 target = reshape_target(shapes, node)
                 if target is not None:
-                    node.replace_input_with(1, constants.get(target, f"{node.inputs[1].name or 'shape'}/folded"))
+                    node.replace_input_with(1, constants.get(target, f"{old_target.name or 'shape'}/folded"))
                     if "allowzero" in node.attributes:  # opset >= 14; 0 (copy) is the default
                         node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
                     result.reshapes += 1
@@ -256,7 +260,7 @@ def _cut(value: ir.Value, shapes: SymbolicShapes) -> dict[ir.Value, np.ndarray] 
     return given
 
 
-def _elements(dims) -> int:
+def _elements(dims: tuple[Dim, ...] | None) -> int:
     """How many elements dims of a constant hold (0 when not known)."""
     if dims is None or not all(is_int(d) for d in dims):
         return 0
@@ -280,7 +284,7 @@ def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, shapes: SymbolicSha
             tensor = value
         pieces.append(piece)
     dims = shapes.dims(tensor) if tensor is not None else None
-    repeated = any(p is not None and v.const_value is None for p, v in zip(pieces, concat.inputs))
+    repeated = any(p is not None and v is not None and v.const_value is None for p, v in zip(pieces, concat.inputs))
     if tensor is None or dims is None or tensor.dtype is None or not repeated:
         return False
     rank = len(dims)
@@ -300,8 +304,8 @@ def _pad_instead_of_concat(graph: ir.Graph, concat: ir.Node, shapes: SymbolicSha
             zeros_shape[d] = template.shape[d]
     table = np.concatenate([p if p is not None else np.zeros(zeros_shape, template.dtype) for p in pieces], axis=axis)
     position = next(i for i, p in enumerate(pieces) if p is None)
-    before = sum(p.shape[axis] for p in pieces[:position])
-    after = sum(p.shape[axis] for p in pieces[position + 1 :])
+    before = sum(p.shape[axis] for p in pieces[:position] if p is not None)  # all are: one piece is None
+    after = sum(p.shape[axis] for p in pieces[position + 1 :] if p is not None)
     pads = np.zeros(2 * rank, np.int64)
     pads[axis], pads[rank + axis] = before, after
     pad = ir.node("Pad", [tensor, constants.get(pads, f"{concat.outputs[0].name}/folded")], num_outputs=1)

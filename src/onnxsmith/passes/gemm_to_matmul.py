@@ -17,6 +17,7 @@ The Gemm's output value keeps its name, so nothing downstream changes.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
@@ -55,7 +56,7 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
             a = node.outputs[0]
 
         b_array = const_array(b) if _is_initializer(graph, b) else None
-        if b_array is not None and b_array.ndim == 2:
+        if b is not None and b_array is not None and b_array.ndim == 2:  # b_array: b is an initializer
             if trans_b and alpha == 1.0:
                 b = _stored_transposed(graph, b, b_array, transposed, names)
             elif trans_b or alpha != 1.0:
@@ -73,6 +74,7 @@ class GemmToMatMulPass(ir.passes.InPlacePass):
         new_nodes.append(matmul)
         result = matmul.outputs[0]
         if alpha != 1.0:
+            assert b is not None  # Gemm's B is required (its dtype is read here)
             factor = add_initializer(graph, names(f"{label}/alpha"), np.asarray(alpha, dtype=_dtype_of(b, np.float32)))
             node = ir.node("Mul", [result, factor], name=f"{label}/MulAlpha")
             new_nodes.append(node)
@@ -103,7 +105,7 @@ def _is_initializer(graph: ir.Graph, value: ir.Value | None) -> bool:
     return value is not None and value.is_initializer() and value not in graph.inputs
 
 
-def _dtype_of(value: ir.Value, default) -> np.dtype:
+def _dtype_of(value: ir.Value, default: npt.DTypeLike) -> np.dtype:
     return np.dtype(value.dtype.numpy()) if value.dtype is not None else np.dtype(default)
 
 

@@ -31,6 +31,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.tensors import add_initializer
+from onnxsmith.irutil.types import set_dtype
 from onnxsmith.irutil.walk import const_array
 
 
@@ -57,16 +58,19 @@ class GemvHeadPass(ir.passes.InPlacePass):
             self._result.modified = False
             return self._result
         weight = self.matmul.inputs[1]
+        assert weight is not None  # _why_not checked it
         producer = weight.producer()
         if producer is not None and producer.op_type == "Transpose":
             unsqueeze = ir.node("Unsqueeze", [weight, _unit_axis(graph, producer)], name=f"{producer.name}/unit_dim")
             graph.insert_after(producer, unsqueeze)
             self.matmul.replace_input_with(1, unsqueeze.outputs[0])
             unsqueeze.outputs[0].name = FreshNames(graph)(f"{weight.name}/unit_dim")
-            unsqueeze.outputs[0].dtype = weight.dtype
+            set_dtype(unsqueeze.outputs[0], weight.dtype)
             if weight.shape is not None:
                 unsqueeze.outputs[0].shape = ir.Shape([1, *weight.shape])
-            self._result.how = f"the head reads Unsqueeze(Transpose('{producer.inputs[0].name}')), folded at load"
+            source = producer.inputs[0]
+            assert source is not None  # _why_not: it folds at load
+            self._result.how = f"the head reads Unsqueeze(Transpose('{source.name}')), folded at load"
             self._result.modified = True
             return self._result
         if producer is None:
@@ -104,7 +108,7 @@ class GemvHeadPass(ir.passes.InPlacePass):
             if len(weight.uses()) != 1:
                 return f"the head's weight '{weight.name}' is also read by something else"
             return ""
-        stored = [weight] if producer is None else list(producer.inputs)
+        stored: list[ir.Value | None] = [weight] if producer is None else list(producer.inputs)
         if producer is not None and (producer.op_type != "DequantizeLinear" or producer.domain not in ("", "ai.onnx")):
             return f"the head reads the output of {producer.op_type} '{node_label(producer)}', not a constant"
         for value in stored:
@@ -139,8 +143,10 @@ def _unit_axis(graph: ir.Graph, near: ir.Node) -> ir.Value:
 
 
 def _add_unit_dim(value: ir.Value) -> None:
+    tensor = value.const_value
+    assert tensor is not None  # an initializer (_why_not)
     array = np.ascontiguousarray(const_array(value)[None])
-    value.const_value = ir.Tensor(array, dtype=value.const_value.dtype, name=value.name)
+    value.const_value = ir.Tensor(array, dtype=tensor.dtype, name=value.name)
     value.shape = ir.Shape(array.shape)
 
 

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.irutil.names import node_label
+from onnxsmith.irutil.types import set_dtype
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -30,12 +31,14 @@ class LastTokenLogitsPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
         hidden = self.head.inputs[0]
-        rank = len(hidden.shape) if hidden.shape is not None else None
-        if rank is None or rank < 3:
+        assert hidden is not None  # a MatMul reads its first operand
+        shape = hidden.shape
+        if shape is None or len(shape) < 3:
             raise InputError(
                 f"cannot keep only the last position's logits: the input of the head '{node_label(self.head)}' "
-                f"has {'unknown rank' if rank is None else f'rank {rank}'}, not [batch, sequence, hidden]"
+                f"has {'unknown rank' if shape is None else f'rank {len(shape)}'}, not [batch, sequence, hidden]"
             )
+        rank = len(shape)
         label = self.head.name or "lm_head"
         constants = []
         for suffix, value in (("starts", -1), ("ends", _INT64_MAX), ("axes", rank - 2)):
@@ -47,8 +50,8 @@ class LastTokenLogitsPass(ir.passes.InPlacePass):
             constants.append(constant)
         sliced = ir.node("Slice", [hidden, *constants], name=f"{label}/last_position")
         last = sliced.outputs[0]
-        last.dtype = hidden.dtype
-        last.shape = ir.Shape([*hidden.shape[: rank - 2], 1, hidden.shape[rank - 1]])
+        set_dtype(last, hidden.dtype)
+        last.shape = ir.Shape([*shape[: rank - 2], 1, shape[rank - 1]])
         graph.insert_before(self.head, sliced)
         self.head.replace_input_with(0, last)
         if self.logits.shape is not None and len(self.logits.shape) >= 2:
@@ -56,8 +59,8 @@ class LastTokenLogitsPass(ir.passes.InPlacePass):
             dims[-2] = 1
             self.logits.shape = ir.Shape(dims)
         # Values between the head and the output have the sequence axis too; their old dims are stale.
-        value = self.head.outputs[0]
-        while value is not self.logits and value.uses():
-            value.shape = None
-            value = next(iter(value.uses()))[0].outputs[0]
+        later = self.head.outputs[0]
+        while later is not self.logits and later.uses():
+            later.shape = None
+            later = next(iter(later.uses()))[0].outputs[0]
         return ir.passes.PassResult(model, modified=True)

@@ -62,6 +62,7 @@ def _has_range(node: ir.Node) -> bool:
 def _shape_then_slice(node: ir.Node, opset: int, names: FreshNames) -> ir.Value:
     """``Shape(x, start, end)`` -> ``Slice(Shape(x), [start], [end])``: Slice clamps as Shape's range does."""
     graph = node.graph
+    assert graph is not None  # a node of the model (all_nodes)
     start = node.attributes.get_int("start", 0)
     end = node.attributes.get_int("end", np.iinfo(np.int64).max)
     shape = ir.node("Shape", [node.inputs[0]], num_outputs=1)

@@ -32,10 +32,12 @@ def name_input_dims(model: ir.Model) -> list[str]:
         for axis, dim in enumerate(dims):
             if isinstance(dim, int):
                 continue
-            if dim.value in (None, "", "?"):  # unnamed (some exporters write a literal '?')
-                dims[axis] = ir.SymbolicDim(f"{value.name}_dim{axis}")
-            if dims[axis].value not in names:
-                names.append(dims[axis].value)
+            name = dim.value
+            if not name or name == "?":  # unnamed (some exporters write a literal '?')
+                name = f"{value.name}_dim{axis}"
+                dims[axis] = ir.SymbolicDim(name)
+            if name not in names:
+                names.append(name)
         value.shape = ir.Shape(dims)
     return names
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.irutil.walk import rewritable_constants
+from onnxsmith.irutil.walk import const_tensor, rewritable_constants
 
 FLOAT = ir.DataType.FLOAT
 DOUBLE = ir.DataType.DOUBLE
@@ -42,7 +42,7 @@ class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
         for graph in model.graphs():
             for value in rewritable_constants(graph):
                 uses = list(value.uses())
-                if ir.convenience.get_const_tensor(value).dtype != DOUBLE or not uses:
+                if const_tensor(value).dtype != DOUBLE or not uses:
                     continue
                 if all(_converts_to_float(use.node, use.idx) for use in uses):
                     narrowed.append(_narrow(value, [use.node for use in uses]))
@@ -51,7 +51,7 @@ class NarrowFp64ConstantsPass(ir.passes.InPlacePass):
 
 def _narrow(value: ir.Value, casts: list[ir.Node]) -> NarrowedConstant:
     """``value`` stored as float32 and the conversions ``casts`` of it removed (where their outputs are not the graph's)."""
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     nbytes = tensor.nbytes
     with np.errstate(over="ignore"):  # beyond fp32's range is inf, as the Cast made it
         narrowed = ir.tensor(tensor.numpy().astype(np.float32), name=value.name)
@@ -67,6 +67,7 @@ def _narrow(value: ir.Value, casts: list[ir.Node]) -> NarrowedConstant:
         if out.is_graph_output():
             continue  # keeps its name: now a float -> float Cast
         out.replace_all_uses_with(value)
+        assert cast.graph is not None  # it reads a constant of a graph: it is in one
         cast.graph.remove(cast, safe=True)
         removed += 1
     return NarrowedConstant(value.name or "?", nbytes, removed)

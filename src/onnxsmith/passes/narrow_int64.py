@@ -28,6 +28,7 @@ its min and max evaluated once with onnxruntime and given to the pass
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,7 @@ from onnxsmith.analysis.intervals import VALUE_MOVING, Bounds, Interval, fits_in
 from onnxsmith.irutil.casts import cast_node, insert_after_producer
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.unionfind import UnionFind
-from onnxsmith.irutil.walk import visit
+from onnxsmith.irutil.walk import const_tensor, visit
 
 INT64 = ir.DataType.INT64
 INT32 = ir.DataType.INT32
@@ -117,7 +118,7 @@ def _data_slots(node: ir.Node) -> tuple[int, ...]:
 
 
 def _data_inputs(node: ir.Node) -> list[ir.Value]:
-    return [node.inputs[i] for i in _data_slots(node) if i < len(node.inputs) and node.inputs[i] is not None]
+    return [v for i in _data_slots(node) if i < len(node.inputs) and (v := node.inputs[i]) is not None]
 
 
 def _is_region_op(node: ir.Node, opset: int) -> bool:
@@ -286,10 +287,12 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         report.bounds = hull(*intervals.values())
         outside = [v for v, i in intervals.items() if not fits_int32(i)]
         if outside:
-            lo, hi = intervals[outside[0]]
+            interval = intervals[outside[0]]
+            assert interval is not None  # none is unknown (checked above)
+            lo, hi = interval
             report.proof = f"'{outside[0].name}' may hold values in {lo}..{hi}, outside int32"
             return report
-        evaluated = [v.name for v in region.values if v in measured]
+        evaluated = [v.name for v in region.values if v in measured and v.name is not None]  # measured: by name
         report.proof = (
             f"min/max of {', '.join(evaluated)} evaluated once with onnxruntime; the rest by static bounds"
             if evaluated
@@ -351,8 +354,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
                     graph.outputs[i] = wide
 
     def _store_int32(self, value: ir.Value) -> None:
-        tensor = ir.convenience.get_const_tensor(value)
-        array = tensor.numpy().astype(np.int32)
+        array = const_tensor(value).numpy().astype(np.int32)
         narrowed = ir.tensor(array, name=value.name)
         producer = value.producer()
         if producer is not None:  # a Constant node
@@ -366,7 +368,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
         return node.outputs[0]
 
 
-def _not_bigger(outputs, value: ir.Value) -> bool:
+def _not_bigger(outputs: Sequence[ir.Value], value: ir.Value) -> bool:
     size = static_size(value)
     sizes = [static_size(out) for out in outputs]
     return size is not None and all(s is not None and s <= size for s in sizes)

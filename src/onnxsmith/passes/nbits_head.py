@@ -19,16 +19,17 @@ gathered, then dequantized.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import infer_types, set_dtype
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
-from onnxsmith.passes.tied_head import LMHead, lookup_rank, release, table_row
+from onnxsmith.passes.tied_head import LMHead, lookup_indices, lookup_rank, release, table_row
 
 #: onnxruntime (1.32, CPU) runs 8-bit MatMulNBits fast at accuracy_level 4 (int8 activations) only: at 0
 #: it dequantizes the weight on every call (SmolLM2-sized head [576, 49152]: 1.2 ms at 4, 99 ms at 0).
@@ -42,7 +43,7 @@ class NBitsHeadResult(ir.passes.PassResult):
     """What :class:`NBitsHeadPass` did: notes for the report and one row per weight."""
 
     notes: list[str] = field(default_factory=list)
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class NBitsHeadPass(ir.passes.InPlacePass):
@@ -62,16 +63,19 @@ class NBitsHeadPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> NBitsHeadResult:
         result = NBitsHeadResult(model, True)
         graph, head = model.graph, self.head
-        if any(lookup.inputs[1].shape is None for lookup in head.lookups):
+        if any(lookup_indices(lookup).shape is None for lookup in head.lookups):
             infer_types(model)  # the lookups' rewrite needs the rank of their indices (before com.microsoft ops)
         names = FreshNames(graph)
-        name = (head.table.name if head.tied else head.weight.name) or "lm_head.weight"
+        name = (head.tied_table.name if head.tied else head.weight.name) or "lm_head.weight"
         blocked = qz.quantize_blocked(head.weight_array, 8, self.block_size, self.symmetric)
-        node = qz.matmul_nbits_node(graph, names, name, head.matmul.inputs[0], blocked, self.accuracy_level)
+        hidden = head.matmul.inputs[0]
+        assert hidden is not None  # a MatMul reads two operands
+        node = qz.matmul_nbits_node(graph, names, name, hidden, blocked, self.accuracy_level)
         graph.insert_before(head.matmul, node)
         model.opset_imports.setdefault("com.microsoft", 1)  # a model must import the domains it uses
         old, new = head.matmul.outputs[0], node.outputs[0]
-        new.dtype, new.shape = old.dtype, old.shape
+        set_dtype(new, old.dtype)
+        new.shape = old.shape
         ir.convenience.replace_nodes_and_values(graph, head.matmul, [head.matmul], [node], [old], [new])
         release(graph, head.weight)
         head.matmul = node
@@ -81,16 +85,18 @@ class NBitsHeadPass(ir.passes.InPlacePass):
         error = qz.relative_error(head.weight_array, qz.dequantize_blocked(blocked))
         if head.tied:
             data, scales, *zero_points = node.inputs[1:]
+            offset = zero_points[0] if zero_points else _SYMMETRIC_OFFSET
+            assert data is not None and scales is not None and offset is not None  # initializers made above
             for lookup in head.lookups:
-                offset = zero_points[0] if zero_points else _SYMMETRIC_OFFSET
                 self._lookup_rows(graph, lookup, data, scales, offset)
-            release(graph, head.table)
-            if head.table.uses():
+            table = head.tied_table
+            release(graph, table)
+            if table.uses():
                 result.notes.append(
-                    f"'{head.table.name}' is still read by something other than the lookups; its fp32 copy stays"
+                    f"'{table.name}' is still read by something other than the lookups; its fp32 copy stays"
                 )
             result.notes.append(
-                f"tied embedding/LM head '{head.table.name}' [{head.vocab}, {head.hidden}] stored once ({stored}): "
+                f"tied embedding/LM head '{table.name}' [{head.vocab}, {head.hidden}] stored once ({stored}): "
                 f"the head runs it as MatMulNBits (nothing dequantized per call), {len(head.lookups)} lookup(s) "
                 "gather its 8-bit rows and dequantize only those"
             )
@@ -112,6 +118,7 @@ class NBitsHeadPass(ir.passes.InPlacePass):
         """An untied table int8, one scale per token (symmetric), as [vocab, 1, hidden]: its lookups gather
         their rows and dequantize only those (a DequantizeLinear would be run over the whole table per call)."""
         table = self.head.table
+        assert table is not None and table.name is not None  # called with one; an initializer (find_lm_head)
         array = const_array(table)
         p = qz.quantize_per_channel_int8(array, axis=0)
         names = FreshNames(graph)
@@ -132,9 +139,13 @@ class NBitsHeadPass(ir.passes.InPlacePass):
         """``Gather(table, ids)`` -> the rows of ``ids`` of ``data`` [vocab, blocks, block] dequantized with
         ``scales`` [vocab, blocks] and ``zero_points`` (like scales; or one integer offset): [*ids, hidden] in
         the table's dtype."""
-        ids, rank = lookup.inputs[1], lookup_rank(lookup)
+        rank = lookup_rank(lookup)  # InputError unless the indices have a shape
+        ids = lookup_indices(lookup)
+        ids_shape = ids.shape
+        assert ids_shape is not None  # lookup_rank read it
         label = lookup.name or "embedding"
         dtype = self.head.weight.dtype if self.head.weight.dtype is not None else ir.DataType.FLOAT
+        assert data.shape is not None  # an initializer made with its array's shape
         blocks, block = data.shape[1], data.shape[2]
         hidden = self.head.hidden
 
@@ -166,5 +177,5 @@ class NBitsHeadPass(ir.passes.InPlacePass):
             nodes.append(ir.node("Slice", [nodes[-1].outputs[0], starts, ends, last], name=f"{label}/unpadded"))
         old, new = lookup.outputs[0], nodes[-1].outputs[0]
         new.dtype = dtype
-        new.shape = old.shape if old.shape is not None else ir.Shape([*ids.shape, hidden])
+        new.shape = old.shape if old.shape is not None else ir.Shape([*ids_shape, hidden])
         ir.convenience.replace_nodes_and_values(graph, lookup, [lookup], nodes, [old], [new])

@@ -20,16 +20,19 @@ reader are the same pattern.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import ConstantPool
+from onnxsmith.irutil.types import set_dtype
 from onnxsmith.irutil.walk import constant
 
-ALL = None  # "every row" in a demand
+ALL: Final = None  # "every row" in a demand
 Rows = tuple[int, int] | None  # [start, stop) of the tokens axis, or ALL
+Computed = dict[ir.Node, tuple[int, int]]  # the rows a pruned node computes
 
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater"})
 _UNARY = frozenset(
@@ -79,13 +82,13 @@ class PruneRowsPass(ir.passes.InPlacePass):
         nodes = list(graph)
         demand: dict[ir.Value, Rows] = {v: ALL for v in graph.outputs}
         selections: dict[ir.Node, tuple[tuple[int, int], int]] = {}  # rows read, tokens before pruning
-        computed: dict[ir.Node, tuple[int, int]] = {}
+        computed: Computed = {}
         token_inputs_of: dict[ir.Node, list[int]] = {}
         for node in reversed(nodes):
             read = [demand[out] for out in node.outputs if out in demand]
             rows = _hull(read) if read else ALL
             token_inputs = _token_inputs(node) if read and rows is not ALL else None
-            if token_inputs is not None and rows != (0, _length(node.outputs[0])):
+            if rows is not ALL and token_inputs is not None and rows != (0, _length(node.outputs[0])):
                 computed[node] = rows
                 token_inputs_of[node] = token_inputs
                 for i, value in enumerate(node.inputs):
@@ -94,7 +97,9 @@ class PruneRowsPass(ir.passes.InPlacePass):
                 continue
             selected = _selected_rows(node)
             if selected is not None:
-                selections[node] = selected, _length(node.inputs[0])
+                tokens = _length(node.inputs[0])
+                assert tokens is not None  # _selected_rows found it
+                selections[node] = selected, tokens
             for i, value in enumerate(node.inputs):
                 if value is not None:
                     _ask(demand, value, selected if (i == 0 and selected is not None) else ALL)
@@ -111,20 +116,26 @@ class PruneRowsPass(ir.passes.InPlacePass):
         self._result.modified = True
         return self._result
 
-    def _narrow(self, graph, node: ir.Node, token_inputs: list[int], computed, constants) -> None:
+    def _narrow(
+        self, graph: ir.Graph, node: ir.Node, token_inputs: list[int], computed: Computed, constants: ConstantPool
+    ) -> None:
         start, stop = computed[node]
         length = _length(node.outputs[0])
+        assert length is not None  # _token_inputs read it
         for i in token_inputs:
             value = node.inputs[i]
+            assert value is not None  # _token_inputs: a token input is a value
             have = _rows_held(value, computed)
             if have == (start, stop):
                 continue
             offset = have[0] if have is not ALL else 0
             node.replace_input_with(i, self._slice(graph, node, value, start - offset, stop - offset, constants))
         if node.op_type == "RotaryEmbedding" and start:
-            position = constant(node.inputs[1])
+            positions = node.inputs[1]
+            position = constant(positions)
+            assert positions is not None and position is not None  # _token_inputs: a constant offset
             moved = (position.astype(np.int64) + start).reshape(position.shape)
-            node.replace_input_with(1, constants.get(moved, f"{node.inputs[1].name}_plus_{start}"))
+            node.replace_input_with(1, constants.get(moved, f"{positions.name}_plus_{start}"))
         for out in node.outputs:
             if out.shape is not None and out.shape.rank() >= 2:
                 dims = list(out.shape)
@@ -132,7 +143,9 @@ class PruneRowsPass(ir.passes.InPlacePass):
                 out.shape = ir.Shape(dims)
         self._result.pruned.append((node, (start, stop), length))
 
-    def _slice(self, graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
+    def _slice(
+        self, graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants: ConstantPool
+    ) -> ir.Value:
         """Rows [start, stop) of ``value``'s tokens axis: a sliced constant, or a Slice node, made
         once for all the nodes that read those rows (before the first of them, in graph order)."""
         array = constant(value)
@@ -149,17 +162,19 @@ def _ask(demand: dict[ir.Value, Rows], value: ir.Value, rows: Rows) -> None:
 
 
 def _hull(rows: list[Rows]) -> Rows:
-    if any(r is ALL for r in rows):
+    bounded = [r for r in rows if r is not ALL]
+    if len(bounded) < len(rows):
         return ALL
-    return min(r[0] for r in rows), max(r[1] for r in rows)
+    return min(r[0] for r in bounded), max(r[1] for r in bounded)
 
 
-def _rows_held(value: ir.Value, computed) -> Rows:
+def _rows_held(value: ir.Value, computed: Computed) -> Rows:
     producer = value.producer()
     return computed.get(producer, ALL) if producer is not None else ALL
 
 
-def _length(value: ir.Value) -> int | None:
+def _length(value: ir.Value | None) -> int | None:
+    assert value is not None  # a value its op requires (it was read without a check before)
     shape = value.shape
     if shape is None or shape.rank() < 2 or not isinstance(shape[-2], int):
         return None
@@ -174,9 +189,9 @@ def _token_inputs(node: ir.Node) -> list[int] | None:
     """Which inputs carry the tokens axis (-2) of the output, if the node works token by token."""
     out = node.outputs[0] if node.outputs else None
     length = _length(out) if out is not None else None
-    if length is None:
-        return None
     rank = _rank(out)
+    if length is None or rank is None:  # a length, so a shape and a rank
+        return None
     op, domain = node.op_type, node.domain
     standard = domain in ("", "ai.onnx")
     if standard and (op in _UNARY or op in ("Softmax", "LogSoftmax")):
@@ -186,12 +201,13 @@ def _token_inputs(node: ir.Node) -> list[int] | None:
     if standard and op in _ELEMENTWISE:
         token = []
         for i, value in enumerate(node.inputs):
-            r = _rank(value)
-            if r is None:
+            shape = value.shape if value is not None else None  # what _rank reads
+            if shape is None:
                 return None
-            if r == rank and value.shape[-2] == length:
+            r = shape.rank()
+            if r == rank and shape[-2] == length:
                 token.append(i)
-            elif r >= 2 and value.shape[-2] != 1:
+            elif r >= 2 and shape[-2] != 1:
                 return None
         return token or None
     if standard and op == "MatMul":
@@ -217,26 +233,29 @@ def _token_inputs(node: ir.Node) -> list[int] | None:
     return None
 
 
-def _selected_rows(node: ir.Node) -> Rows | None:
+def _selected_rows(node: ir.Node) -> tuple[int, int] | None:
     """The rows of input 0's tokens axis a Gather or Slice on that axis reads; None for other nodes."""
-    if node.domain not in ("", "ai.onnx") or not node.inputs or _length(node.inputs[0]) is None:
+    if node.domain not in ("", "ai.onnx") or not node.inputs:
         return None
-    rank = _rank(node.inputs[0])
+    length, rank = _length(node.inputs[0]), _rank(node.inputs[0])
+    if length is None or rank is None:  # a length, so a shape and a rank
+        return None
     if node.op_type == "Gather":
         axis = node.attributes.get_int("axis", 0)
         index = constant(node.inputs[1])
         if axis not in (rank - 2, -2) or index is None or index.size == 0:
             return None
-        index = np.where(index < 0, index + _length(node.inputs[0]), index)
+        index = np.where(index < 0, index + length, index)
         return int(index.min()), int(index.max()) + 1
     if node.op_type == "Slice" and len(node.inputs) >= 4:
         starts, ends, axes = (constant(node.inputs[i]) for i in (1, 2, 3))
         steps = constant(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(1)
-        if any(a is None or a.size != 1 for a in (starts, ends, axes, steps)) or int(steps.reshape(())) != 1:
+        if starts is None or ends is None or axes is None or steps is None:
+            return None
+        if any(a.size != 1 for a in (starts, ends, axes, steps)) or int(steps.reshape(())) != 1:
             return None
         if int(axes.reshape(())) not in (rank - 2, -2):
             return None
-        length = _length(node.inputs[0])
         start, stop = (int(v.reshape(())) for v in (starts, ends))
         start = max(0, start + length if start < 0 else start)
         stop = min(length, stop + length if stop < 0 else stop)
@@ -244,18 +263,23 @@ def _selected_rows(node: ir.Node) -> Rows | None:
     return None
 
 
-def _reindex(node: ir.Node, selection: tuple[tuple[int, int], int], computed, constants) -> None:
+def _reindex(
+    node: ir.Node, selection: tuple[tuple[int, int], int], computed: Computed, constants: ConstantPool
+) -> None:
     """Point a row selection at the same rows of an input that now holds only rows ``have``.
 
     Always in absolute row numbers from ``have``'s start: even when it starts at row 0, a
     negative index or bound counts from the end, which has moved."""
     selected, length = selection
-    have = _rows_held(node.inputs[0], computed)
+    data = node.inputs[0]
+    assert data is not None  # _selected_rows read its length
+    have = _rows_held(data, computed)
     if have is ALL:
         return
     offset = have[0]
     if node.op_type == "Gather":
         index = constant(node.inputs[1])
+        assert index is not None  # _selected_rows read it
         absolute = np.where(index < 0, index + length, index)
         node.replace_input_with(1, constants.get((absolute - offset).astype(index.dtype), "row_index"))
     else:
@@ -264,7 +288,9 @@ def _reindex(node: ir.Node, selection: tuple[tuple[int, int], int], computed, co
         node.replace_input_with(2, constants.get(np.array([stop - offset], np.int64), "row_stop"))
 
 
-def _slice_node(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants) -> ir.Value:
+def _slice_node(
+    graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, stop: int, constants: ConstantPool
+) -> ir.Value:
     """A Slice of rows [start, stop) of ``value``'s tokens axis, inserted before ``before``."""
     node = ir.node(
         "Slice",
@@ -278,7 +304,7 @@ def _slice_node(graph: ir.Graph, before: ir.Node, value: ir.Value, start: int, s
     )
     out = node.outputs[0]
     out.name = constants.names(f"{value.name}/rows_{start}_{stop}")
-    out.dtype = value.dtype
+    set_dtype(out, value.dtype)
     if value.shape is not None:
         dims = list(value.shape)
         dims[-2] = stop - start

@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
+from onnxsmith.irutil.types import set_dtype
 
 #: (bits, symmetric) -> numpy dtype of the stored integers.
 _STORED = {
@@ -130,15 +131,36 @@ class PerChannel:
 
 
 def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
-    """Symmetric int8, one scale per index along ``axis`` (max |w| of the slice maps to 127)."""
-    others = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
-    absmax = np.abs(w.astype(np.float64)).max(axis=others)
+    """Symmetric int8, one scale per index along ``axis`` (max |w| of the slice maps to 127).
+
+    Computed in float64 a slab of rows at a time (:data:`_SLAB_ELEMENTS`), with the same numbers. Widening a
+    2 GB embedding table whole held up to three float64 copies of it at once, about 12 GB.
+    """
+    axis = axis % w.ndim
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    slabs = _slabs(w)
+    parts = [np.abs(w[rows].astype(np.float64)).max(axis=others) for rows in slabs]
+    # along axis 0 each slab holds its own channels; along another, every slab holds part of each channel
+    absmax = np.concatenate(parts) if axis == 0 else np.maximum.reduce(parts)
     scale = (absmax / 127.0).astype(w.dtype)
     safe = np.where(scale == 0, 1, scale).astype(np.float64)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(w / safe.reshape(shape)), -127, 127).astype(np.int8)
-    return PerChannel(q, scale, axis % w.ndim)
+    divisor = safe.reshape(shape)
+    q = np.empty(w.shape, dtype=np.int8)
+    for rows in slabs:
+        q[rows] = np.clip(np.rint(w[rows] / (divisor[rows] if axis == 0 else divisor)), -127, 127).astype(np.int8)
+    return PerChannel(q, scale, axis)
+
+
+#: Elements of a weight widened to float64 at a time (32 MB): bounds the memory of quantizing a big table.
+_SLAB_ELEMENTS = 1 << 22
+
+
+def _slabs(w: np.ndarray) -> list[slice]:
+    """``w`` along its first axis in slices of about :data:`_SLAB_ELEMENTS` elements (one: all of a small ``w``)."""
+    step = max(1, _SLAB_ELEMENTS // max(1, w.size // max(1, w.shape[0])))
+    return [slice(start, start + step) for start in range(0, max(1, w.shape[0]), step)]
 
 
 def compensation_factor(gram: np.ndarray, damping: float = 0.01) -> np.ndarray | None:
@@ -290,7 +312,8 @@ def pack_matmul_nbits(b: Blocked) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     else:
         packed = per_column.astype(np.uint8)
     zero_points = None
-    if b.float_zero_point:  # MatMulNBits reads zero points of the scales' type unpacked: (q - zp) * scale
+    if b.zero_point is not None and b.float_zero_point:
+        # MatMulNBits reads zero points of the scales' type unpacked: (q - zp) * scale
         zero_points = np.ascontiguousarray(b.zero_point.T)
     elif b.zero_point is not None:
         zp = b.zero_point.astype(np.int32).T  # [N, blocks]
@@ -307,9 +330,10 @@ def block_sums_nodes(graph: ir.Graph, names: FreshNames, x: ir.Value, k: int, bl
     """``ReduceSum(Reshape(x, [.., k / block_size, block_size]), -1)``: the sums of ``x`` (last axis ``k``, the
     weight's K) over each block, what :func:`grid_matmul_nodes` multiplies the block offsets by (one per input,
     for all the weights that read it). None when ``x``'s rank is unknown."""
-    rank = len(x.shape) if x.shape is not None else None
-    if not rank or k % block_size:
+    x_shape = x.shape
+    if x_shape is None or not len(x_shape) or k % block_size:
         return None
+    rank = len(x_shape)
     label = x.name or "input"
     shape = add_initializer(
         graph, names(f"{label}_blocks_shape"), np.array([0] * (rank - 1) + [k // block_size, block_size], np.int64)
@@ -318,8 +342,8 @@ def block_sums_nodes(graph: ir.Graph, names: FreshNames, x: ir.Value, k: int, bl
     grouped = ir.node("Reshape", [x, shape], name=f"{label}_blocks")
     sums = ir.node("ReduceSum", [grouped.outputs[0], axes], {"keepdims": 0}, name=f"{label}_block_sums")
     for node in (grouped, sums):
-        node.outputs[0].dtype = x.dtype
-    sums.outputs[0].shape = ir.Shape([*x.shape[:-1], k // block_size])
+        set_dtype(node.outputs[0], x.dtype)
+    sums.outputs[0].shape = ir.Shape([*x_shape[:-1], k // block_size])
     return [grouped, sums]
 
 
@@ -333,6 +357,7 @@ def grid_matmul_nodes(
     onnxruntime 1.32 runs them ~20-40x slower (0.84 ms against 0.02-0.045 ms for a 576x1536 weight at one row).
     The last node's output is ``x @ w``."""
     middle = 1 << (b.bits - 1)
+    assert b.zero_point is not None  # a weight on a grid has its offsets
     zero_point = b.zero_point.astype(np.float64)
     offsets = ((middle - zero_point) * b.scale.astype(np.float64)).astype(b.scale.dtype)  # [blocks, N]
     levels = Blocked(b.q, b.scale, None, b.bits, b.block_size)  # unsigned levels: MatMulNBits' default zero point
@@ -341,7 +366,7 @@ def grid_matmul_nodes(
     offset = ir.node("MatMul", [sums, weights], name=f"{name}_block_offsets")
     total = ir.node("Add", [product.outputs[0], offset.outputs[0]], name=f"{name}_on_grid")
     for node in (product, offset, total):
-        node.outputs[0].dtype = x.dtype
+        set_dtype(node.outputs[0], x.dtype)
     return [product, offset, total]
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import tensor_dims
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import drop_unused_initializers
@@ -46,11 +47,15 @@ class Conv:
 
     @property
     def name(self) -> str:
-        return self.node.name or self.node.outputs[0].name
+        name = self.node.name or self.node.outputs[0].name
+        assert name is not None  # onnx-ir names the values of a graph
+        return name
 
     @property
     def input(self) -> ir.Value:
-        return self.node.inputs[0]
+        x = self.node.inputs[0]
+        assert x is not None  # find_convs
+        return x
 
     @property
     def output(self) -> ir.Value:
@@ -59,7 +64,9 @@ class Conv:
 
     @property
     def weight(self) -> ir.Value:
-        return self.node.inputs[1]
+        w = self.node.inputs[1]
+        assert w is not None  # find_convs
+        return w
 
     @property
     def bias(self) -> ir.Value | None:
@@ -67,7 +74,9 @@ class Conv:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.weight.const_value.shape)
+        tensor = self.weight.const_value
+        assert tensor is not None  # find_convs
+        return tensor_dims(tensor)
 
     @property
     def group(self) -> int:
@@ -97,7 +106,9 @@ def find_convs(model: ir.Model) -> list[Conv]:
             continue
         if node.inputs[0] is None or not all(_const_float(v) for v in node.inputs[1:] if v is not None):
             continue
-        if len(node.inputs[1].const_value.shape) < 3:
+        weight = node.inputs[1]
+        assert weight is not None and weight.const_value is not None  # Conv's W is required; _const_float
+        if len(weight.const_value.shape) < 3:
             continue  # not a convolution's weight: onnxruntime rejects the model anyway
         y = node.outputs[0]
         uses = list(y.uses())
@@ -139,8 +150,10 @@ class ConvBuilder(qz.NodeMaker):
     """Makes Convs' int8 nodes in ``graph``; a quantized activation is made once per value and scale."""
 
     opset: int = PER_CHANNEL_OPSET  # below 13, weights are dequantized per channel by com.microsoft's op
-    _quantized: dict = field(default_factory=dict)  # (value, scale, zero point) -> its DequantizeLinear's output
-    _made: dict = field(default_factory=dict)  # a DequantizeLinear output made here -> (scale, zero point)
+    #: (value, scale, zero point) -> its DequantizeLinear's output
+    _quantized: dict[tuple[ir.Value, float, int], ir.Value] = field(default_factory=dict)
+    #: a DequantizeLinear output made here -> (scale, zero point)
+    _made: dict[ir.Value, tuple[float, int]] = field(default_factory=dict)
 
     def conv(self, conv: Conv, plan: ConvPlan) -> tuple[list[ir.Node], list[ir.Node]]:
         """(nodes quantizing the input: empty if made already, the rest: the last one's output is the output)."""

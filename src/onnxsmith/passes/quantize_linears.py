@@ -44,7 +44,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.casts import insert_after_producer
 from onnxsmith.irutil.names import FreshNames
-from onnxsmith.irutil.tensors import add_initializer
+from onnxsmith.irutil.tensors import add_initializer, tensor_dims
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
@@ -64,20 +64,31 @@ class Linear:
 
     @property
     def input(self) -> ir.Value:
-        return self.node.inputs[0]
+        x = self.node.inputs[0]
+        assert x is not None  # find_linears
+        return x
 
     @property
     def name(self) -> str:
-        return self.node.name or self.output.name
+        name = self.node.name or self.output.name
+        assert name is not None  # onnx-ir names the values of a graph
+        return name
 
     def kn(self) -> tuple[int, int]:
-        k, n = self.weight.const_value.shape
+        k, n = tensor_dims(_stored(self.weight))
         return (n, k) if self.transposed else (k, n)
 
     def weight_array(self) -> np.ndarray:
         """The weight as [K, N] float32."""
-        w = const_array(self.weight).astype(np.float32)
+        w: np.ndarray = const_array(self.weight).astype(np.float32)
         return w.T if self.transposed else w
+
+
+def _stored(value: ir.Value) -> ir.TensorProtocol:
+    """What a constant :func:`find_linears` found holds (its weight or bias)."""
+    tensor = value.const_value
+    assert tensor is not None
+    return tensor
 
 
 def find_linears(model: ir.Model) -> list[Linear]:
@@ -133,7 +144,7 @@ def _is_vector(value: ir.Value, weight: ir.Value, transposed: bool) -> bool:
     tensor = value.const_value
     if tensor is None or tensor.dtype != ir.DataType.FLOAT:
         return False
-    n = weight.const_value.shape[0 if transposed else 1]
+    n = _stored(weight).shape[0 if transposed else 1]
     return tuple(tensor.shape) in ((n,), (1, n))
 
 
@@ -192,6 +203,10 @@ def outlier_channels(channel_absmax: np.ndarray) -> tuple[int, ...]:
     return tuple(sorted(int(c) for c in order[:k]))
 
 
+#: What makes two plans prepare an input (and its weights) the same way (:meth:`LinearPlan.key`).
+PlanKey = tuple[bytes | None, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class LinearPlan:
     """How one Linear goes int8: smoothing factors per input channel (or none), and the input channels kept
@@ -205,7 +220,7 @@ class LinearPlan:
         """Neither smoothing nor outliers: the input is quantized as it is."""
         return self.smoothing is None and not self.outliers
 
-    def key(self) -> tuple:
+    def key(self) -> PlanKey:
         """What makes two plans prepare an input (and its weights) the same way."""
         return (None if self.smoothing is None else self.smoothing.tobytes(), self.outliers)
 
@@ -239,11 +254,11 @@ class Int8Form:
     int8 GEMM and a few elementwise ops.
     """
 
-    rounded: Mapping[tuple, qz.PerChannel] = field(default_factory=dict)
+    rounded: Mapping[tuple[str, PlanKey], qz.PerChannel] = field(default_factory=dict)
     two_pass: bool = False
 
 
-def rounding_key(linear: str, plan: LinearPlan) -> tuple:
+def rounding_key(linear: str, plan: LinearPlan) -> tuple[str, PlanKey]:
     """The key of a Linear's rounded weight in :attr:`Int8Form.rounded` (one per way its input is prepared)."""
     return linear, plan.key()
 
@@ -275,8 +290,10 @@ class Int8Builder(qz.NodeMaker):
     """Makes Linears' int8 nodes in ``graph``; a weight, a smoothed input or a quantized input is made once."""
 
     form: Int8Form = field(default_factory=Int8Form)
-    _weights: dict = field(default_factory=dict)
-    _inputs: dict = field(default_factory=dict)
+    #: (weight, plan key, id of its rounded weight) -> (int8 weight, scales)
+    _weights: dict[tuple[ir.Value, PlanKey, int | None], tuple[ir.Value, ir.Value]] = field(default_factory=dict)
+    #: (input, plan key) -> each pass's (quantized, scale, zero point)
+    _inputs: dict[tuple[ir.Value, PlanKey], list[list[ir.Value]]] = field(default_factory=dict)
     smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
 
     def linear(self, linear: Linear, plan: LinearPlan) -> Int8Nodes:
@@ -314,11 +331,11 @@ class Int8Builder(qz.NodeMaker):
                 self._add(f"{linear.weight.name}_scale", p.scale.astype(np.float32)),
             )
         bias = linear.bias
-        if bias is not None and len(bias.const_value.shape) == 2:
+        if bias is not None and len(_stored(bias).shape) == 2:
             bias = self._add(f"{linear.name}_bias", const_array(bias).reshape(-1).astype(np.float32))
         products = []
         for i, (xq, x_scale, x_zero_point) in enumerate(quantized):
-            inputs = [xq, stored[0], x_scale, stored[1], x_zero_point]
+            inputs: list[ir.Value | None] = [xq, stored[0], x_scale, stored[1], x_zero_point]
             if bias is not None and i == 0:
                 inputs += [None, bias]
             node = ir.node("MatMulIntegerToFloat", inputs, domain=MS_DOMAIN, name=self.names(f"{linear.name}_int8"))
@@ -437,14 +454,16 @@ def fold_into_layernorm(graph: ir.Graph, mul: ir.Node, names: FreshNames) -> boo
     """``Mul(norm(x), 1/s)`` -> the norm with scale/s and bias/s, when nothing else reads its output 0
     (but Shape). Returns whether it folded."""
     x, inverse = mul.inputs
+    assert x is not None  # the smoothing Mul's input (Int8Builder)
     slots = _norm_slots(x, graph)
     if slots is None:
         return False
     if any(user is not mul and user.op_type != "Shape" for user, _ in x.uses()):
         return False
     norm = x.producer()
+    assert norm is not None and inverse is not None  # _norm_slots found it; the Mul's factor (Int8Builder)
     factor = const_array(inverse).reshape(-1)
-    arrays = []
+    arrays: list[np.ndarray | None] = []
     for slot in slots:
         value = norm.inputs[slot] if len(norm.inputs) > slot else None
         if value is None:
@@ -455,7 +474,9 @@ def fold_into_layernorm(graph: ir.Graph, mul: ir.Node, names: FreshNames) -> boo
         arrays.append(const_array(value).astype(np.float32) * factor)
     for slot, array in zip(slots, arrays):
         if array is not None:
-            label = norm.inputs[slot].name or norm.name
+            scaled = norm.inputs[slot]
+            assert scaled is not None  # its array was read above
+            label = scaled.name or norm.name
             norm.replace_input_with(slot, add_initializer(graph, names(f"{label}_smoothed"), array))
     mul.outputs[0].replace_all_uses_with(x, replace_graph_outputs=True)
     graph.remove(mul, safe=True)

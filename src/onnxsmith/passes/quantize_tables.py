@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.casts import cast_node
 from onnxsmith.irutil.names import FreshNames
+from onnxsmith.irutil.tensors import tensor_dims
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 
@@ -34,12 +35,16 @@ class Table:
 
     @property
     def name(self) -> str:
-        return self.value.name
+        name = self.value.name
+        assert name is not None  # an initializer (find_tables)
+        return name
 
     @property
     def shape(self) -> tuple[int, int]:
-        rows, width = self.value.const_value.shape
-        return int(rows), int(width)
+        tensor = self.value.const_value
+        assert tensor is not None  # find_tables
+        rows, width = tensor_dims(tensor)
+        return rows, width
 
 
 def find_tables(model: ir.Model, min_elements: int = MIN_ELEMENTS) -> list[Table]:
@@ -55,7 +60,13 @@ def find_tables(model: ir.Model, min_elements: int = MIN_ELEMENTS) -> list[Table
         uses = list(value.uses())
         if uses and all(_is_row_lookup(user, index, graph) for user, index in uses):
             found.append(Table(value, tuple(dict.fromkeys(user for user, _ in uses))))
-    return sorted(found, key=lambda t: (-t.value.const_value.size, t.name))
+    return sorted(found, key=lambda t: (-_size(t.value), t.name))
+
+
+def _size(value: ir.Value) -> int:
+    tensor = value.const_value
+    assert tensor is not None  # a table's
+    return tensor.size
 
 
 def _is_row_lookup(node: ir.Node, index: int, graph: ir.Graph) -> bool:
@@ -72,13 +83,14 @@ def _is_row_lookup(node: ir.Node, index: int, graph: ir.Graph) -> bool:
 class TableBuilder(qz.NodeMaker):
     """Makes the int8 lookups of tables in ``graph``; a table is quantized once for all its lookups."""
 
-    _stored: dict = field(default_factory=dict)
+    _stored: dict[ir.Value, tuple[ir.Value, ir.Value]] = field(default_factory=dict)  # int8 rows, scales
 
     def lookup(self, table: Table, gather: ir.Node) -> list[ir.Node]:
         """The nodes that compute ``gather``'s output from the int8 table (the last one's output is it)."""
         stored = self._stored.get(table.value)
         if stored is None:
-            p = qz.quantize_per_channel_int8(const_array(table.value).astype(np.float32), axis=0)
+            # asarray: a table is fp32 already, and read where it lies (a copy of a 2 GB one is 2 GB more)
+            p = qz.quantize_per_channel_int8(np.asarray(const_array(table.value), dtype=np.float32), axis=0)
             stored = self._stored[table.value] = (
                 self._add(f"{table.name}_int8", p.q),
                 self._add(f"{table.name}_scale", p.scale.reshape(-1, 1)),

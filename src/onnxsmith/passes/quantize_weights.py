@@ -25,7 +25,9 @@ which weights those were in ``self._result.notes`` / ``self._result.rows``.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -37,7 +39,9 @@ from onnxsmith.passes import quantization as qz
 from onnxsmith.settings.quantize import FORMATS, UNEVEN
 
 
-def quantizable_weights(model: ir.Model, exclude: set[ir.Node] = frozenset()) -> list[tuple[ir.Value, list[ir.Node]]]:
+def quantizable_weights(
+    model: ir.Model, exclude: AbstractSet[ir.Node] = frozenset()
+) -> list[tuple[ir.Value, list[ir.Node]]]:
     """(weight, MatMuls reading it) for every float 2-D initializer that is some MatMul's B, in graph order."""
     found: dict[ir.Value, list[ir.Node]] = {}
     graph = model.graph
@@ -58,7 +62,7 @@ class QuantizeWeightsResult(ir.passes.PassResult):
     """What :class:`QuantizeWeightsPass` did: notes, one row per weight, how many it quantized."""
 
     notes: list[str] = field(default_factory=list)
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     quantized: int = 0
     grids_rounded: int = 0  # weights on a grid that the format could not hold (qdq), rounded
 
@@ -75,7 +79,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         format: str = "qdq",
         accuracy_level: int | None = None,
         uneven: str = "int8",
-        exclude: set[ir.Node] = frozenset(),
+        exclude: AbstractSet[ir.Node] = frozenset(),
     ) -> None:
         super().__init__()
         if bits not in (4, 8):
@@ -99,12 +103,13 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         on_grids, on_grids_lost = 0, []  # weights already on a grid: stored exactly; or not, in DequantizeLinear
         weights = quantizable_weights(model, self.exclude)
         block_sums: dict[ir.Value, ir.Value] = {}  # an input's block sums, shared by the grids that read it
-        if self.format == "nbits" and any(m.inputs[0].shape is None for _, matmuls in weights for m in matmuls):
+        if self.format == "nbits" and any(_data(m).shape is None for _, matmuls in weights for m in matmuls):
             infer_types(model)  # a grid's block sums reshape the input: its rank
         for weight, matmuls in weights:
             w = const_array(weight)
             k, n = w.shape
             name = weight.name
+            assert name is not None  # an initializer
             if k % self.block_size:
                 uneven.append(f"{name} (K={k})")
                 self._store_uneven(graph, names, order, weight, w)
@@ -139,8 +144,11 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         self._result.modified = bool(self._result.quantized)
         return self._result
 
-    def _store_uneven(self, graph: ir.Graph, names: FreshNames, order: dict, weight: ir.Value, w: np.ndarray) -> None:
+    def _store_uneven(
+        self, graph: ir.Graph, names: FreshNames, order: dict[ir.Node, int], weight: ir.Value, w: np.ndarray
+    ) -> None:
         """A weight whose K is not a multiple of the block: kept, or int8 per output column."""
+        assert weight.name is not None  # an initializer
         k, n = w.shape
         row = {"weight": weight.name, "shape": f"{k}x{n}"}
         if self.uneven == "keep":
@@ -166,15 +174,16 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         weight: ir.Value,
         matmuls: list[ir.Node],
         b: qz.Blocked,
-        block_sums: dict,
+        block_sums: dict[ir.Value, ir.Value],
     ) -> str:
         """Every MatMul reading ``weight`` as a MatMulNBits of the blocks ``b`` (on a grid: its levels, plus the
         input's block sums times the offsets); returns how the weight is stored, for the table."""
         graph, name, k = model.graph, weight.name, b.q.shape[0]
+        assert name is not None  # an initializer
         on_grid = b.float_zero_point
         for i, matmul in enumerate(matmuls):
             label = name if len(matmuls) == 1 else f"{name}_{i}"
-            x = matmul.inputs[0]
+            x = _data(matmul)
             sums = self._block_sums(graph, names, x, k, block_sums) if on_grid else None
             if sums is not None:
                 nodes = qz.grid_matmul_nodes(graph, names, label, x, sums, b, self.accuracy_level)
@@ -236,5 +245,13 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         graph.insert_before(min((user for user, _ in weight.uses()), key=order.__getitem__), dq)
         ir.convenience.replace_all_uses_with(weight, dq.outputs[0], replace_graph_outputs=True)
         name = weight.name
+        assert name is not None  # an initializer
         graph.initializers.pop(name)
         dq.outputs[0].name = name
+
+
+def _data(matmul: ir.Node) -> ir.Value:
+    """What a MatMul multiplies its weight with (its A, which it requires)."""
+    x = matmul.inputs[0]
+    assert x is not None
+    return x

@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from onnxsmith.irutil.names import FreshNames, node_label
 from onnxsmith.irutil.tensors import lazy_tensor
+from onnxsmith.irutil.walk import const_tensor
 
 #: Normalisations that are scale-invariant with eps scaled by S**2.
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
@@ -68,7 +69,7 @@ class ResidualStream:
     _actions: list[_Action] = field(default_factory=list)
 
     @property
-    def names(self) -> list[str]:
+    def names(self) -> list[str | None]:
         return [v.name for v in self.values]
 
     def describe(self) -> str:
@@ -78,10 +79,12 @@ class ResidualStream:
 
     def writers(self) -> list[ir.Value]:
         """What is written into the stream: its first value, then each Add's branch."""
-        branches = [
-            add.inputs[1] if add.inputs[0] is value else add.inputs[0] for add, value in zip(self.adds, self.values)
-        ]
-        return [self.values[0], *branches]
+        writers = [self.values[0]]
+        for add, value in zip(self.adds, self.values):
+            branch = add.inputs[1] if add.inputs[0] is value else add.inputs[0]
+            assert branch is not None  # an Add reads two values (a reader of writers reads their names)
+            writers.append(branch)
+        return writers
 
     def writer_nodes(self, value: ir.Value) -> list[ir.Node]:
         """The nodes that compute ``value`` (a writer) and nothing else: every node all of whose
@@ -92,6 +95,7 @@ class ResidualStream:
             return []
         stream = set(self.values)
         region = {producer}
+        assert producer.graph is not None  # it computes a value of the graph
         nodes = list(producer.graph)
         for node in reversed(nodes[: nodes.index(producer)]):  # readers before producers
             if node.op_type == "Constant" or any(out in stream for out in node.outputs):
@@ -127,6 +131,7 @@ def _norm_source(norm: ir.Node) -> tuple[ir.Value, list[ir.Value]]:
     value = norm.inputs[0]
     via: list[ir.Value] = []
     while True:
+        assert value is not None  # a norm and the data movement before it read their first input
         producer = value.producer()
         if producer is None or producer.op_type not in _THROUGH or len(_value_uses(value)) != 1:
             return value, via
@@ -278,7 +283,7 @@ class RescaleResult:
     constants: int = 0  # constant tensors multiplied by S
     gemms: int = 0  # Gemms whose alpha/beta were multiplied by S
     norms: int = 0  # norms whose epsilon was multiplied by S**2
-    scaled_names: list[str] = field(default_factory=list)
+    scaled_names: list[str | None] = field(default_factory=list)
 
 
 def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> RescaleResult:
@@ -290,7 +295,8 @@ def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> R
         raise ValueError(f"the scale must be a power of two, not {scale}")
     result = RescaleResult(scale, scaled_names=[v.name for v in stream.scaled])
     names = FreshNames(
-        taken={v.name for g in model.graphs() for n in g for v in n.outputs} | set(model.graph.initializers)
+        taken={v.name for g in model.graphs() for n in g for v in n.outputs if v.name is not None}
+        | set(model.graph.initializers)
     )
     for action in stream._actions:
         node = action.node
@@ -310,7 +316,8 @@ def rescale_residual(model: ir.Model, stream: ResidualStream, scale: float) -> R
 
 def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: float, names: FreshNames) -> None:
     value = node.inputs[index]
-    tensor = ir.convenience.get_const_tensor(value)
+    assert value is not None  # the plan scales constant inputs only (_plan_input, _plan_value)
+    tensor = const_tensor(value)
     scaled = lazy_tensor(tensor, lambda a: a * np.asarray(scale, dtype=a.dtype), dtype=tensor.dtype, name=value.name)
     if len(value.uses()) == 1 and value.is_initializer():
         value.const_value = scaled
@@ -323,7 +330,8 @@ def _scale_constant_input(model: ir.Model, node: ir.Node, index: int, scale: flo
         return
     # Shared with readers outside the stream: a scaled copy for this reader.
     name = names(f"{value.name}/rescaled")
-    copy = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape), const_value=scaled)
+    shape = ir.Shape(tensor.shape)  # type: ignore[arg-type]  # an ir.Shape: onnx-ir types it as its protocol
+    copy = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=shape, const_value=scaled)
     model.graph.register_initializer(copy)
     node.replace_input_with(index, copy)
 

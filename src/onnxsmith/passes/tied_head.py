@@ -28,13 +28,14 @@ table per row) under their own names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.irutil.names import FreshNames, node_label
-from onnxsmith.irutil.types import infer_types
+from onnxsmith.irutil.types import infer_types, set_dtype
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 from onnxsmith.settings.quantize import HEAD_MODES, LOOKUPS
@@ -52,6 +53,12 @@ class LMHead:
     lookups: list[ir.Node] = field(default_factory=list)  # Gather(table, ids)
     tied: bool = False
     how: str = ""  # how the head reads its weight, for the report
+
+    @property
+    def tied_table(self) -> ir.Value:
+        """The table of a tied head (:func:`find_lm_head` sets it with ``tied``)."""
+        assert self.tied and self.table is not None
+        return self.table
 
     @property
     def hidden(self) -> int:
@@ -73,9 +80,10 @@ def logits_output(model: ir.Model) -> ir.Value:
 def find_lm_head(model: ir.Model) -> LMHead:
     """The head computing the logits and the embedding it may share; InputError naming what is missing."""
     logits = logits_output(model)
-    value = logits
+    value: ir.Value | None = logits
     matmul = None
     for _ in range(8):  # walk back through a bias Add, Reshape, Identity
+        assert value is not None  # an Add's computed operand, a Reshape's data: read as before
         producer = value.producer()
         if producer is None:
             break
@@ -99,14 +107,16 @@ def find_lm_head(model: ir.Model) -> LMHead:
             f"(it comes from {origin.op_type if origin else 'nowhere'}{' ' + node_label(origin) if origin else ''})"
         )
     b = matmul.inputs[1]
+    assert b is not None  # a MatMul reads two operands
     array = const_array(b)
     how = f"MatMul '{node_label(matmul)}' reads constant '{b.name}'"
-    transposed_from = None
-    if array is None and b.producer() is not None and b.producer().op_type == "Transpose":
-        source = b.producer().inputs[0]
-        perm = b.producer().attributes.get_ints("perm", [1, 0])
+    transposed_from: ir.Value | None = None
+    transpose = b.producer()
+    if array is None and transpose is not None and transpose.op_type == "Transpose":
+        source = transpose.inputs[0]
+        perm = transpose.attributes.get_ints("perm", [1, 0])
         source_array = const_array(source)
-        if source_array is not None and source_array.ndim == 2 and list(perm) == [1, 0]:
+        if source is not None and source_array is not None and source_array.ndim == 2 and list(perm) == [1, 0]:
             array = source_array.T
             transposed_from = source
             how = f"MatMul '{node_label(matmul)}' reads Transpose('{source.name}')"
@@ -147,7 +157,7 @@ class StoreHeadResult(ir.passes.PassResult):
     """What :class:`StoreHeadPass` did: notes for the report and one row per weight."""
 
     notes: list[str] = field(default_factory=list)
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class StoreHeadPass(ir.passes.InPlacePass):
@@ -214,23 +224,24 @@ class StoreHeadPass(ir.passes.InPlacePass):
         restored.name = FreshNames(graph)(name)  # the head weight's own name, now that it is gone
 
         if head.tied:
-            if any(lookup.inputs[1].shape is None for lookup in head.lookups):
+            if any(lookup_indices(lookup).shape is None for lookup in head.lookups):
                 infer_types(model)  # the lookups' rewrite needs the rank of their indices
             for lookup in head.lookups:
                 self._lookup_columns(graph, lookup, restored)
-            release(graph, head.table)  # nothing reads the [vocab, hidden] table any more
-            if head.table.uses():
+            table = head.tied_table
+            release(graph, table)  # nothing reads the [vocab, hidden] table any more
+            if table.uses():
                 self._result.notes.append(
-                    f"'{head.table.name}' is still read by something other than the lookups; its fp32 copy stays"
+                    f"'{table.name}' is still read by something other than the lookups; its fp32 copy stays"
                 )
             self._result.notes.append(
-                f"tied embedding/LM head '{head.table.name}' [{head.vocab}, {head.hidden}] stored once as "
+                f"tied embedding/LM head '{table.name}' [{head.vocab}, {head.hidden}] stored once as "
                 f"'{restored.name}' [{head.hidden}, {head.vocab}] ({stored}); the head reads it directly, "
                 f"{len(head.lookups)} lookup(s) gather its columns (Gather axis 1, then Transpose)"
             )
             self._result.rows.append(
                 {
-                    "weight": head.table.name,
+                    "weight": table.name,
                     "shape": f"{head.vocab}x{head.hidden}",
                     "stored as": f"{stored} (tied head)",
                     "rel. error": error,
@@ -253,7 +264,8 @@ class StoreHeadPass(ir.passes.InPlacePass):
 
     def _store_tied_rows(self, graph: ir.Graph) -> None:
         """The tied table int8 per token in its [vocab, hidden] layout; the head reads its Transpose."""
-        head, table = self.head, self.head.table
+        head, table = self.head, self.head.tied_table
+        assert table.name is not None  # an initializer (find_lm_head)
         array = np.ascontiguousarray(head.weight_array.T)
         p = qz.quantize_per_channel_int8(array, axis=0)
         dq = qz.per_channel_dequantize_node(graph, FreshNames(graph), table.name, p)
@@ -264,6 +276,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         graph.initializers.pop(name)
         stored.name = name
         weight = head.matmul.inputs[1]
+        assert weight is not None  # the head's weight (find_lm_head)
         transpose = weight.producer()
         if transpose is None or transpose.op_type != "Transpose" or transpose.inputs[0] is not stored:
             transpose = ir.node("Transpose", [stored], {"perm": [1, 0]}, name=f"{name}/transposed")
@@ -271,7 +284,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
             head.matmul.replace_input_with(1, transpose.outputs[0])
             release(graph, weight)
             transpose.outputs[0].name = FreshNames(graph)(f"{name}_transposed")
-            transpose.outputs[0].dtype = stored.dtype
+            set_dtype(transpose.outputs[0], stored.dtype)
             transpose.outputs[0].shape = ir.Shape([head.hidden, head.vocab])
         self._result.notes.append(
             f"tied embedding/LM head '{name}' [{head.vocab}, {head.hidden}] stored once (int8, one scale per token) "
@@ -297,6 +310,7 @@ class StoreHeadPass(ir.passes.InPlacePass):
         )
 
     def _store_untied_table(self, graph: ir.Graph, table: ir.Value) -> None:
+        assert table.name is not None  # an initializer (find_lm_head)
         array = const_array(table)
         p = qz.quantize_per_channel_int8(array, axis=0)
         row = table_row(table.name, array, p)
@@ -312,6 +326,13 @@ class StoreHeadPass(ir.passes.InPlacePass):
         self._result.rows.append(row)
 
 
+def lookup_indices(lookup: ir.Node) -> ir.Value:
+    """What an embedding lookup (a Gather) reads its indices from."""
+    ids = lookup.inputs[1]
+    assert ids is not None  # a Gather reads its indices
+    return ids
+
+
 def lookup_rank(lookup: ir.Node) -> int:
     """The rank of an embedding lookup's indices, which its rewrite needs; InputError when unknown."""
     ids = lookup.inputs[1]
@@ -320,7 +341,7 @@ def lookup_rank(lookup: ir.Node) -> int:
     return len(ids.shape)
 
 
-def table_row(name: str, array: np.ndarray, p: qz.PerChannel) -> dict:
+def table_row(name: str, array: np.ndarray, p: qz.PerChannel) -> dict[str, Any]:
     """The report's row of an untied embedding table stored int8, one scale per token."""
     return {
         "weight": name,
@@ -334,7 +355,7 @@ def release(graph: ir.Graph, value: ir.Value) -> None:
     """Drop ``value`` (an initializer, or the output of a node like Transpose) once nothing reads it."""
     if value.uses() or value in graph.outputs:
         return
-    if value.is_initializer() and value.name in graph.initializers:
+    if value.is_initializer() and value.name is not None and value.name in graph.initializers:
         graph.initializers.pop(value.name)
     producer = value.producer()
     if producer is not None and not any(out.uses() or out in graph.outputs for out in producer.outputs):

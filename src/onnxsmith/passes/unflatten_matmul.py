@@ -18,9 +18,11 @@ each removed node is a kernel launch per token (~2 us in onnxruntime-web's WASM)
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_ir as ir
 
-from onnxsmith.analysis.symbolic_shapes import SymbolicShapes, as_int, is_int, same
+from onnxsmith.analysis.symbolic_shapes import Dim, SymbolicShapes, as_int, is_int, same
 from onnxsmith.passes import Rewritten
 
 
@@ -48,11 +50,13 @@ def _only_reader(graph: ir.Graph, value: ir.Value) -> ir.Node | None:
     return uses[0][0]
 
 
-def _is(node: ir.Node | None, op_type: str) -> bool:
+def _is(node: ir.Node | None, op_type: str) -> TypeGuard[ir.Node]:
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
-def _match(graph: ir.Graph, shapes: SymbolicShapes, matmul: ir.Node):
+def _match(
+    graph: ir.Graph, shapes: SymbolicShapes, matmul: ir.Node
+) -> tuple[ir.Node, ir.Node, ir.Node | None, ir.Node, ir.Node] | None:
     flatten = matmul.inputs[0].producer() if matmul.inputs[0] is not None else None
     if not _is(flatten, "Reshape") or _only_reader(graph, flatten.outputs[0]) is not matmul:
         return None
@@ -69,6 +73,7 @@ def _match(graph: ir.Graph, shapes: SymbolicShapes, matmul: ir.Node):
         return None
     if not same(flat_dims[1], x_dims[-1]):  # the flattening must keep x's rows intact
         return None
+    add: ir.Node | None
     last, add = matmul, None
     reader = _only_reader(graph, matmul.outputs[0])
     if _is(reader, "Add"):
@@ -88,7 +93,7 @@ def _match(graph: ir.Graph, shapes: SymbolicShapes, matmul: ir.Node):
     return flatten, matmul, add, restore, last
 
 
-def _broadcasts_as_bias(dims) -> bool:
+def _broadcasts_as_bias(dims: tuple[Dim, ...] | None) -> bool:
     """A bias that broadcasts against [rows, N] exactly as against [..., rows, N]: it has no rows dim."""
     if dims is None or len(dims) > 2:
         return False
