@@ -23,7 +23,19 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.checkout import checkout  # noqa: E402
 
-COMMANDS = [[], ["fp16"], ["fuse"], ["int8"], ["quantize"], ["shrink"], ["compare"], ["build"], ["validate"]]
+COMMANDS = [
+    [],
+    ["fp16"],
+    ["fuse"],
+    ["int8"],
+    ["quantize"],
+    ["shrink"],
+    ["compare"],
+    ["build"],
+    ["validate"],
+    ["validate", "--task", "generic"],  # a task's options: its group alone, from settings/ (no engine)
+    ["predict", "--task", "faceage"],
+]
 
 
 def seconds(argv: list[str], src: Path) -> float:

@@ -81,9 +81,22 @@ def test_onnxscript_and_onnx_ir_are_used_through_their_public_modules():
 ENGINES = ("onnx", "onnx_ir", "onnxruntime", "numpy", "onnxscript")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["fp16", "--help"], ["int8", "--help"], ["quantize", "--help"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["fp16", "--help"],
+        ["int8", "--help"],
+        ["quantize", "--help"],
+        [],
+        ["validate", "--help"],
+        ["validate", "--task", "generic", "--help"],
+        ["predict", "--task", "faceage", "--help"],
+    ],
+)
 def test_help_loads_no_engine(argv):
-    """``--help`` reads onnxsmith.settings, never the engines (a second of imports: docs/benchmarks.md)."""
+    """``--help`` reads onnxsmith.settings, never the engines (a second of imports: docs/benchmarks.md); a task's
+    options too (settings/tasks.py)."""
     import subprocess
 
     probe = (

@@ -229,13 +229,16 @@ def test_bad_input_is_a_clear_message(save_proto, tmp_path):
             [("fp16", Options(rescale_residual=True))],
             feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))],
         )
-    with pytest.raises(UsageError, match="--dtype bf16: a bf16 variant cannot be verified"):
-        produce_variant(
-            tmp_path / "mlp.onnx",
-            tmp_path / "o.onnx",
-            [("fp16", Options(dtype="bf16"))],
-            feeds=[random_inputs(load_model(tmp_path / "mlp.onnx"))],
-        )
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_bf16_is_not_offered(cli, save_proto, tmp_path):
+    """A bf16 variant cannot be verified here (no bf16 kernels on onnxruntime's CPU provider), so no option asks
+    for one: the flag is unknown to the command and the key to a recipe, not accepted and then refused."""
+    model = save_proto(mlp(), "mlp.onnx")
+    assert_one_line_error(cli("fp16", model, tmp_path / "o.onnx", "--dtype", "bf16"), "--dtype")
+    with pytest.raises(UsageError, match="unknown option 'dtype'"):
+        opts.build(Options, {"dtype": "bf16"})
     assert not (tmp_path / "o.onnx").exists()
 
 

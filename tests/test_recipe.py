@@ -93,7 +93,7 @@ def test_a_good_recipe(setup):
     assert recipe.source == source
     assert [(s.name, s.options.amount) for s in recipe.variants[0].steps] == [("test-only-offset", 0.5)]
     assert recipe.variants[0].file == "v.onnx"
-    assert (recipe.variants[0].min_cosine, recipe.variants[0].rtol) == (0.99, None)  # the one gate's bounds
+    assert (recipe.variants[0].gate.min_cosine, recipe.variants[0].gate.rtol) == (0.99, None)  # the one gate's bounds
     assert recipe.validation.gates == {"max_abs_age_error": 0.2, "gender_agreement": 1.0, "nonfinite": 0}
     assert recipe.validation.options.boxes == str(tmp_path / "images" / "boxes.txt")
     assert recipe.bench.batches == [1, 4] and recipe.bench.runs == 3

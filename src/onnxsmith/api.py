@@ -47,17 +47,16 @@ from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, pars
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed, UsageError
-from onnxsmith.core.transform import StepReport
 from onnxsmith.io.files import FileRecord, PrivateFolder, write_text_atomic
 from onnxsmith.io.load import files_read_by, load_model, source_files
 from onnxsmith.io.paths import check_outputs as _check_outputs
 from onnxsmith.io.save import save_model
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.release.bench import PROVIDERS, BenchRun, BenchSettings, bench_models
+from onnxsmith.release.bench import BenchRun, BenchSettings, bench_models
 from onnxsmith.release.extract import make_piece
 from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
 from onnxsmith.release.validate import TaskRun, Validation, check_gates
-from onnxsmith.release.variant import SourceInfo, StagedVariant, Staging, Verification, make_variant
+from onnxsmith.release.variant import StagedVariant, Staging, VariantReport, Verification, make_variant
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.data_folder import describe_data, load_data
 from onnxsmith.runtime.inputs import (
@@ -68,12 +67,13 @@ from onnxsmith.runtime.inputs import (
 )
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
+from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.gate import GateOptions
 from onnxsmith.tasks import get_task, lm
 from onnxsmith.tasks.widerface import box_problem
 from onnxsmith.transforms import get_transform
 from onnxsmith.transforms.quantize import QuantizeOptions
 from onnxsmith.verify.compare import Comparison, compare_models
-from onnxsmith.verify.gate import GateOptions
 
 #: What a call takes where a model is meant.
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
@@ -96,48 +96,8 @@ class UnknownKeyword(UsageError, TypeError):
 # Results
 
 
-@dataclasses.dataclass(frozen=True)
-class Report:
-    """What a call did and measured, headline first."""
-
-    #: The first lines: what was achieved (size vs the source, nodes, the verdict with its key
-    #: number), then why not more, in the transforms' own words.
-    headline: list[str]
-    source: SourceInfo
-    #: What each transform did: notes, stats, tables, the session options the variant needs.
-    steps: list[StepReport]
-    nodes_before: int
-    nodes_after: int
-    #: The variant's bytes (its .onnx and data file).
-    bytes: int
-
-    @property
-    def size_ratio(self) -> float:
-        return self.bytes / self.source.bytes
-
-    @property
-    def runtime(self) -> dict[str, str]:
-        """The session config entries the variant needs (e.g. ``session.disable_quant_qdq``)."""
-        return {k: v for step in self.steps for k, v in step.runtime.items()}
-
-    def __str__(self) -> str:
-        lines = list(self.headline)
-        for step in self.steps:
-            lines += [f"{step.step}: {note}" for note in step.notes]
-        return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        return {
-            "headline": self.headline,
-            "source": self.source.to_json(),
-            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
-            "bytes": self.bytes,
-            "steps": [step.to_json() for step in self.steps],
-        }
-
-
-def _report(staged: StagedVariant) -> Report:
-    return Report(staged.headline, staged.source, staged.reports, staged.nodes_before, staged.nodes_after, staged.bytes)
+#: What a call did and measured, headline first (one record for a variant staged, saved or published).
+Report = VariantReport
 
 
 class _Staged:
@@ -242,8 +202,8 @@ class Variant(_Staged):
 
     def __init__(self, staged: StagedVariant, cleanup: list[PrivateFolder] = ()) -> None:
         super().__init__(staged, list(cleanup))
-        self.report = _report(staged)
-        self.comparison: Comparison = staged.comparison
+        self.report: Report = staged.report
+        self.comparison: Comparison = staged.report.comparison
 
     @property
     def path(self) -> Path:
@@ -309,7 +269,7 @@ class QuantizedFolder(_Staged):
 
     def __init__(self, staged: StagedFolder, cleanup: list[PrivateFolder] = ()) -> None:
         super().__init__(staged, list(cleanup))
-        self.variants = [(name, _report(v), v.comparison) for name, v in staged.variants]
+        self.variants = [(name, v.report, v.report.comparison) for name, v in staged.variants]
         _, self.report, self.comparison = self.variants[0]
         self.summary: dict = staged.report
         self.copied: list[str] = staged.copied
@@ -346,28 +306,17 @@ class VerifySettings:
     """How a call runs a model and its variant and judges them: the keywords every verifying call takes.
 
     The input sets: ``feeds`` (see the module doc), else ``samples`` random sets from the model's
-    input spec seeded from ``seed`` and sized by ``shape``. The gate's bounds: ``min_cosine``,
-    ``rtol``, ``atol``, ``min_agreement`` (None: from the number format the two differ in, docs/gate.md).
+    input spec seeded from ``seed`` and sized by ``shape``. The gate's bounds (settings/gate.py): a call
+    takes each as a keyword (``min_cosine``, ``rtol``, ``atol``, ``min_agreement``; None: from the number
+    format the two differ in, docs/gate.md).
     """
 
     feeds: Feeds | None = None
     samples: int = 4
     seed: int = DEFAULT_SEED
     shape: Shape | None = None
-    min_cosine: float | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    min_agreement: float | None = None
     input_role: str | Sequence[str] | None = None
-
-    @property
-    def gate(self) -> GateOptions:
-        try:
-            return GateOptions(
-                min_cosine=self.min_cosine, rtol=self.rtol, atol=self.atol, min_agreement=self.min_agreement
-            )
-        except ValueError as err:  # a bound out of range is the caller's to fix: one line, not a traceback
-            raise UsageError(str(err)) from None
+    gate: GateOptions = dataclasses.field(default_factory=GateOptions)
 
     def input_sets(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
         return _input_sets(
@@ -718,16 +667,10 @@ def bench(
     """
     if isinstance(models, (str, os.PathLike)):
         raise UsageError("bench(): models is a list of .onnx files")
-    if runs < 1 or warmup < 0:
-        raise UsageError("runs must be >= 1 and warmup >= 0")
-    if not batch or any(not isinstance(b, int) or b < 1 for b in batch):
-        raise UsageError(f"batch sizes must be positive integers, not {list(batch)}")
-    if provider not in PROVIDERS:
-        raise UsageError(f"provider must be one of {', '.join(sorted(PROVIDERS))}, not '{provider}'")
     _shape(shape)  # checked here, given to each model's process as text
-    settings = BenchSettings(
-        batches=list(batch), provider=provider, runs=runs, warmup=warmup, threads=threads, shape=_shape_items(shape)
-    )
+    given = {"batch": list(batch), "provider": provider, "runs": runs, "warmup": warmup, "threads": threads}
+    options = opts.build(BenchOptions, {**given, "shape": _shape_items(shape)}, where="onnxsmith.bench()")
+    settings = BenchSettings.of(options)
     files_read_by(*models)  # a file that is no model is refused before any work
     names = [Path(m).name for m in models]
     if len(set(names)) != len(names):  # two files of one name in different folders
@@ -761,7 +704,8 @@ def card(release: str | os.PathLike, *, recipe: str | os.PathLike | None = None)
 # Arguments
 
 #: Each call's own keywords (shown beside the options when one is unknown).
-_VERIFY_PARAMETERS = tuple(f.name for f in dataclasses.fields(VerifySettings))
+_GATE_PARAMETERS = tuple(f.name for f in dataclasses.fields(GateOptions))
+_VERIFY_PARAMETERS = (*(f.name for f in dataclasses.fields(VerifySettings) if f.name != "gate"), *_GATE_PARAMETERS)
 _TRANSFORM_PARAMETERS = (*_VERIFY_PARAMETERS, "external_data", "out", "progress")
 _EXTRACT_PARAMETERS = ("outputs", "inputs", *_TRANSFORM_PARAMETERS)
 _COMPARE_PARAMETERS = (*_VERIFY_PARAMETERS, "fp16_mode")
@@ -787,7 +731,9 @@ def _arguments(call: str, keywords: dict[str, Any], samples: int, parameters: tu
     own = {f.name for f in dataclasses.fields(options_cls)} if options_cls is not None else set()
     verify = {k: v for k, v in keywords.items() if k in _VERIFY_PARAMETERS and k.replace("-", "_") not in own}
     options = {k: v for k, v in keywords.items() if k not in verify}
-    return VerifySettings(samples=samples, **verify), _options(options_cls, options, call, parameters)
+    bounds = {k: verify.pop(k) for k in _GATE_PARAMETERS if k in verify}
+    gate = opts.build(GateOptions, bounds, where=f"onnxsmith.{call}()")  # a bound out of range: one line
+    return VerifySettings(samples=samples, gate=gate, **verify), _options(options_cls, options, call, parameters)
 
 
 @contextlib.contextmanager

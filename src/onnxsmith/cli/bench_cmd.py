@@ -18,37 +18,17 @@ import argparse
 import dataclasses
 import json
 
-from onnxsmith.cli.common import err, flag_keywords, out, session_config
+from onnxsmith.cli.common import err, out, session_config
 from onnxsmith.cli.release_tables import bench_table
 from onnxsmith.core.errors import Incomplete, InputError
-from onnxsmith.core.options import non_negative_int, positive_int
+from onnxsmith.core.options import add_arguments, given_args
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.release.bench import PROVIDERS
-
-
-def _batches(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected batch sizes like 1,5,10, got '{text}'") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError("batch sizes must be positive integers")
-    return values
+from onnxsmith.settings.bench import BenchOptions
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="+", help=".onnx files (each runs in its own process)")
-    parser.add_argument("--batch", type=_batches, default=[1], help="batch sizes, e.g. 1,5,10 (default 1)")
-    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu", help="execution provider")
-    parser.add_argument("--runs", type=positive_int, default=20, help="timed runs per batch size (default %(default)s)")
-    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed runs first (default %(default)s)")
-    parser.add_argument("--threads", type=non_negative_int, help="intra-op threads (default: onnxruntime's choice)")
-    parser.add_argument(
-        "--shape",
-        action="append",
-        metavar="NAME:D0,D1|DIM=N",
-        help="sizes of symbolic dims other than the batch (repeatable)",
-    )
+    add_arguments(parser, BenchOptions, title="what is measured")
     parser.add_argument(
         "--session-config",
         action="append",
@@ -67,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     api.check_outputs([args.json, args.plot], sources=args.models)  # a file that is no model: exit 2
     with err.status("") as status:
         config = session_config(args.session_config)
-        run = api.bench(args.models, **flag_keywords(args, api.bench, session_config=config, progress=status.update))
+        options = given_args(args, BenchOptions)
+        run = api.bench(args.models, **options, session_config=config, progress=status.update)
     if not run.results:
         only = run.failures[0] if len(run.failures) == 1 else None
         raise InputError(only.reason, only.path) if only else InputError(run.shortfall())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import sys
@@ -15,8 +16,9 @@ from rich.status import Status
 from rich.text import Text
 
 from onnxsmith.core.errors import GateFailed, UsageError
-from onnxsmith.core.options import cosine, non_negative_int, positive_int, share, tolerance
+from onnxsmith.core.options import add_arguments, non_negative_int, positive_int
 from onnxsmith.core.text import for_terminal
+from onnxsmith.settings.gate import GATE_TITLE, GateOptions
 from onnxsmith.settings.run import DEFAULT_SEED, FP16_MODES
 
 
@@ -140,7 +142,8 @@ def add_input_options(
     )
 
 
-GATE_OPTIONS = ("min_cosine", "rtol", "atol", "min_agreement")
+#: The gate's bounds: one flag each (settings/gate.py declares them).
+GATE_OPTIONS = tuple(f.name for f in dataclasses.fields(GateOptions))
 
 
 def add_gate_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] = frozenset()) -> None:
@@ -149,21 +152,7 @@ def add_gate_options(parser: argparse.ArgumentParser, *, taken: frozenset[str] =
     ``taken``: option names the command already has (a transform's own ``--min-cosine``, which it hands
     the gate through ``Transform.gate_settings``): not added twice.
     """
-    group = parser.add_argument_group(
-        "verification gate (default: scaled by the format the models differ in, e.g. fp16: cosine >= 0.99951, "
-        "RMS within ±3.1 %, |Δ| <= 0.25·(|value| + its channel's RMS))"
-    )
-    helps = {
-        "min_cosine": "every float output's cosine to the source's at least this",
-        "rtol": "relative bound on each value: |Δ| <= RTOL·(|value| + its channel's RMS)",
-        "atol": "absolute bound on each value instead: |Δ| <= ATOL + RTOL·|value|",
-        "min_agreement": "integer outputs: this share of values equal; detection lists: of confident rows "
-        "matched (default: 1 at fp32, 0.99 at a coarser format)",
-    }
-    kinds = {"min_cosine": cosine, "rtol": tolerance, "atol": tolerance, "min_agreement": share}
-    for name in GATE_OPTIONS:
-        if name not in taken:
-            group.add_argument("--" + name.replace("_", "-"), dest=name, type=kinds[name], help=helps[name])
+    add_arguments(parser, GateOptions, title=GATE_TITLE, skip=taken)
 
 
 def gate_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset()) -> dict:

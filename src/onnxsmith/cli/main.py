@@ -18,7 +18,7 @@ import importlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.core.text import for_terminal
@@ -54,6 +54,15 @@ COMMANDS = {
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line like every other error (its usage text is in --help);
     the command's subparsers are of this class too (argparse makes them of their parent's)."""
+
+    #: Called with the command's words before they are parsed: flags that depend on another flag's value are
+    #: added then (validate's and predict's task options, on --task: cli/task_args.py).
+    prepare: Callable[[argparse.ArgumentParser, list[str]], None] | None = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.prepare is not None and args is not None:
+            self.prepare(self, list(args))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         command = self.prog.removeprefix("onnxsmith").strip()
@@ -94,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)  # a task's flag may be refused as it is read (cli/task_args.py)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         with _sigterm_unwinds():
             from onnxsmith.runtime.runner import run_timeout  # here: the engines load when a command runs
 

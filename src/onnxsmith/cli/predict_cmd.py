@@ -6,13 +6,10 @@ import argparse
 
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, out, print_json
 from onnxsmith.cli.task_args import add_task_arguments, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
-from onnxsmith.tasks import get_task
-from onnxsmith.tasks.widerface import box_problem
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +23,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_box(text: str | None) -> tuple[float, float, float, float] | None:
+    from onnxsmith.tasks.widerface import box_problem  # here: importing a task loads the engines
+
     if text is None:
         return None
     try:
@@ -41,6 +40,9 @@ def parse_box(text: str | None) -> tuple[float, float, float, float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api  # here: --help loads no engine
+    from onnxsmith.tasks import get_task
+
     task = get_task(args.task)
     options = opts.to_json(task_options_from_args(args, task))
     prediction = api.predict(

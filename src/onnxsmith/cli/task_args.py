@@ -1,9 +1,9 @@
-"""Every task's options as flags of one command (``validate``, ``predict``).
+"""A task's options as flags of one command (``validate``, ``predict``): those of the task ``--task`` names.
 
-The task is chosen by ``--task`` at run time, so each option field of every task
-becomes one flag (tasks share ``--data``); the values of the chosen task's
-fields are converted by their dataclass types and checked by
-:func:`onnxsmith.core.options.build`, like a recipe's keys.
+The command's words are read for ``--task NAME`` before they are parsed, and only that task's options are
+added: one group, rendered from its settings by :func:`onnxsmith.core.options.add_arguments` and converted
+and checked by :func:`onnxsmith.core.options.from_args`, like a transform's. The settings load no engine
+(:mod:`onnxsmith.settings.tasks`), so ``--help`` is quick; without ``--task`` it lists the tasks.
 """
 
 from __future__ import annotations
@@ -11,78 +11,75 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import types
-import typing
+import textwrap
+from typing import Any
 
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import UsageError
-from onnxsmith.tasks import tasks
-from onnxsmith.tasks.base import Task
-
-_PREFIX = "task_option_"
+from onnxsmith.settings.tasks import TASK_SETTINGS
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    owners: dict[str, list[tuple[str, dataclasses.Field]]] = {}
-    for name, cls in sorted(tasks().items()):
-        for f in dataclasses.fields(cls.Options):
-            owners.setdefault(f.name, []).append((name, f))
-    parser.add_argument("--task", required=True, choices=sorted(tasks()), help="what the model does")
-    group = parser.add_argument_group("task options (the tasks each applies to in brackets)")
-    for field_name, users in owners.items():
-        helps = {task: f.metadata.get("help", "") for task, f in users}
-        if len(set(helps.values())) == 1:
-            help_text = f"{users[0][1].metadata.get('help', '')} [{', '.join(helps)}]"
-        else:
-            help_text = "; ".join(f"[{task}] {text}" for task, text in helps.items())
-        many = any(_is_list(typing.get_type_hints(tasks()[task].Options)[field_name]) for task, _ in users)
-        group.add_argument(
-            "--" + field_name.replace("_", "-"),
-            dest=_PREFIX + field_name,
-            metavar=field_name.upper(),
-            help=help_text.replace("%", "%%") + (" (repeatable)" if many else ""),  # argparse formats help with %
-            action="append" if many else "store",
-        )
+    """``--task NAME``; the named task's options are added when the command's words are parsed (``prepare``:
+    cli/main.py's parser calls it first), so the command shows and takes that task's flags only."""
+    parser.add_argument(
+        "--task",
+        required=True,
+        choices=sorted(TASK_SETTINGS),
+        metavar="NAME",
+        help=f"what the model does: {', '.join(sorted(TASK_SETTINGS))} (below)",
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the tasks' list keeps its lines
+    parser.epilog = _task_list(parser.prog)
+    parser.prepare = _add_chosen_task  # type: ignore[attr-defined]  # main._Parser calls it
 
 
-def task_options_from_args(args: argparse.Namespace, task: Task):
-    fields = {f.name: f for f in dataclasses.fields(task.Options)}
-    hints = typing.get_type_hints(task.Options)
-    given = {}
-    for key, value in vars(args).items():
-        if not key.startswith(_PREFIX) or value is None:
-            continue
-        name = key[len(_PREFIX) :]
-        flag = "--" + name.replace("_", "-")
-        if name not in fields:
-            raise UsageError(f"{flag} is not an option of task '{task.name}'")
-        given[name] = _convert(value, hints[name], flag)
-    return opts.build(task.Options, given, where="command line")
+def _task_list(prog: str) -> str:
+    lines = [f"tasks ({prog} --task NAME --help shows that task's options):"]
+    for name, task in sorted(TASK_SETTINGS.items()):
+        lines.append(textwrap.fill(task.summary, 79, initial_indent=f"  {name:<9}", subsequent_indent=" " * 11))
+    return "\n".join(lines)
 
 
-def _is_list(annotation) -> bool:
-    return typing.get_origin(annotation) is list or annotation is list
+def _flags(options_cls: type) -> set[str]:
+    return {"--" + f.name.replace("_", "-") for f in dataclasses.fields(options_cls)}
 
 
-def _convert(text: str | list[str], annotation, flag: str):
-    kind = annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        kind = next(a for a in typing.get_args(annotation) if a is not type(None))
-    if _is_list(kind):  # repeatable, and each may be comma-separated
-        return [x.strip() for item in ([text] if isinstance(text, str) else text) for x in item.split(",") if x.strip()]
-    if isinstance(text, list):  # a flag repeated for a task whose field of that name is not a list
-        text = text[-1]
-    try:
-        if kind is bool:
-            if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                raise ValueError
-            return text.lower() in ("true", "yes", "1")
-        if kind in (int, float):
-            return opts.ARGUMENT_TYPES[kind](text)
-    except (ValueError, argparse.ArgumentTypeError):
-        what = "a finite number" if kind is float else kind.__name__
-        raise UsageError(f"{flag} expects {what}, got '{text}'") from None
-    return text
+def _add_chosen_task(parser: argparse.ArgumentParser, words: list[str]) -> None:
+    name = _chosen_task(words)
+    if name is None or getattr(parser, "task_added", None):  # no task: argparse says --task is required
+        return
+    task = TASK_SETTINGS[name]
+    own = _flags(task.options)
+    others = set().union(*(_flags(t.options) for t in TASK_SETTINGS.values())) - own
+    for word in words[: words.index("--")] if "--" in words else words:
+        flag = word.split("=", 1)[0]
+        if flag in others:  # refused before parsing: argparse would take lm's --batch as faceage's --batch-size
+            raise UsageError(
+                f"{flag} is not an option of task '{name}' (its options: {parser.prog} --task {name} --help)"
+            )
+    summary = textwrap.fill(task.summary, 77)  # the formatter keeps the lines it is given (the tasks' list's)
+    opts.add_arguments(parser, task.options, title=f"task '{name}' options", description=summary, named_errors=True)
+    parser.epilog = None
+    parser.task_added = name  # type: ignore[attr-defined]
+
+
+def _chosen_task(words: list[str]) -> str | None:
+    """The task ``--task NAME`` or ``--task=NAME`` names (the last, as argparse takes it); None if none is known."""
+    name = None
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word == "--task" and i + 1 < len(words):
+            name = words[i + 1]
+        elif word.startswith("--task="):
+            name = word.partition("=")[2]
+    return name if name in TASK_SETTINGS else None
+
+
+def task_options_from_args(args: argparse.Namespace, task: Any) -> Any:
+    """The task's options from the flags its group added (a task's own ``Options``: the engine may check more)."""
+    return opts.from_args(args, task.Options)
 
 
 def parse_gates(items: list[str] | None) -> dict[str, float]:

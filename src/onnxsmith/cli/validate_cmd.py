@@ -12,13 +12,11 @@ import json
 
 from rich.text import Text
 
-from onnxsmith import api
 from onnxsmith.cli.common import add_fp16_mode_option, err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.io.files import write_text_atomic
-from onnxsmith.tasks import get_task
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +36,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsmith import api  # here: --help loads no engine
+    from onnxsmith.tasks import get_task
+
     options = opts.to_json(task_options_from_args(args, get_task(args.task)))
     gates = parse_gates(args.gate)
     api.check_outputs([args.json], sources=[args.source, args.variant])

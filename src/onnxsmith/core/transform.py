@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +47,12 @@ class ReferenceOutputs:
 Judge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float]
 
 
+@contextlib.contextmanager
+def _temporary_folder() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="onnxsmith-step-") as tmp:
+        yield Path(tmp)
+
+
 @dataclass
 class TransformContext:
     """What a transform may use besides the model, and what it leaves for the gate."""
@@ -56,7 +63,8 @@ class TransformContext:
     #: Writes a model to a file (``io.save.save_model``): given by whoever runs the chain, so this layer reads no files.
     save: Callable[[ir.Model, Path], Any]
     progress: Progress = _quiet
-    #: Whether the model a step receives is still the source as loaded (the first step of a chain).
+    #: Whether the model is still the source as loaded: true for the first step of a chain until it edits the
+    #: model (:meth:`changed`); then :meth:`model_file` writes what the model is now.
     model_is_source: bool = True
     #: The source's outputs on ``feeds``, if a step computed them while measuring (the gate then reuses them).
     reference: ReferenceOutputs | None = None
@@ -76,20 +84,28 @@ class TransformContext:
     #: Input sets to measure static activation ranges on (int8's Convs), a superset of ``feeds`` where onnxsmith
     #: makes them up: a scale from two photo crops clips a third's (None: ``feeds``).
     range_feeds: list[dict[str, np.ndarray]] | None = None
+    #: A private folder for :meth:`model_file`'s copies, removed when the block ends (release/ gives one that a
+    #: later run removes if this one is killed).
+    scratch: Callable[[], AbstractContextManager[Path]] = _temporary_folder
+
+    def changed(self) -> None:
+        """The step edited the model (fused it, folded its BatchNorms) before measuring it: the source file no
+        longer holds it, and the outputs measured on it are not the source's."""
+        self.model_is_source = False
 
     @contextlib.contextmanager
     def model_file(self, model: ir.Model) -> Iterator[Path]:
-        """A file holding ``model`` as it is now, for a measurement that runs it.
+        """A file holding ``model`` as it is now, for a measurement that runs it: the one way a step gets one.
 
-        The source file itself while the model is still the source (nothing written);
-        after an earlier step of a chain, a temporary copy of what that step made: a
-        calibration must see the tensors of the graph it converts.
+        The source file itself while the model is still the source (nothing written); once a step (this one or
+        an earlier one of the chain) changed it, a copy in a private folder the block owns: a calibration must
+        see the tensors of the graph it converts.
         """
         if self.model_is_source:
             yield self.source_path
             return
-        with tempfile.TemporaryDirectory(prefix="onnxsmith-step-") as tmp:
-            path = Path(tmp) / self.source_path.name
+        with self.scratch() as folder:
+            path = Path(folder) / self.source_path.name
             self.save(model, path)
             yield path
 

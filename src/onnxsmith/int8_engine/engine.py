@@ -132,7 +132,7 @@ def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
     # A written-out hard swish (Add, Clip, Mul, Div: four passes over the activation) as x * HardSigmoid(x), two.
     hard_swishes = hardswish_rules.apply_to_model(model)
     if changed or unfused.modified or hard_swishes:
-        context.model_is_source = False
+        context.changed()
     return unfused, hard_swishes
 
 

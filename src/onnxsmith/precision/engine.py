@@ -20,7 +20,6 @@ The result is a :class:`PrecisionRecord` (data); :mod:`.report` turns it into no
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,6 @@ import onnx_ir as ir
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.core.errors import OnnxsmithError, TimeLimitExceeded
 from onnxsmith.core.transform import ReferenceOutputs, TransformContext
-from onnxsmith.io.files import staging_dir
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.tensors import lazy_tensor
 from onnxsmith.irutil.types import infer_types
@@ -104,38 +102,23 @@ class Measurement:
 
 
 @contextlib.contextmanager
-def measured(model: ir.Model, context: TransformContext, *, edited: bool = False) -> Iterator[Measurement]:
-    """Every float tensor's range on ``context.feeds``, measured on ``model`` as it is now.
-
-    ``edited``: the model was changed since it was loaded (a fused graph), so it is written
-    to a temporary file to be run. Measuring the source leaves its outputs in
-    ``context.reference`` for the gate.
-    """
+def measured(model: ir.Model, context: TransformContext) -> Iterator[Measurement]:
+    """Every float tensor's range on ``context.feeds``, measured on ``model`` as it is now (a step that edited
+    it first says so: ``context.changed()``). Measuring the source leaves its outputs in ``context.reference``
+    for the gate."""
     outputs: dict[str, np.ndarray] = {}
-    with _model_file(model, context, edited) as path:
+    with context.model_file(model) as path:
         ranges = measure_ranges(path, context.feeds, outputs=outputs, derive_movement=True)
-        # After an earlier step of a chain the outputs are that step's, not the source's: not reused.
-        if context.model_is_source and not edited:
+        # After an edit the outputs are the edited model's, not the source's: not reused.
+        if context.model_is_source:
             context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)
         yield Measurement(Path(path), context.feeds, ranges, outputs)
 
 
-def measure(model: ir.Model, context: TransformContext, *, edited: bool = False) -> list[TensorRange]:
+def measure(model: ir.Model, context: TransformContext) -> list[TensorRange]:
     """The ranges of :func:`measured`, when nothing else is to be measured on the file."""
-    with measured(model, context, edited=edited) as measurement:
+    with measured(model, context) as measurement:
         return measurement.ranges
-
-
-@contextlib.contextmanager
-def _model_file(model: ir.Model, context: TransformContext, edited: bool) -> Iterator[Path]:
-    if not edited:
-        with context.model_file(model) as path:
-            yield path
-        return
-    with staging_dir(tempfile.gettempdir()) as tmp:  # removed by a later run if this one is killed
-        path = tmp / "measured.onnx"
-        context.save(model, path)
-        yield path
 
 
 def convert(

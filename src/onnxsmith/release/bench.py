@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from onnxsmith.runtime.latency import PROVIDERS
+from onnxsmith.settings.bench import BenchOptions
 
 
 @dataclass
@@ -124,6 +125,11 @@ class BenchSettings:
     warmup: int = 3
     threads: int | None = None
     shape: list[str] = field(default_factory=list)  # NAME:D0,D1 / DIM=N for other symbolic dims
+
+    @classmethod
+    def of(cls, options: BenchOptions) -> BenchSettings:
+        """What a run measures, from the settings a user gave (settings/bench.py)."""
+        return cls(list(options.batch), options.provider, options.runs, options.warmup, options.threads, options.shape)
 
 
 def notes(data: dict) -> list[str]:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from onnxsmith.analysis.summary import summarize
-from onnxsmith.core.errors import GateFailed, InputError, UsageError
+from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.options import to_json as options_json
 from onnxsmith.core.version import __version__
@@ -63,23 +63,22 @@ from onnxsmith.release.recipe import (
     RECIPE_COPY,
     REPORT,
     Recipe,
-    Variant,
+    VariantSpec,
 )
 from onnxsmith.release.report import render_report
 from onnxsmith.release.validate import TaskRun, Validation
-from onnxsmith.release.variant import produce_variant, repairable
+from onnxsmith.release.variant import Acceptance, Staging, Verification, make_variant
 from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.sizing import inputs_that_run
-from onnxsmith.verify.gate import GateOptions
 
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
 
 
 @dataclass
 class VariantOutcome:
-    variant: Variant
+    variant: VariantSpec
     published: bool = False
     reason: str = ""
     data: dict[str, Any] = field(default_factory=dict)  # its part of measurements.json
@@ -419,76 +418,66 @@ def _include(recipe: Recipe, release: Path, published: list) -> list[dict]:
 
 
 def _make_variant(
-    recipe: Recipe, variant: Variant, release: Path, feeds, task_run: TaskRun | None, progress
+    recipe: Recipe, variant: VariantSpec, release: Path, feeds, task_run: TaskRun | None, progress
 ) -> VariantOutcome:
+    """The variant ``variant`` asks for, made, judged by the one gate and the task's gates (one repair loop:
+    release/variant.py) and committed to the release only when both pass."""
     outcome = VariantOutcome(variant)
     target = release / variant.file
     target.parent.mkdir(parents=True, exist_ok=True)
     steps = [(s.name, s.options) for s in variant.steps]
-    judge = None  # the task's gates, once they refused a variant that a step can make more exact
-    while True:
-        try:
-            result = produce_variant(
-                recipe.source,
-                target,
-                steps,
-                feeds=feeds,
-                gate=GateOptions(
-                    min_cosine=variant.min_cosine,
-                    rtol=variant.rtol,
-                    atol=variant.atol,
-                    min_agreement=variant.min_agreement,
-                ),
-                judge=judge,
-                real_inputs=task_run is not None and task_run.real_inputs,
-                progress=progress,
-            )
-        except GateFailed as err:
-            outcome.reason = err.problem if judge is None else f"{err.problem} (made again after: {outcome.reason})"
+    verification = Verification(feeds, gate=variant.gate, real_inputs=task_run is not None and task_run.real_inputs)
+    gates = _task_gates(recipe, task_run, feeds, variant.name, progress)
+    staged = make_variant(recipe.source, steps, verification, Staging(target), progress, acceptance=gates)
+    try:
+        report = staged.report
+        outcome.validation = report.validation
+        if not report.passed:
+            again = f" (made again after: {report.remade_after})" if report.remade_after else ""
+            outcome.reason = f"{report.failure}{again}"
+        if report.validation is None and not report.passed:  # the one gate refused it: only what was asked
             outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
             return outcome
-        runtime: dict[str, str] = {}
-        for report in result.reports:
-            runtime.update(report.runtime)
-        model = load_model(target)
-        outcome.data = {
-            "headline": result.headline,
-            "steps": [_step_json(r) for r in result.reports],
-            "files": [f.to_json(release) for f in result.files],
-            "nodes": {"source": result.nodes_before, "variant": result.nodes_after},
-            "runtime": runtime,
-            "verification": _finite_json(result.comparison.to_json()),
-            **_model_facts(model, sum(f.bytes for f in result.files)),
-        }
-        if judge is not None:
-            outcome.data["remade_after"] = outcome.reason
-            outcome.reason = ""
-        if task_run is None:
-            break
-        progress("validating")
-        outcome.validation = task_run.validate(target, recipe.validation.gates, name=variant.name)
-        outcome.data["validation"] = outcome.validation.to_json()
-        if outcome.validation.passed:
-            break
-        outcome.reason = "; ".join(outcome.validation.failures())
-        for f in result.files:
-            f.path.unlink()
-        # A step that can keep more of its variant exact (fp16's conversions, int8's activations) is told how
-        # the task's gates measure, on the calibration samples, and the variant is made once more.
-        if judge is None and repairable(steps):
-            judge = task_run.judge(recipe.validation.gates, len(feeds), target)
-            if judge is not None:
-                progress(f"the task's gates refused it ({outcome.reason}): making it again, measured by them")
-                continue
+        files = staged.commit(target) if report.passed else []
+        model = load_model(target if report.passed else staged.staged.path)
+    finally:
+        staged.discard()
+    outcome.data = {
+        "headline": report.headline,
+        "steps": [_step_json(r) for r in report.steps],
+        "files": [f.to_json(release) for f in files],
+        "nodes": {"source": report.nodes_before, "variant": report.nodes_after},
+        "runtime": report.runtime,
+        "verification": _finite_json(report.comparison.to_json()),
+        **_model_facts(model, report.bytes),
+    }
+    if report.remade_after is not None:
+        outcome.data["remade_after"] = report.remade_after
+    if report.validation is not None:
+        outcome.data["validation"] = report.validation.to_json()
+    if not report.passed:
         if target.parent != release and not any(target.parent.iterdir()):
             target.parent.rmdir()
-        outcome.data["files"] = []
         return outcome
     if has_fp16(model):  # an fp32 variant holds its values as the source does
         progress("measuring activation ranges as fp16 holds them")
         outcome.data["peak"] = _variant_peak(target, feeds[:2])
     outcome.published = True
     return outcome
+
+
+def _task_gates(recipe: Recipe, task_run: TaskRun | None, feeds, name: str, progress) -> Acceptance | None:
+    """The task's gates on real data, as what variant ``name`` must pass beyond the one gate (None: no task);
+    a refusal is measured on the calibration feeds by the steps that repair."""
+    if task_run is None or recipe.validation is None:
+        return None
+    gates = recipe.validation.gates
+
+    def validate(path: Path) -> Validation:
+        progress("validating")
+        return task_run.validate(path, gates, name=name)
+
+    return Acceptance(validate, lambda path: task_run.judge(gates, len(feeds), path))
 
 
 def _stacked(samples, batch: int) -> dict[str, np.ndarray]:

@@ -96,13 +96,13 @@ def extract_piece(
 
 def extract_result(piece: StagedVariant, files: list[FileRecord]) -> ExtractResult:
     """What :func:`extract_piece` returns, from the staged piece's step report."""
-    [report] = piece.reports
+    [report] = piece.report.steps
     stats = report.stats
     return ExtractResult(
         files=files,
-        comparison=piece.comparison,
-        nodes_source=piece.nodes_before,
-        nodes_piece=piece.nodes_after,
+        comparison=piece.report.comparison,
+        nodes_source=piece.report.nodes_before,
+        nodes_piece=piece.report.nodes_after,
         initializers=stats["initializers"]["count"],
         initializer_bytes=stats["initializers"]["bytes"],
         source_initializer_bytes=stats["initializers"]["source_bytes"],

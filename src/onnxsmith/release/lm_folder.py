@@ -292,8 +292,8 @@ def _copy(source: Path, staged: Path, final: Path) -> None:
 
 
 def _report(source: Path, folder: Path | None, options: QuantizeOptions, variants, copied, outside) -> dict:
-    first = variants[0][1]
-    step = first.reports[0]
+    first = variants[0][1].report
+    step = first.steps[0]
     return {
         "source": first.source.to_json(),
         "options": opts.to_json(options),
@@ -301,11 +301,11 @@ def _report(source: Path, folder: Path | None, options: QuantizeOptions, variant
         "variants": [
             {
                 "file": f"onnx/{file_name}",
-                "bytes": variant.bytes,
+                "bytes": variant.report.bytes,
                 "sha256": variant.staged.committed[0].sha256,  # the .onnx (its data file, if any, is listed in OUT)
-                "size_vs_source": variant.bytes / variant.source.bytes,
-                "logits": "last position" if variant.reports[0].options["last_token"] else "every position",
-                "gate": variant.comparison.to_json(),
+                "size_vs_source": variant.report.size_ratio,
+                "logits": "last position" if variant.report.steps[0].options["last_token"] else "every position",
+                "gate": variant.report.comparison.to_json(),
             }
             for file_name, variant in variants
         ],

@@ -51,6 +51,8 @@ from onnxsmith.io.save import data_file_name
 from onnxsmith.release.bench import BenchSettings
 from onnxsmith.release.key_lines import KeyPath, key_lines
 from onnxsmith.release.recipe_schema import OPTIONS, RECIPE, SchemaError, check
+from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.gate import GateOptions
 from onnxsmith.tasks import get_task
 from onnxsmith.tasks.base import Task
 
@@ -85,16 +87,16 @@ class Step:
 
 
 @dataclass
-class Variant:
+class VariantSpec:
+    """A variant as the recipe asks for it (what was made of it: release/variant.py's records)."""
+
     name: str
     file: str
     steps: list[Step]
     description: str = ""
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
+    #: Its own bounds on the one gate (settings/gate.py: the recipe's keys beside ``steps``).
+    gate: GateOptions = field(default_factory=GateOptions)
     line: int | None = None
-    min_agreement: float | None = None
 
 
 @dataclass
@@ -122,7 +124,7 @@ class Recipe:
     text: str
     source: Path
     source_sha256: str
-    variants: list[Variant]
+    variants: list[VariantSpec]
     validation: ValidationSpec | None
     bench: BenchSettings | None
     card: Card
@@ -200,8 +202,8 @@ class _Reader:
         validation = self.validation(values["validation"])
         bench = None
         if values["bench"] is not None:
-            b = values["bench"]
-            bench = BenchSettings(b["batch"], b["provider"], b["runs"], b["warmup"], b["threads"], b["shape"])
+            given = {f.name: values["bench"][f.name] for f in dataclasses.fields(BenchOptions)}
+            bench = BenchSettings.of(BenchOptions(**given))
         release, card = values["release"], values["card"]
         outside = self.published(checked.published, allow_outside=release["allow_outside"])
         include = [Path(p) for p in release["include"]]
@@ -234,23 +236,14 @@ class _Reader:
             )
         return actual
 
-    def variant(self, index: int, values: dict) -> Variant:
+    def variant(self, index: int, values: dict) -> VariantSpec:
         key = ("variants", index)
         steps = [
             Step(step["transform"], step[OPTIONS], self.line(key + ("steps", j)))
             for j, step in enumerate(values["steps"])
         ]
-        return Variant(
-            values["name"],
-            values["file"],
-            steps,
-            values["description"],
-            values["atol"],
-            values["rtol"],
-            values["min_cosine"],
-            self.line(key),
-            values["min_agreement"],
-        )
+        gate = GateOptions(**{f.name: values[f.name] for f in dataclasses.fields(GateOptions)})
+        return VariantSpec(values["name"], values["file"], steps, values["description"], gate, self.line(key))
 
     def validation(self, values: dict | None) -> ValidationSpec | None:
         if values is None:
@@ -293,7 +286,7 @@ class _Reader:
                 outside.append(path.name if key[0] == "release" else key[-1])
         return outside
 
-    def check_layout(self, variants: list[Variant], include: list[Path]) -> None:
+    def check_layout(self, variants: list[VariantSpec], include: list[Path]) -> None:
         """Every file of the release has a name of its own, and no folder is named like a file."""
         owners: dict[str, str] = {name: f"the release's own {name}" for name in GENERATED}
         for v in variants:

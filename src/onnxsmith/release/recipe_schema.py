@@ -32,7 +32,8 @@ from onnxsmith.core.registry import Registry
 from onnxsmith.io.files import sha256_file
 from onnxsmith.io.paths import file_kind
 from onnxsmith.runtime.inputs import parse_shape_options
-from onnxsmith.runtime.latency import PROVIDERS
+from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.gate import GateOptions
 from onnxsmith.tasks import TASKS
 from onnxsmith.transforms import TRANSFORMS
 
@@ -61,6 +62,7 @@ class Key:
     default_help: str = ""  # how the docs show a default that is a function
     choices: tuple[str, ...] = ()
     minimum: float | None = None  # numbers, and each number of a list
+    maximum: float | None = None
     nonempty: bool = False  # a list
     pattern: str = ""  # a string (each string of a list) matches it whole
     pattern_help: str = ""  # ... which is this, in words
@@ -335,7 +337,7 @@ def _fits(kind: type, value, key: Key) -> bool:
             return False
         if not math.isfinite(value):  # TOML writes nan and inf; no key of a recipe means either
             return False
-        return key.minimum is None or value >= key.minimum
+        return (key.minimum is None or value >= key.minimum) and (key.maximum is None or value <= key.maximum)
     if kind is str:
         if not isinstance(value, str):
             return False
@@ -371,7 +373,9 @@ def _scalar(kind: type, key: Key, plural: bool) -> str:
     if kind is bool:
         return "booleans" if plural else "true or false"
     noun = ("integer" if kind is int else "number") + ("s" if plural else "")  # nan and inf are not numbers
-    if key.minimum is None:
+    if key.minimum is not None and key.maximum is not None:
+        text = f"{noun} in [{key.minimum:g}, {key.maximum:g}]"
+    elif key.minimum is None:
         text = noun
     elif key.minimum == 1 and kind is int:
         text = f"positive {noun}"
@@ -390,6 +394,24 @@ def _shown(value) -> str:
         return str(value)
 
 
+# ---- keys from a declared group of settings (core/options.py) ------------------------------
+
+
+def keys_of(options_cls: type, **extra: dict[str, Any]) -> tuple[Key, ...]:
+    """One key per field of a settings dataclass (settings/): its type, help, default and number range, as
+    the command line and the API read the same field. ``extra``: per key, what only a recipe needs
+    (``check``, ``nonempty``)."""
+    keys = []
+    for s in opts.settings_of(options_cls):
+        kind = list[s.item] if s.kind is list else s.kind  # type: ignore[valid-type]
+        number, choices = s.number, s.field.metadata.get("choices")
+        fields: dict[str, Any] = {"default": s.default, "choices": tuple(choices or ())}
+        if number is not None:
+            fields.update(minimum=number.minimum, maximum=number.maximum)
+        keys.append(Key(s.name, kind, s.help, **{**fields, **extra.get(s.name, {})}))
+    return tuple(keys)
+
+
 # ---- the recipe ---------------------------------------------------------------------------
 
 
@@ -399,12 +421,6 @@ def _source_sha256(values: dict) -> str:
 
 def _variant_label(_enclosing: str, _index: int | None, values: dict) -> str:
     return f"variant '{values['name']}':" if values.get("name") else "[[variants]]"
-
-
-def _at_most_one(value: float) -> None:
-    """A share (the gate's ``min_agreement``) is at most 1."""
-    if value > 1:
-        raise ValueError(f"expected a share in [0, 1], not {value:g}")
 
 
 def _step_label(enclosing: str, index: int | None, _values: dict) -> str:
@@ -446,7 +462,9 @@ RECIPE = Table(
         ),
         Table(
             "variants",
-            "One table per variant the release publishes, each verified against the source first.",
+            "One table per variant the release publishes, each verified against the source first: by the one "
+            "gate, whose bounds (`min_cosine`, `rtol`, `atol`, `min_agreement`) follow the number format the "
+            "variant differs in unless given here.",
             array=True,
             required=True,
             nonempty=True,
@@ -491,23 +509,7 @@ RECIPE = Table(
                         deprecated=("pass",),
                     ),
                 ),
-                Key(
-                    "min_cosine",
-                    float,
-                    "the variant's own gate (verify/gate.py): every float output's cosine to the source's at least "
-                    "this (default: from the number format the variant differs in; fp16: 0.99951)",
-                    minimum=-1,
-                ),
-                Key("rtol", float, "... each value within RTOL·(|value| + its channel's RMS) (fp16: 0.25)", minimum=0),
-                Key("atol", float, "... or within ATOL + RTOL·|value| (an absolute bound instead)", minimum=0),
-                Key(
-                    "min_agreement",
-                    float,
-                    "... integer outputs: this share of values equal; detection lists: of confident rows matched "
-                    "(default: 1 at fp32, 0.99 at a coarser format)",
-                    minimum=0,
-                    check=_at_most_one,
-                ),
+                *keys_of(GateOptions),
             ),
         ),
         Table(
@@ -539,20 +541,7 @@ RECIPE = Table(
         Table(
             "bench",
             "Latency, throughput and peak memory of the source and each published variant, each in its own process.",
-            keys=(
-                Key("batch", list[int], "batch sizes", default=[1], minimum=1, nonempty=True),
-                Key("provider", str, "execution provider", default="cpu", choices=tuple(sorted(PROVIDERS))),
-                Key("runs", int, "timed runs per batch size", default=20, minimum=1),
-                Key("warmup", int, "untimed runs before them", default=3, minimum=0),
-                Key("threads", int, "intra-op threads (default: onnxruntime's)", minimum=1),
-                Key(
-                    "shape",
-                    list[str],
-                    "sizes of other symbolic dims: `NAME:D0,D1` (a whole input) or `DIM=N`",
-                    default=[],
-                    check=_shape,
-                ),
-            ),
+            keys=keys_of(BenchOptions, batch={"nonempty": True}, shape={"check": _shape}),
         ),
         Table(
             "release",
@@ -617,7 +606,8 @@ def _reference_table(table: Table, heading: str, out: list[str]) -> None:
             what = "array of tables" if node.array else "table"
             out.append(f"| `{node.name}` | {what}{'; required' if node.required else ''} | | see below |")
         else:
-            out.append(f"| `{node.name}` | {_value_help(node)} | {_default_help(node)} | {node.help} |")
+            meaning = node.help.replace("|", "\\|")  # |Δ| is not a column
+            out.append(f"| `{node.name}` | {_value_help(node)} | {_default_help(node)} | {meaning} |")
     if table.options is not None:
         out.append(f"| *any other key* | | | {table.options.help} |")
     for a, b in table.exclusive:

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +32,13 @@ import onnx_ir as ir
 from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import Judge, Progress, StepReport, Transform, TransformContext
-from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file
+from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file, staging_dir
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
 from onnxsmith.io.save import Provenance, StagedModel, save_model, stage_model
 from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.release.headline import headline
+from onnxsmith.release.validate import Validation
 from onnxsmith.runtime.runner import NATIVE
 from onnxsmith.tasks import get_task
 from onnxsmith.transforms import get_transform
@@ -81,16 +82,85 @@ class SourceInfo:
 
 
 @dataclass(frozen=True)
-class VariantResult:
-    """A variant on disk and what was measured on the way."""
+class VariantReport:
+    """What making a variant did and measured, headline first: the one record of a made variant, staged or
+    committed (``onnxsmith.Report``; what a build publishes is made from it)."""
 
-    files: list[FileRecord]
-    reports: list[StepReport]
-    comparison: Comparison
+    #: The first lines: what was achieved (size vs the source, nodes, the verdict with its key number), then
+    #: why not more, in the transforms' own words (release/headline.py).
+    headline: list[str]
+    source: SourceInfo
+    #: What each transform did: notes, stats, tables, the session options the variant needs.
+    steps: list[StepReport]
     nodes_before: int
     nodes_after: int
-    #: The report's first lines: what was achieved, and why not more (release/headline.py).
-    headline: list[str] = dataclasses.field(default_factory=list)
+    #: The variant's bytes (its .onnx and data file).
+    bytes: int
+    #: The one gate's (or the named task's) metrics, per output.
+    comparison: Comparison
+    #: Why it was refused (one line): by the gate, or by what else it had to pass (a build's task gates).
+    failure: str | None = None
+    #: The task's validation, where a build's task gates judged it (:class:`Acceptance`).
+    validation: Validation | None = None
+    #: Why the first variant made was refused, when this one was made again with the gate handed to the steps.
+    remade_after: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    @property
+    def size_ratio(self) -> float:
+        return self.bytes / self.source.bytes
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """The session config entries the variant needs (e.g. ``session.disable_quant_qdq``)."""
+        return {k: v for step in self.steps for k, v in step.runtime.items()}
+
+    def __str__(self) -> str:
+        lines = list(self.headline)
+        for step in self.steps:
+            lines += [f"{step.step}: {note}" for note in step.notes]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "headline": self.headline,
+            "source": self.source.to_json(),
+            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "bytes": self.bytes,
+            "steps": [step.to_json() for step in self.steps],
+        }
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """A variant on disk: its files and its record."""
+
+    files: list[FileRecord]
+    report: VariantReport
+
+    # What callers of produce_variant read most, by its usual name.
+    @property
+    def reports(self) -> list[StepReport]:
+        return self.report.steps
+
+    @property
+    def comparison(self) -> Comparison:
+        return self.report.comparison
+
+    @property
+    def nodes_before(self) -> int:
+        return self.report.nodes_before
+
+    @property
+    def nodes_after(self) -> int:
+        return self.report.nodes_after
+
+    @property
+    def headline(self) -> list[str]:
+        return self.report.headline
 
 
 @dataclass(frozen=True)
@@ -101,22 +171,17 @@ class StagedVariant:
     :meth:`discard` removes whatever was not committed. Nothing here holds the model in memory.
     """
 
-    source: SourceInfo
-    reports: list[StepReport]
-    comparison: Comparison
-    nodes_before: int
-    nodes_after: int
-    #: The bytes of its files as staged.
-    bytes: int
-    headline: list[str]
-    #: Why the gate refused the variant (one line), None when it passed.
-    failure: str | None
+    report: VariantReport
     staged: StagedModel
     folder: PrivateFolder
 
     @property
     def passed(self) -> bool:
-        return self.failure is None
+        return self.report.passed
+
+    @property
+    def failure(self) -> str | None:
+        return self.report.failure
 
     def commit(self, output: str | os.PathLike | None = None, *, alongside=None) -> list[FileRecord]:
         """Put the variant at ``output`` (default: where it was staged for), and ``alongside`` (a report)
@@ -127,7 +192,7 @@ class StagedVariant:
         self.folder.close()
 
     def result(self, files: list[FileRecord]) -> VariantResult:
-        return VariantResult(files, self.reports, self.comparison, self.nodes_before, self.nodes_after, self.headline)
+        return VariantResult(files, self.report)
 
 
 def count_nodes(model: ir.Model) -> int:
@@ -168,9 +233,9 @@ class Verification:
 
     ``feeds`` calibrate the transforms; ``gate_feeds`` (default: the same) are what the variant
     is judged on; ``gate``: the bounds a user set (the others follow the number format the
-    variant differs in, :mod:`onnxsmith.verify.gate`). ``judge``: a gate beyond the one gate that
-    refused an earlier variant (``build``: the task's gates on the calibration feeds), handed to the
-    steps that repair (``TransformContext.judge``) from the first make on. ``real_inputs``: the feeds are
+    variant differs in, :mod:`onnxsmith.verify.gate`). ``judge``: a gate beyond the one gate, known before
+    any variant was made, handed to the steps that repair (``TransformContext.judge``) from the first make
+    on (a gate learnt from a refusal is :func:`make_variant`'s repair loop's, :class:`Acceptance`). ``real_inputs``: the feeds are
     real data, not random from the input spec (``TransformContext.real_inputs``); ``plausible_inputs``: made up,
     but for what each input is (``TransformContext.plausible_inputs``); ``guessed_ranges`` and ``range_feeds``:
     see :class:`TransformContext`.
@@ -192,7 +257,7 @@ class Verification:
         return self.gate_feeds or self.feeds
 
     def context(self, source: Path, progress: Progress, judge: Judge | None = None) -> TransformContext:
-        """What the steps get: these feeds, and ``judge`` (a remake after the one gate refused) or this one's."""
+        """What the steps get: these feeds, and ``judge`` (a remake after a refusal) or this one's."""
         return TransformContext(
             source_path=source,
             feeds=self.feeds,
@@ -203,6 +268,7 @@ class Verification:
             plausible_inputs=self.plausible_inputs,
             guessed_ranges=self.guessed_ranges,
             range_feeds=self.range_feeds,
+            scratch=lambda: staging_dir(tempfile.gettempdir()),  # removed by a later run if this one is killed
         )
 
 
@@ -250,6 +316,17 @@ class Staging:
             raise
 
 
+@dataclass(frozen=True)
+class Acceptance:
+    """What a variant the one gate passed must pass too, before anything is committed (a build's task gates on
+    real data), and how the steps that repair are told of it when it refuses."""
+
+    #: The staged variant's file -> its validation.
+    validate: Callable[[Path], Validation]
+    #: The file it refused -> the refusing gates as a :data:`Judge` of raw outputs (None: none can be measured).
+    judge: Callable[[Path], Judge | None]
+
+
 def staged_variant(
     info: SourceInfo,
     reports: list[StepReport],
@@ -274,7 +351,8 @@ def staged_variant(
         reports=reports,
         inputs=inputs,
     )
-    return StagedVariant(info, reports, comparison, *nodes, variant_bytes, lines, failure, staged, folder)
+    record = VariantReport(lines, info, reports, *nodes, variant_bytes, comparison, failure)
+    return StagedVariant(record, staged, folder)
 
 
 def make_variant(
@@ -283,9 +361,14 @@ def make_variant(
     verification: Verification,
     staging: Staging,
     progress: Progress = _quiet,
+    acceptance: Acceptance | None = None,
 ) -> StagedVariant:
-    """Apply ``steps`` to ``source``, stage the result as ``staging`` says and judge it as
-    ``verification`` says; commit nothing."""
+    """Apply ``steps`` to ``source``, stage the result as ``staging`` says and judge it as ``verification``
+    says, then by ``acceptance`` when the one gate passed it; commit nothing.
+
+    The one repair loop: when the gate or the acceptance refuses a variant that a step can make more exact,
+    the chain is made once more with the refusing judge handed to the steps (``TransformContext.judge``).
+    """
     source = Path(source)
     output = staging.output
     progress(f"loading {source.name}")
@@ -300,45 +383,61 @@ def make_variant(
         source_sha256 = hashing.submit(sha256_file, source)
         nodes_before = count_nodes(model)
         context = verification.context(source, progress)
-        reports, settings, judge = _apply_steps(model, steps, context, progress)
-        nodes_after = count_nodes(model)
+        reports, settings, task_gate = _apply_steps(model, steps, context, progress)
         info = SourceInfo.of(source, protect, source_sha256.result(), staging.source_name, staging.origin)
     bounds = _gate_options(settings, verification.gate)
-
     name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
     what = " + ".join(name for name, _ in steps) or "re-saved"
+    remakes: list[str] = []  # who refused an earlier make: "gate", "acceptance"
+    remade_after = None
     while True:
         progress(f"writing {name}")
         with staging.stage(model, name, info.provenance(reports), protect) as (folder, staged):
+            nodes = (nodes_before, count_nodes(model))
             del model  # judged from its file: the weights are not held while the gate runs
             progress("verifying against the source")
-            comparison = _judge(judge, context, source, staged.path, verification, bounds, source_formats)
+            comparison = _judge(task_gate, context, source, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
             failure = (
                 None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on, reports)
             )
             variant = staged_variant(
-                info,
-                reports,
-                (nodes_before, nodes_after),
-                comparison,
-                failure,
-                staged,
-                folder,
-                what=what,
-                inputs=verification.inputs,
+                info, reports, nodes, comparison, failure, staged, folder, what=what, inputs=verification.inputs
             )
-        if variant.passed or context.judge is not None or judge is not None or not repairable(steps):
+        variant, repair = _accepted(variant, acceptance, "acceptance" not in remakes, remade_after)
+        if variant.passed or task_gate is not None or not repairable(steps):
             return variant
-        # The one gate refused it: the steps that can keep more of the model exact measure, with the
-        # gate itself, what to keep (precision/repair.py), and the chain is made once more.
+        if repair is not None:
+            remakes.append("acceptance")
+            progress(f"the task's gates refused it ({variant.failure}): making it again, measured by them")
+        elif not comparison.passed and not remakes and context.judge is None:
+            remakes.append("gate")
+            repair = functools.partial(severity, bounds=comparison.bounds)
+            progress("the gate refused it: making it again with the gate handed to the steps that repair")
+        else:
+            return variant
+        # The steps that can keep more of the model exact measure, with the judge that refused it, what to keep
+        # (precision/repair.py; int8 quantizes in two passes), and the chain is made once more.
         variant.discard()
-        # Each repairing step says what it does about it (fp16 keeps tensors fp32, int8 quantizes in two passes).
-        progress("the gate refused it: making it again with the gate handed to the steps that repair")
+        remade_after = variant.failure
         model = load_model(source)
-        context = verification.context(source, progress, functools.partial(severity, bounds=comparison.bounds))
+        context = verification.context(source, progress, repair)
         reports, _, _ = _apply_steps(model, steps, context, progress)
-        nodes_after = count_nodes(model)
+
+
+def _accepted(
+    variant: StagedVariant, acceptance: Acceptance | None, may_repair: bool, remade_after: str | None
+) -> tuple[StagedVariant, Judge | None]:
+    """``variant`` judged by ``acceptance`` too (when the gate passed it) and, refused so, the judge of what
+    refused it (when ``may_repair``); ``remade_after``: why an earlier make was refused."""
+    report, repair = dataclasses.replace(variant.report, remade_after=remade_after), None
+    if acceptance is not None and report.passed:
+        validation = acceptance.validate(variant.staged.path)
+        failure = None if validation.passed else "; ".join(validation.failures())
+        if failure is not None and may_repair:
+            repair = acceptance.judge(variant.staged.path)
+        report = dataclasses.replace(report, validation=validation, failure=failure)
+    return dataclasses.replace(variant, report=report), repair
 
 
 def _apply_steps(

@@ -1,6 +1,6 @@
 """What users set, declared apart from the engines that act on it.
 
-Each transform's name, one line and options (a dataclass: :mod:`onnxsmith.core.options`) live here, and the
+Each transform's and task's name, one line and options (a dataclass: :mod:`onnxsmith.core.options`) live here, and the
 constants the shared command-line groups offer, so a command's ``--help``, the recipe checker and the API's
 keyword check read them without loading onnx, onnx-ir or onnxruntime (``onnxsmith --help`` in well under
 0.3 s: docs/benchmarks.md). Nothing here imports more than the standard library and :mod:`onnxsmith.core`;
@@ -20,4 +20,15 @@ class TransformSettings:
     #: Its line in ``onnxsmith --help``.
     summary: str
     #: Its options dataclass: one flag, one recipe key and one API keyword per field.
+    options: type
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """A task as users address it: ``validate --task NAME``, a recipe's ``[validation] task = NAME``."""
+
+    name: str
+    #: Its line in ``validate --help``.
+    summary: str
+    #: Its options dataclass: one flag of ``--task NAME``, one recipe key and one API keyword per field.
     options: type

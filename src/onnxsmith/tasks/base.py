@@ -7,9 +7,7 @@ variant's decoded outputs are from the source's (``evaluate``), as named
 metrics that gates can bound::
 
     @register_task
-    class FaceAge(Task):
-        name = "faceage"
-        Options = FaceAgeOptions          # recipe keys / CLI flags, like a transform's
+    class FaceAge(Task, settings=FACEAGE):  # name, summary, Options (recipe keys / CLI flags): settings/faceage.py
         metrics = (MetricSpec("max_abs_age_error", "max |Δage|", "lower", "years"), ...)
         default_gates = {"max_abs_age_error": 0.5}
 
@@ -39,6 +37,7 @@ from onnxsmith.core.errors import UsageError
 from onnxsmith.core.registry import Registry
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
+from onnxsmith.settings import TaskSettings
 from onnxsmith.verify.compare import Comparison
 
 LOWER = "lower"  # the metric is an error: a gate is an upper bound
@@ -113,6 +112,15 @@ class Task:
     default_gates: ClassVar[dict[str, float]] = {}
     #: Whether samples may be stacked along axis 0 and run as one batch.
     batchable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, settings: TaskSettings | None = None, **kwargs: Any) -> None:
+        """``class FaceAge(Task, settings=FACEAGE)``: its name, line and options from :mod:`onnxsmith.settings`,
+        read there by ``--help`` without the engines. A task may keep its own ``Options``: a subclass of the
+        settings' that checks more with the engines' parsers (generic's)."""
+        super().__init_subclass__(**kwargs)
+        if settings is not None:
+            cls.name, cls.summary = settings.name, settings.summary
+            cls.Options = cls.__dict__.get("Options", settings.options)
 
     def samples(self, model: ir.Model, options: Any, source: Path) -> list[Sample]:
         """The inputs to judge on; ``source`` is the source model's path (its folder may hold a tokenizer)."""

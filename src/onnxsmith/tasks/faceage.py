@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,9 +24,9 @@ import onnx_ir as ir
 from PIL import Image, UnidentifiedImageError
 
 from onnxsmith.core.errors import InputError, UsageError
-from onnxsmith.core.options import option
 from onnxsmith.io.paths import open_readable
 from onnxsmith.runtime.inputs import input_specs
+from onnxsmith.settings.faceage import FACEAGE, FaceAgeOptions
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.widerface import padded_box, read_boxes
 
@@ -38,36 +37,6 @@ GENDERS = ("female", "male")
 DEFAULT_SIZE = 224
 #: The most pixels an image may declare (PIL's own warning threshold, 89 megapixels: 268 MB as RGB).
 MAX_IMAGE_PIXELS = 89_478_485
-
-
-@dataclass
-class FaceAgeOptions:
-    data: str | None = field(
-        default=None, metadata={"help": "folder of images (faces given by --boxes) or of face crops", "path": True}
-    )
-    boxes: str | None = field(
-        default=None,
-        metadata={
-            "help": "WIDER FACE annotation file of the faces in --data (default: --data is a folder of crops)",
-            "path": True,
-        },
-    )
-    min_face: int = option(32, "skip faces whose box is narrower or shorter (px)")
-    limit: int | None = option(None, "use at most this many faces (in file order)")
-    padding: float = option(0.1, "crop margin on each side, as a fraction of the box")
-    batch_size: int = option(8, "faces per inference run")
-    age_output: str = option("age_logits", "output holding the CORAL age logits")
-    gender_output: str = option("gender_logits", "output holding the gender logits")
-
-    def validate(self) -> None:
-        if self.min_face < 0:
-            raise ValueError("min_face must be >= 0")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("limit must be >= 1")
-        if not 0 <= self.padding <= 1:
-            raise ValueError("padding must be between 0 and 1")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
 
 
 def load_image(path: str | os.PathLike) -> Image.Image:
@@ -148,10 +117,7 @@ def model_input(model: ir.Model) -> tuple[str, int]:
 
 
 @register_task
-class FaceAge(Task):
-    name = "faceage"
-    summary = "face crops -> age (CORAL, years) and gender; |Δage|, gender agreement, NaN/inf"
-    Options = FaceAgeOptions
+class FaceAge(Task, settings=FACEAGE):
     batchable = True
     metrics = (
         MetricSpec("mean_abs_age_error", "mean |Δage|", LOWER, "years"),

@@ -11,7 +11,7 @@ show what it measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,12 +21,11 @@ import onnx_ir as ir
 from onnxsmith.analysis.input_roles import describe_inputs, parse_role_options
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
-from onnxsmith.core.options import option
 from onnxsmith.runtime.data_folder import data_files, load_data
 from onnxsmith.runtime.data_folder import describe_data as describe_folder
 from onnxsmith.runtime.inputs import parse_shape_options
 from onnxsmith.runtime.sizing import inputs_that_run
-from onnxsmith.settings.run import DEFAULT_SEED
+from onnxsmith.settings import generic as settings
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.verify.compare import judge_outputs
 from onnxsmith.verify.evidence import check_feeds, check_reference
@@ -37,48 +36,21 @@ _HISTOGRAM_VALUES = 20000
 
 
 @dataclass
-class GenericOptions:
-    data: str | None = field(
-        default=None,
-        metadata={
-            "help": "an .npz of inputs, or a folder of them, or of images, audio (.wav) or text (.txt): one input set "
-            "each (default: seeded plausible inputs)",
-            "path": True,
-        },
-    )
-    input_role: list[str] = option(
-        help="NAME=WORD,...: correct what an input was taken to be: image, waveform or generic; an image's layout "
-        "NCHW|NHWC and values 0..255|0..1|normalized (e.g. x=NHWC,0..255)",
-        default_factory=list,
-    )
-    samples: int = option(4, "random input sets when there is no data")
-    seed: int = option(DEFAULT_SEED, "seed of the random inputs")
-    shape: list[str] = option(help="NAME:D0,D1 or DIM=N for inputs with symbolic dims", default_factory=list)
-    min_cosine: float | None = option(None, "the gate: every float output's cosine to the source's at least this")
-    rtol: float | None = option(None, "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value")
-    atol: float | None = option(None, "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|")
-    min_agreement: float | None = option(
-        None, "the gate: integer outputs' share of equal values, detection lists' share of matched rows"
-    )
+class GenericOptions(settings.GenericOptions):
+    """The settings' options, ``shape`` and ``input_role`` checked by the parsers that read them (a recipe's bad
+    ``shape`` is refused at its line, before any work)."""
 
     def validate(self) -> None:
-        if self.samples < 1:
-            raise ValueError("samples must be >= 1")
-        if self.seed < 0:
-            raise ValueError("seed must be >= 0")
+        super().validate()
         try:
             parse_shape_options(self.shape, option="shape")
             parse_role_options(self.input_role, option="input_role")
         except UsageError as err:
             raise ValueError(err.problem) from None
-        # raises ValueError on a bound out of range
-        GateOptions(self.min_cosine, self.rtol, self.atol, self.min_agreement)
 
 
 @register_task
-class Generic(Task):
-    name = "generic"
-    summary = "any model: raw outputs judged by the gate the transforms use (cosine, magnitude, each value, NaN/inf)"
+class Generic(Task, settings=settings.GENERIC):
     Options = GenericOptions
     metrics = (
         MetricSpec("max_abs", "max |Δ|", LOWER),

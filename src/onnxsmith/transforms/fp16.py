@@ -44,7 +44,6 @@ from onnxsmith.precision.engine import PrecisionRecord
 from onnxsmith.precision.plan import Settings
 from onnxsmith.settings.fp16 import FP16, Fp16Options
 
-DTYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 #: The options by their short name.
 Options = Fp16Options
 
@@ -53,15 +52,7 @@ Options = Fp16Options
 class Fp16(Transform, settings=FP16):
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
         source = context.source_path
-        dtype = DTYPES[options.dtype]
-        if dtype == ir.DataType.BFLOAT16:
-            # The conversion itself handles bf16 (the precision engine); the gate cannot: onnxruntime's CPU
-            # provider has no bf16 kernels and the storage-faithful emulation covers fp16 only.
-            raise UsageError(
-                "--dtype bf16: a bf16 variant cannot be verified on this machine (onnxruntime's CPU "
-                "provider has no bf16 kernels); convert with --dtype fp16",
-                source,
-            )
+        dtype = ir.DataType.FLOAT16
         stated = typed_values(model)
         infer_types(model)
         _check_convertible(model, source, dtype)

@@ -155,7 +155,8 @@ class Fuse(Transform, settings=FUSE):
         record = None
         if options.precision == "fp16":
             context.progress("fuse: measuring activation ranges of the fused graph")
-            with engine.measured(model, context, edited=True) as measurement:
+            context.changed()  # the fused graph is measured, not the source file
+            with engine.measured(model, context) as measurement:
                 context.progress("fuse: converting to fp16")
                 record = engine.convert_fused(model, measurement, judge=context.judge)
             report.notes.extend(precision_report.fused_conversion_notes(record))

@@ -72,6 +72,7 @@ import numpy as np
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.text import format_cosine
+from onnxsmith.settings.gate import GateOptions
 from onnxsmith.verify import structure
 
 #: ε = DIRECTION_UNITS · u: the relative error the direction and magnitude bounds allow.
@@ -101,26 +102,6 @@ MIN_SUGGESTED_COSINE = 0.9
 MAX_SUGGESTED_RTOL = 1.0
 MAX_SUGGESTED_ATOL_SHARE = 1.0
 MIN_SUGGESTED_AGREEMENT = 0.9
-
-
-@dataclass(frozen=True)
-class GateOptions:
-    """The bounds a user (or a transform) sets explicitly; None: from the compared format."""
-
-    min_cosine: float | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    min_agreement: float | None = None  # labels equal, detections matched: at least this share
-
-    def __post_init__(self) -> None:
-        if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
-            raise ValueError(f"min_cosine must be in [-1, 1], not {self.min_cosine}")
-        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
-            raise ValueError(f"min_agreement must be in [0, 1], not {self.min_agreement}")
-        for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be a non-negative number, not {value}")
 
 
 @dataclass(frozen=True)

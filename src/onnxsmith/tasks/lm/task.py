@@ -14,7 +14,6 @@ variant with ``last_token = false`` to validate it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,33 +22,15 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core.errors import UsageError
-from onnxsmith.core.options import option
+from onnxsmith.settings.lm import LM, LMOptions
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.lm import scoring as lm
 from onnxsmith.tasks.lm.feeding import lm_feeds
 from onnxsmith.tasks.lm.gate import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, LMComparison, compare_lm
 
 
-@dataclass
-class LMOptions:
-    text: str | None = field(default=None, metadata={"help": "held-out text (UTF-8)", "path": True})
-    tokenizer: str | None = field(
-        default=None, metadata={"help": "tokenizer.json (default: the source's model folder's)", "path": True}
-    )
-    window: int = option(lm.DEFAULT_WINDOW, "tokens per scored window")
-    max_windows: int | None = option(16, "score at most this many windows")
-    batch: int = option(4, "windows per inference run")
-
-    def validate(self) -> None:
-        if self.window < 2 or self.batch < 1 or (self.max_windows is not None and self.max_windows < 1):
-            raise ValueError("window must be >= 2, batch and max_windows >= 1")
-
-
 @register_task
-class LanguageModel(Task):
-    name = "lm"
-    summary = "held-out text -> next tokens; loss, perplexity, KL from the source, top-1 agreement"
-    Options = LMOptions
+class LanguageModel(Task, settings=LM):
     metrics = (
         MetricSpec("kl", "mean KL from the source", LOWER, "nats"),
         MetricSpec("top1", "top-1 agreement", HIGHER),
