@@ -50,7 +50,9 @@ def _quiet(_: str) -> None:
 
 
 @dataclass
-class ExtractResult:
+class ExtractedPiece:
+    """A piece cut from its source, verified and committed (what :func:`extract_piece` returns)."""
+
     files: list[FileRecord]
     comparison: Comparison
     nodes_source: int
@@ -84,21 +86,21 @@ def extract_piece(
     *,
     progress: Progress = _quiet,
     **verification,
-) -> ExtractResult:
+) -> ExtractedPiece:
     """Write the piece of ``source`` between ``inputs`` and ``outputs`` (tensor names) to ``output``.
 
     ``verification``: the fields of :class:`~onnxsmith.release.variant.Verification` (``feeds``, ``gate``).
     Raises :class:`GateFailed` (nothing written) when the piece's outputs differ from the source's.
     """
     piece = make_piece(source, inputs, outputs, Verification(**verification), Staging(Path(output)), progress)
-    return extract_result(piece, commit_verified(piece, output))
+    return extracted_piece(piece, commit_verified(piece, output))
 
 
-def extract_result(piece: StagedVariant, files: list[FileRecord]) -> ExtractResult:
+def extracted_piece(piece: StagedVariant, files: list[FileRecord]) -> ExtractedPiece:
     """What :func:`extract_piece` returns, from the staged piece's step report."""
     [report] = piece.report.steps
     stats = report.stats
-    return ExtractResult(
+    return ExtractedPiece(
         files=files,
         comparison=piece.report.comparison,
         nodes_source=piece.report.nodes_before,
