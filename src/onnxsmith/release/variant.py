@@ -9,8 +9,10 @@ gate of the task a transform names (:attr:`~onnxsmith.core.transform.Transform.g
 — and only then move it into place. When the one gate refuses a variant that a step can
 make more exact (``fp16``, ``fuse --precision fp16``: :mod:`onnxsmith.precision.repair`), the
 chain is made once more with the gate handed to the steps (``TransformContext.judge``), which
-measure with it what to keep fp32; that variant is judged as any. :func:`produce_variant`
-does all of it and writes nothing when the gate refuses.
+measure with it what to keep fp32; that variant is judged as any. The same loop serves what a
+variant must pass besides (:class:`Acceptance`: a build's task gates on real data), judged on the
+staged variant before anything is committed. :class:`VariantReport` is the one record of what was
+made and measured. :func:`produce_variant` does all of it and writes nothing when refused.
 """
 
 from __future__ import annotations
