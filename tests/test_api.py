@@ -92,6 +92,24 @@ def test_the_comparison_is_the_metrics_as_data(faceage_fp16):
     assert comparison.samples == 4
 
 
+def test_a_call_reads_its_source_once(tmp_path, save_proto, monkeypatch):
+    """The source is parsed once for the input sets and the transform (api._prepared hands the make the model it
+    read, release/variant.Source); a remake after a refusal reads the file again, never the changed copy."""
+    import onnxsmith.api as api_module
+    import onnxsmith.release.variant as variant_module
+
+    source = save_proto(mlp(), "mlp.onnx")
+    reads: list[Path] = []
+    for module in (api_module, variant_module):
+        real = module.load_model
+        monkeypatch.setattr(
+            module, "load_model", lambda path, *a, _real=real, **k: reads.append(Path(path)) or _real(path, *a, **k)
+        )
+    variant = onnxsmith.fp16(source, samples=1)
+    assert variant.ok and reads.count(source) == 1, reads
+    variant.close()
+
+
 def test_a_refused_variant_is_saved_only_when_forced(tmp_path):
     variant = onnxsmith.fp16(FACEAGE, atol=1e-9, rtol=0.0, samples=1)
     assert not variant.ok and "would accept it" in variant.failure

@@ -56,7 +56,7 @@ from onnxsmith.release.bench import BenchRun, BenchSettings, bench_models
 from onnxsmith.release.extract import make_piece
 from onnxsmith.release.lm_folder import StagedFolder, source_model, stage_folder
 from onnxsmith.release.validate import TaskRun, Validation, check_gates
-from onnxsmith.release.variant import StagedVariant, Staging, VariantReport, Verification, make_variant
+from onnxsmith.release.variant import Source, StagedVariant, Staging, VariantReport, Verification, make_variant
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.data_folder import describe_data, load_data
 from onnxsmith.runtime.inputs import (
@@ -395,11 +395,11 @@ def transform(
     verify, settings = _arguments(name, keywords, samples, _TRANSFORM_PARAMETERS, transform_cls.Options)
     unseen = transform_cls.judged_on_unseen
     with _prepared(model, verify, out=out, external_data=external_data, unseen=unseen) as (
-        path,
+        source,
         verification,
         staging,
     ):
-        staged = make_variant(path, [(name, settings)], verification, staging, progress)
+        staged = make_variant(source, [(name, settings)], verification, staging, progress)
     return Variant(staged)
 
 
@@ -425,8 +425,8 @@ def extract(
         raise UsageError("extract(): inputs and outputs are lists of tensor names")
     verify, _ = _arguments("extract", keywords, samples, _EXTRACT_PARAMETERS)
     cut = (None if inputs is None else list(inputs), list(outputs))
-    with _prepared(model, verify, out=out, external_data=external_data) as (path, verification, staging):
-        staged = make_piece(path, *cut, verification, staging, progress)
+    with _prepared(model, verify, out=out, external_data=external_data) as (source, verification, staging):
+        staged = make_piece(source.path, *cut, verification, staging, progress)
     return Piece(staged)
 
 
@@ -744,14 +744,15 @@ def _prepared(
     out: str | os.PathLike | None,
     external_data: bool | None,
     unseen: bool = False,
-) -> Iterator[tuple[Path, Verification, Staging]]:
-    """The source as a file, ``out`` checked before any work, and what the variant is made from:
-    the input sets to calibrate and verify on and the gate's bounds; where it is staged and what
-    the provenance says of the source."""
+) -> Iterator[tuple[Source, Verification, Staging]]:
+    """The source read once (a model in memory written to a file first), ``out`` checked before any work, and
+    what the variant is made from: the input sets to calibrate and verify on and the gate's bounds; where it
+    is staged and what the provenance says of the source."""
     with _Source(model, out) as source:
-        loaded = load_model(source.path)
+        read = Source.read(source.path)  # once: the input sets read it, the first make transforms it
+        loaded = read.loaded
         if out is not None:
-            _check_outputs([out], protect=source_files(loaded, source.path))
+            _check_outputs([out], protect=read.files)
         made_up = verify.feeds is None
         given = parse_role_options(verify.input_role)
         gate_feeds = range_feeds = None
@@ -773,7 +774,7 @@ def _prepared(
         )
         del loaded
         output = None if out is None else Path(out)
-        yield source.path, verification, Staging(output, external_data, source.name, source.origin)
+        yield read, verification, Staging(output, external_data, source.name, source.origin)
 
 
 def _input_sets(

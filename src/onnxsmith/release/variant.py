@@ -83,6 +83,29 @@ class SourceInfo:
         return data
 
 
+@dataclass
+class Source:
+    """The model a variant is made from, read once: its file, the files it reads (no output may replace them),
+    the number formats it holds, and the model as loaded, which the first chain made from it takes (a chain
+    made again reads the file again: the first changed its copy)."""
+
+    path: Path
+    files: list[Path]
+    formats: frozenset[NumberFormat]
+    loaded: ir.Model | None = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> Source:
+        path = Path(path)
+        model = load_model(path)
+        return cls(path, source_files(model, path), formats_of(model), model)
+
+    def take(self) -> ir.Model:
+        """The model to transform: the one read, the first time; read from the file again after that."""
+        model, self.loaded = self.loaded, None
+        return model if model is not None else load_model(self.path)
+
+
 @dataclass(frozen=True)
 class VariantReport:
     """What making a variant did and measured, headline first: the one record of a made variant, staged or
@@ -358,7 +381,7 @@ def staged_variant(
 
 
 def make_variant(
-    source: str | os.PathLike,
+    source: str | os.PathLike | Source,
     steps: list[tuple[str, Any]],
     verification: Verification,
     staging: Staging,
@@ -371,22 +394,21 @@ def make_variant(
     The one repair loop: when the gate or the acceptance refuses a variant that a step can make more exact,
     the chain is made once more with the refusing judge handed to the steps (``TransformContext.judge``).
     """
-    source = Path(source)
+    if not isinstance(source, Source):
+        progress(f"loading {Path(source).name}")
+        source = Source.read(source)
     output = staging.output
-    progress(f"loading {source.name}")
-    model = load_model(source)
-    source_formats = formats_of(model)  # before the transforms change it
-    protect = source_files(model, source)
+    model, protect, source_formats = source.take(), source.files, source.formats
     if output is not None:
         check_output(output, protect=protect)  # before any work
     # The provenance stamp needs the source's sha256: hash it beside the transforms (hashlib
     # releases the GIL), not after them; a 1 GB source takes a second.
     with ThreadPoolExecutor(max_workers=1) as hashing:
-        source_sha256 = hashing.submit(sha256_file, source)
+        source_sha256 = hashing.submit(sha256_file, source.path)
         nodes_before = count_nodes(model)
-        context = verification.context(source, progress)
+        context = verification.context(source.path, progress)
         reports, settings, task_gate = _apply_steps(model, steps, context, progress)
-        info = SourceInfo.of(source, protect, source_sha256.result(), staging.source_name, staging.origin)
+        info = SourceInfo.of(source.path, protect, source_sha256.result(), staging.source_name, staging.origin)
     bounds = _gate_options(settings, verification.gate)
     name = output.name if output is not None else f"{Path(info.name).stem}_{'_'.join(n for n, _ in steps)}.onnx"
     what = " + ".join(name for name, _ in steps) or "re-saved"
@@ -398,7 +420,7 @@ def make_variant(
             nodes = (nodes_before, count_nodes(model))
             del model  # judged from its file: the weights are not held while the gate runs
             progress("verifying against the source")
-            comparison = _judge(task_gate, context, source, staged.path, verification, bounds, source_formats)
+            comparison = _judge(task_gate, context, source.path, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
             failure = (
                 None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on, reports)
@@ -422,8 +444,8 @@ def make_variant(
         # (precision/repair.py; int8 quantizes in two passes), and the chain is made once more.
         variant.discard()
         remade_after = variant.failure
-        model = load_model(source)
-        context = verification.context(source, progress, repair)
+        model = source.take()
+        context = verification.context(source.path, progress, repair)
         reports, _, _ = _apply_steps(model, steps, context, progress)
 
 
