@@ -115,6 +115,9 @@ def test_a_variant_failing_its_gate_is_not_published(built, project):
     assert (release / "SHA256SUMS").read_text().endswith("  same.onnx\n")
     measured = json.loads((release / "measurements.json").read_text())
     assert [v["published"] for v in measured["variants"]] == [True, False]
+    assert [o.to_json(result.out) for o in result.outcomes] == measured["variants"]
+    assert [f.path for f in result.outcomes[0].files] == [release / "same.onnx"]  # where the release now is
+    assert result.failed[0].files == [] and result.failed[0].validation is not None
     assert [r["name"] for r in measured["bench"]["results"]] == ["source", "same"]  # not the failed one
     massive = measured["ranges"]["massive"]
     assert massive["channel"] == 5 and massive["absmax"] == pytest.approx(1e5, rel=1e-3)
@@ -213,12 +216,13 @@ def test_a_variant_the_task_gates_refuse_is_made_again_by_steps_told_how_they_me
     result = build(load_recipe(recipe), tmp_path / "out", progress=messages.append, bench=False)
     assert [o.variant.name for o in result.outcomes if o.published] == ["shifted"]
     assert any("the task's gates refused it (max |Δage| " in m and "making it again" in m for m in messages)
-    data = result.outcomes[0].data
-    severity = {float(a): v for a, v in data["steps"][0]["stats"]["severity"].items()}
+    report = result.outcomes[0].report  # the made variant's own record, as measurements.json has it
+    assert result.outcomes[0].to_json(result.out) == result.measurements["variants"][0]
+    severity = {float(a): v for a, v in report.steps[0].stats["severity"].items()}
     assert severity[0.3] > 1 and severity[0.0] == 0
     assert severity[0.3] > severity[0.03] >= severity[0.003] >= 0
-    assert data["steps"][0]["options"]["amount"] < 0.3  # the repaired shift
-    assert data["remade_after"].startswith("max |Δage| ") and data["remade_after"].endswith("> gate 0.01")
+    assert report.steps[0].options["amount"] < 0.3  # the repaired shift
+    assert report.remade_after.startswith("max |Δage| ") and report.remade_after.endswith("> gate 0.01")
     card = (tmp_path / "out" / "README.md").read_text()
     assert "made twice: the task's gates refused the first (max \\|Δage\\| " in card  # Markdown-escaped
 

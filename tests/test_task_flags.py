@@ -87,11 +87,12 @@ def test_another_tasks_flag_is_refused_in_one_line(cli, words, flag, task):
         ("validate", ["--task", "faceage", "--min-face", "big"], "--min-face expects int, got 'big'"),
         ("validate", ["--task", "faceage", "--padding", "inf"], "--padding expects a finite number, got 'inf'"),
         ("validate", ["--task", "lm", "--window", "1.5"], "--window expects int, got '1.5'"),
-        ("validate", ["--task", "generic", "--samples", "x"], "--samples expects int, got 'x'"),
+        ("validate", ["--task", "generic", "--samples", "x"], "--samples expects a positive integer, got 'x'"),
+        ("validate", ["--task", "generic", "--seed", "-1"], "--seed expects a non-negative integer, got '-1'"),
         ("predict", ["--task", "faceage", "--limit", "many"], "--limit expects int, got 'many'"),
         # converted, then checked by the options' own rules
         ("validate", ["--task", "lm", "--window", "1"], "window must be >= 2"),
-        ("validate", ["--task", "generic", "--min-cosine", "2"], "min_cosine must be in [-1, 1], not 2"),
+        ("validate", ["--task", "generic", "--min-cosine", "2"], "--min-cosine expects a cosine in [-1, 1], got '2'"),
         ("validate", ["--task", "generic", "--shape", "x:1,a"], "shape x:1,a: dims must be integers"),
     ],
 )

@@ -60,7 +60,6 @@ from onnxsmith.release.variant import Source, StagedVariant, Staging, VariantRep
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.data_folder import describe_data, load_data
 from onnxsmith.runtime.inputs import (
-    DEFAULT_SEED,
     adapt_feeds,
     input_specs,
     parse_shape_options,
@@ -69,6 +68,7 @@ from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.settings.bench import BenchOptions
 from onnxsmith.settings.gate import GateOptions
+from onnxsmith.settings.inputs import InputOptions
 from onnxsmith.tasks import get_task, lm
 from onnxsmith.tasks.widerface import box_problem
 from onnxsmith.transforms import get_transform
@@ -302,20 +302,20 @@ RANGE_SAMPLES = 16
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifySettings:
+class VerifySettings(InputOptions):
     """How a call runs a model and its variant and judges them: the keywords every verifying call takes.
 
-    The input sets: ``feeds`` (see the module doc), else ``samples`` random sets from the model's
-    input spec seeded from ``seed`` and sized by ``shape``. The gate's bounds (settings/gate.py): a call
-    takes each as a keyword (``min_cosine``, ``rtol``, ``atol``, ``min_agreement``; None: from the number
-    format the two differ in, docs/gate.md).
+    The input sets (settings/inputs.py, the declaration the commands' input flags come from): ``feeds``
+    (see the module doc), else ``samples`` random sets from the model's input spec seeded from ``seed`` and
+    sized by ``shape``; ``feeds``, ``shape`` and ``input_role`` widened here to what a call may pass besides
+    the command line's strings. The gate's bounds (settings/gate.py): a call takes each as a keyword
+    (``min_cosine``, ``rtol``, ``atol``, ``min_agreement``; None: from the number format the two differ in,
+    docs/gate.md).
     """
 
-    feeds: Feeds | None = None
-    samples: int = 4
-    seed: int = DEFAULT_SEED
-    shape: Shape | None = None
-    input_role: str | Sequence[str] | None = None
+    feeds: Feeds | None = opts.same_option(InputOptions, "feeds")
+    shape: Shape | None = opts.same_option(InputOptions, "shape")
+    input_role: str | Sequence[str] | None = opts.same_option(InputOptions, "input_role")
     gate: GateOptions = dataclasses.field(default_factory=GateOptions)
 
     def input_sets(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
@@ -732,8 +732,10 @@ def _arguments(call: str, keywords: dict[str, Any], samples: int, parameters: tu
     verify = {k: v for k, v in keywords.items() if k in _VERIFY_PARAMETERS and k.replace("-", "_") not in own}
     options = {k: v for k, v in keywords.items() if k not in verify}
     bounds = {k: verify.pop(k) for k in _GATE_PARAMETERS if k in verify}
-    gate = opts.build(GateOptions, bounds, where=f"onnxsmith.{call}()")  # a bound out of range: one line
-    return VerifySettings(samples=samples, gate=gate, **verify), _options(options_cls, options, call, parameters)
+    where = f"onnxsmith.{call}()"
+    gate = opts.build(GateOptions, bounds, where=where)  # a bound out of range: one line
+    settings = opts.build(VerifySettings, {"samples": samples, **verify, "gate": gate}, where=where)  # samples=0 too
+    return settings, _options(options_cls, options, call, parameters)
 
 
 @contextlib.contextmanager

@@ -45,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
     for column in ("variant", "status", "file", "bytes"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
     for o in result.outcomes:
-        files = o.data.get("files", []) if o.published else []
+        files = o.files if o.published else []
         table.add_row(
             o.variant.name,
             Text("published", "green") if o.published else Text("not published", "red"),
-            ", ".join(f["path"] for f in files) or "-",
-            f"{sum(f['bytes'] for f in files):,}" if files else "-",
+            ", ".join(f.path.relative_to(result.out).as_posix() for f in files) or "-",
+            f"{sum(f.bytes for f in files):,}" if files else "-",
         )
     out.print(table)
     out.print(

@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -16,10 +16,11 @@ from rich.status import Status
 from rich.text import Text
 
 from onnxsmith.core.errors import GateFailed, UsageError
-from onnxsmith.core.options import add_arguments, non_negative_int, positive_int
+from onnxsmith.core.options import add_arguments, from_args, to_json
 from onnxsmith.core.text import for_terminal
 from onnxsmith.settings.gate import GATE_TITLE, GateOptions
-from onnxsmith.settings.run import DEFAULT_SEED, FP16_MODES
+from onnxsmith.settings.inputs import INPUTS_TITLE, InputOptions
+from onnxsmith.settings.run import FP16_MODES
 
 
 class SafeConsole(Console):
@@ -93,52 +94,18 @@ def flag_keywords(args: argparse.Namespace, call: Callable, **given) -> dict[str
 def add_input_options(
     parser: argparse.ArgumentParser,
     *,
-    samples: int = 1,
-    title: str = "inputs the models are run on",
-    arrays_flag: str = "--inputs",
-    calib: bool = True,
+    samples: int | None = None,
+    title: str = INPUTS_TITLE,
+    flags: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
-    """The API's ``feeds``, ``samples``, ``seed``, ``shape`` as flags (read back by :func:`input_keywords`).
+    """The API's ``feeds``, ``samples``, ``seed``, ``shape``, ``input_role`` as flags (settings/inputs.py declares
+    them; read back by :func:`input_keywords`).
 
-    ``arrays_flag``: the flag naming an .npz of input arrays (``extract`` has ``--inputs`` for tensor
-    names); ``calib``: also ``--calib``, real data to calibrate and verify on.
+    ``samples``: the command's default (None: the declared one); ``flags``: the command's own names for a flag
+    (``extract``: ``{"feeds": ("--input-data",)}``, its ``--inputs`` naming tensors).
     """
-    group = parser.add_argument_group(title)
-    group.add_argument(
-        "--shape",
-        action="append",
-        metavar="NAME:D0,D1|DIM=N",
-        help="shape of an input with symbolic dims (repeatable), or a size for a named symbolic dim",
-    )
-    group.add_argument(
-        arrays_flag,
-        dest="feeds",
-        metavar="NPZ|DIR",
-        help="run on these arrays (an .npz named like the model's inputs), or a folder of .npz files, images, "
-        "audio (.wav) or text (.txt): one input set each",
-    )
-    if calib:
-        group.add_argument(
-            "--calib",
-            metavar="DIR|NPZ",
-            help="calibrate and verify on real data: an .npz of input arrays, or a folder of .npz files, images, "
-            "audio (.wav) or text (.txt) (one input set each)",
-        )
-    group.add_argument(
-        "--input-role",
-        action="append",
-        metavar="NAME=WORD,...",
-        help="correct what an input was taken to be (repeatable): image, waveform or generic; an image's layout "
-        "NCHW|NHWC and values 0..255|0..1|normalized, e.g. x=NHWC,0..255 (docs/inputs.md)",
-    )
-    group.add_argument(
-        "--seed", type=non_negative_int, default=DEFAULT_SEED, help="seed of the random inputs (default %(default)s)"
-    )
-    group.add_argument(
-        "--samples",
-        type=positive_int,
-        default=samples,
-        help="how many random input sets to run (default %(default)s)",
+    add_arguments(
+        parser, InputOptions, title=title, flags=flags, defaults=None if samples is None else {"samples": samples}
     )
 
 
@@ -160,20 +127,9 @@ def gate_keywords(args: argparse.Namespace, taken: frozenset[str] = frozenset())
     return {name: getattr(args, name, None) for name in GATE_OPTIONS if name not in taken}
 
 
-def input_keywords(args: argparse.Namespace) -> dict:
-    """The API's ``feeds``, ``samples``, ``seed``, ``shape`` from :func:`add_input_options`' flags."""
-    feeds = args.feeds
-    if getattr(args, "calib", None):
-        if args.feeds:
-            raise UsageError("--calib and --inputs both name the inputs; give one")
-        feeds = args.calib
-    return {
-        "feeds": feeds,
-        "samples": args.samples,
-        "seed": args.seed,
-        "shape": args.shape,
-        "input_role": getattr(args, "input_role", None),
-    }
+def input_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The API's input keywords (:class:`InputOptions`' fields) from :func:`add_input_options`' flags."""
+    return to_json(from_args(args, InputOptions))
 
 
 def add_fp16_mode_option(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from onnxsmith.cli.render import comparison_table
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reference", help="the model taken as right (usually the source)")
     parser.add_argument("candidate", help="the model checked against it")
-    add_verify_options(parser)
+    add_verify_options(parser, samples=1)
     add_fp16_mode_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)

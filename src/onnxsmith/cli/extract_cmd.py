@@ -38,8 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         parser,
         samples=2,
         title="inputs the source is run on (to verify the piece and type what inference cannot)",
-        arrays_flag="--input-data",
-        calib=False,
+        flags={"feeds": ("--input-data",)},  # its --inputs names the piece's input tensors
     )
     parser.add_argument(
         "--external-data",

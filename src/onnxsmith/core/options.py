@@ -14,6 +14,9 @@ on the command line and ``field_name = ...`` in a recipe; ``help`` and
 Booleans become ``--flag / --no-flag``; ``X | None = None`` means "decide
 automatically" and is shown as such; ``number=`` (a :class:`Number`: a cosine, a
 share, a count, ...) gives a number its range, checked the same way everywhere.
+``flag=`` names a flag that is not its field's name and ``aliases=`` more names of the
+same flag (the inputs' ``feeds`` is ``--inputs``, also ``--calib``); the recipe key and
+the API keyword stay the field's name.
 
 Every group of settings is declared so: each transform's and each task's
 options, the gate's bounds and the benchmark's settings (:mod:`onnxsmith.settings`).
@@ -27,9 +30,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import numbers
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onnxsmith.core.errors import UsageError
@@ -44,19 +48,32 @@ def option(
     number: Number | None = None,
     repeat: bool = False,
     metavar: str | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A field of an ``Options`` dataclass: its default, its help text and, where fixed, its choices.
 
     ``number``: the range of a number (of each number of a list). ``repeat``: a list given by repeating
     the flag (its items may hold commas, ``--shape x:1,3``), not as one comma-separated value.
+    ``flag``: the flag's name where it is not the field's (``"inputs"``: ``--inputs``); ``aliases``: more
+    names of the same flag (``("calib",)``: ``--calib`` gives the same value), said so in its help.
     """
     metadata: dict[str, Any] = {"help": help}
-    for key, value in (("choices", choices), ("number", number), ("metavar", metavar)):
+    for key, value in (("choices", choices), ("number", number), ("metavar", metavar), ("flag", flag)):
         if value is not None:
             metadata[key] = value
     if repeat:
         metadata["repeat"] = True
+    if aliases:
+        metadata["aliases"] = tuple(aliases)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def same_option(options_cls: type, name: str) -> Any:
+    """The field ``name`` of ``options_cls`` declared again, its default, help and range alike: for a subclass
+    that widens the field's type (the API's ``feeds`` takes arrays as well as the command line's paths)."""
+    f = next(f for f in dataclasses.fields(options_cls) if f.name == name)
+    return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
 
 
 # ---- kinds of numbers: one per range, so every command, recipe and call refuses nonsense in one line -----
@@ -166,6 +183,12 @@ class Setting:
         return self.field.metadata.get("number")
 
     @property
+    def flags(self) -> tuple[str, ...]:
+        """Its flag (``--field-name`` unless declared otherwise), then the other names of the same flag."""
+        names = (self.field.metadata.get("flag", self.name), *self.field.metadata.get("aliases", ()))
+        return tuple("--" + name.replace("_", "-") for name in names)
+
+    @property
     def default(self) -> Any:
         if self.field.default is not dataclasses.MISSING:
             return self.field.default
@@ -182,10 +205,15 @@ class Setting:
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool, Any]:
-    """(the scalar type, whether None is allowed, a list's item type) of a field annotation."""
+    """(the scalar type, whether None is allowed, a list's item type) of a field annotation.
+
+    A union of several types (the API's ``feeds``: arrays, a list of them or a path) is its own kind: no
+    renderer makes a flag of it, and :func:`build` hands its value on as given, for its class to check."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) > 1:
+            return annotation, True, None
         return _base_type(args[0])[0], True, _base_type(args[0])[2]
     if origin in (list, tuple) or annotation is list:
         items = typing.get_args(annotation)
@@ -207,24 +235,34 @@ def add_arguments(
     skip: frozenset[str] = frozenset(),
     description: str | None = None,
     named_errors: bool = False,
+    flags: Mapping[str, Sequence[str]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> None:
     """One flag per field of ``options_cls`` (but those in ``skip``), in a group titled ``title``; every flag's
     default is None, so :func:`from_args` knows what was given and the dataclass supplies the rest.
 
     ``named_errors``: a value that does not parse is refused by a :class:`UsageError`, ``--flag expects int, got
     'x'`` (a task's options, worded so since ``validate`` had them; cli/main.py prints it as one line), rather
-    than argparse's ``argument --flag: ...``."""
+    than argparse's ``argument --flag: ...``. ``flags``: a command's own names for a field's flag, in place of
+    the declared ones (``{"feeds": ("--input-data",)}`` where ``--inputs`` means something else).
+    ``defaults``: a command's own default for a field, shown in ``--help`` and read back as if given
+    (``{"samples": 2}``)."""
     group = parser.add_argument_group(title, description)
     for setting in settings_of(options_cls):
-        if setting.name not in skip:
-            _add_argument(group, setting, _named_parse(setting) if named_errors else setting.parse)
+        if setting.name in skip:
+            continue
+        names = tuple((flags or {}).get(setting.name, ())) or setting.flags
+        parse = _named_parse(setting, names[0]) if named_errors else setting.parse
+        if defaults and setting.name in defaults:
+            _add_argument(group, setting, parse, names, defaults[setting.name])
+        else:
+            _add_argument(group, setting, parse, names)
 
 
-def _named_parse(setting: Setting) -> Callable[[str], Any]:
+def _named_parse(setting: Setting, flag: str) -> Callable[[str], Any]:
     """``setting.parse``, its refusal naming the flag first."""
     kind = setting.item if setting.kind is list else setting.kind
     what = setting.number.words if setting.number else "a finite number" if kind is float else kind.__name__
-    flag = "--" + setting.name.replace("_", "-")
 
     def parse(text: str) -> Any:
         try:
@@ -235,25 +273,38 @@ def _named_parse(setting: Setting) -> Callable[[str], Any]:
     return parse
 
 
-def _add_argument(group: argparse._ArgumentGroup, setting: Setting, parse: Callable[[str], Any]) -> None:
+def _add_argument(
+    group: argparse._ArgumentGroup,
+    setting: Setting,
+    parse: Callable[[str], Any],
+    flags: Sequence[str],
+    default: Any = dataclasses.MISSING,
+) -> None:
+    """The flag ``flags[0]`` (the others: more names of it) of ``setting``; ``default``: the command's own,
+    given to argparse (else None: not given, the dataclass's default shown)."""
     f = setting.field
-    flag = "--" + setting.name.replace("_", "-")
     help_text = _literal(setting.help)
-    default = setting.default
+    if len(flags) > 1:
+        help_text += f"; {' or '.join(flags[1:])} {'is' if len(flags) == 2 else 'are'} the same flag"
+    own_default = default is not dataclasses.MISSING
+    if not own_default:
+        default = setting.default
     shown = _literal(str("automatic" if default is None and setting.optional else default))
     if isinstance(default, list):
         shown = ",".join(str(v) for v in default) or "none"
-    common: dict[str, Any] = {"dest": setting.name, "default": None}
+    common: dict[str, Any] = {"dest": setting.name, "default": default if own_default else None}
     if setting.kind is bool:
-        group.add_argument(flag, action=argparse.BooleanOptionalAction, help=_with_default(help_text, shown), **common)
+        group.add_argument(
+            *flags, action=argparse.BooleanOptionalAction, help=_with_default(help_text, shown), **common
+        )
     elif setting.kind is list and f.metadata.get("repeat"):
         metavar = f.metadata.get("metavar", setting.name.upper())
         group.add_argument(
-            flag, action="append", type=parse, metavar=metavar, help=f"{help_text} (repeatable)", **common
+            *flags, action="append", type=parse, metavar=metavar, help=f"{help_text} (repeatable)", **common
         )
     elif setting.kind is list:
         group.add_argument(
-            flag,
+            *flags,
             metavar=f.metadata.get("metavar", "A,B"),
             type=lambda text: [parse(x.strip()) for x in text.split(",") if x.strip()],
             help=f"{help_text} (comma-separated; default: {shown})",
@@ -261,7 +312,7 @@ def _add_argument(group: argparse._ArgumentGroup, setting: Setting, parse: Calla
         )
     else:
         group.add_argument(
-            flag,
+            *flags,
             type=parse,
             choices=f.metadata.get("choices"),
             metavar=f.metadata.get("metavar"),
@@ -272,7 +323,7 @@ def _add_argument(group: argparse._ArgumentGroup, setting: Setting, parse: Calla
 
 def _with_default(help_text: str, shown: str) -> str:
     """``help_text (default: shown)``; a help that states its default in its own words keeps those alone."""
-    return help_text if "(default:" in help_text else f"{help_text} (default: {shown})"
+    return help_text if "(default:" in help_text or "(automatic:" in help_text else f"{help_text} (default: {shown})"
 
 
 def _literal(text: str) -> str:
@@ -281,7 +332,8 @@ def _literal(text: str) -> str:
 
 
 def given_args(args: argparse.Namespace, options_cls: type) -> dict[str, Any]:
-    """The fields of ``options_cls`` whose flags were given (:func:`add_arguments` leaves the others None)."""
+    """The fields of ``options_cls`` whose flags were given, or that have the command's own default
+    (:func:`add_arguments` leaves the others None)."""
     return {s.name: getattr(args, s.name) for s in settings_of(options_cls) if getattr(args, s.name, None) is not None}
 
 
@@ -313,9 +365,16 @@ def build(options_cls: type, mapping: dict[str, Any], *, where: str = "") -> Any
     return options
 
 
+#: The kinds of values the renderers know (flags, recipe keys); a field of another type (a class, a union of
+#: several types) is taken by :func:`build` as given, its class checking it.
+_RENDERED = (bool, int, float, str, list)
+
+
 def _coerce(value: Any, setting: Setting, prefix: str) -> Any:
     if value is None and setting.optional:
         return None
+    if setting.kind not in _RENDERED:
+        return value
     if setting.kind is list:
         if isinstance(value, str) and setting.item is str and not setting.field.metadata.get("repeat"):
             return [x.strip() for x in value.split(",") if x.strip()]
@@ -330,12 +389,12 @@ def _scalar(value: Any, kind: Any, setting: Setting, prefix: str) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-    elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
         if not math.isfinite(value):  # TOML has nan and inf: no option means either
             raise UsageError(f"{prefix}option '{name}' expects a finite number, got {value!r}")
         return float(value)
-    elif kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
+    elif kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)  # a numpy integer too (an API call's)
     elif kind is str and isinstance(value, str):
         choices = setting.field.metadata.get("choices")
         if choices and value not in choices:

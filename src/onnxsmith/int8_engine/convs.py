@@ -6,7 +6,7 @@ import numpy as np
 
 from onnxsmith.core.transform import TransformContext
 from onnxsmith.int8_engine.measure import measure_ranges
-from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvDecision
+from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvFacts, Part
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, int8_rank_problem, uint8_params
 from onnxsmith.settings.int8 import Int8Options
 
@@ -34,43 +34,57 @@ def why_convs_fp32(options: Int8Options, context: TransformContext) -> str:
     )
 
 
-def measure_convs(path, context, convs: list[Conv], opset: int, linear_flops: int = 0) -> dict[str, ConvDecision]:
-    """Per Conv: its decision, with the measured ranges and a :class:`ConvPlan` where it is a candidate.
-    ``linear_flops``: the Linears' multiply-adds (x2) on the calibration input, for each Conv's share."""
-    decisions = {c.name: ConvDecision(c.name, c.shape, c.group, c.relu is not None) for c in convs}
+def measure_convs(
+    path, context, convs: list[Conv], opset: int, role: dict[str, str], linear_flops: int = 0
+) -> dict[str, Part]:
+    """Per Conv: its part, with the measured ranges and a :class:`ConvPlan` where it is a candidate, else the
+    reason it stays fp32. ``linear_flops``: the Linears' multiply-adds (x2) on the calibration input, for each
+    Conv's share; ``role``: each Conv's (analysis/int8_policy.roles)."""
+    parts = {c.name: Part("conv", c.name, ConvFacts(c.shape, c.group, c.relu is not None), role[c.name]) for c in convs}
     if not convs:
-        return decisions
+        return parts
     context.progress(f"int8: measuring the activation ranges of {len(convs)} Convs")
     feeds = context.range_feeds or context.feeds
     ranges = measure_ranges(path, feeds, {v.name for conv in convs for v in (conv.input, conv.output)})
     for conv in convs:
-        d = decisions[conv.name]
         x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)
         if x is not None and y is not None:
-            d.input_range, d.output_range, d.elements = (x.low, x.high), (y.low, y.high), y.elements
-    total = linear_flops + sum(d.flops for d in decisions.values())
+            parts[conv.name] = parts[conv.name].measured(
+                input_range=(x.low, x.high), output_range=(y.low, y.high), elements=y.elements
+            )
+    total = linear_flops + sum(p.flops for p in parts.values())
     conv_nodes = {conv.node for conv in convs}
     for conv in convs:
-        d = decisions[conv.name]
+        part = parts[conv.name]
         x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)
-        share = d.flops / total if total else 1.0
+        share = part.flops / total if total else 1.0
         read_by_fp32 = conv.output.is_graph_output() or any(user not in conv_nodes for user, _ in conv.output.uses())
-        if opset < MIN_OPSET:
-            d.reason, d.kind = f"opset {opset} < {MIN_OPSET} (no QuantizeLinear)", "opset"
-        elif int8_rank_problem(conv):
-            d.reason, d.kind = int8_rank_problem(conv), f"{len(conv.shape) - 2}-D (int8 takes 1-D and 2-D Convs)"
-        elif conv.group > 1:
-            d.reason, d.kind = "grouped (depthwise) conv: its int8 kernel measured no faster", "grouped conv"
-        elif d.depth < MIN_CONV_DEPTH:
-            d.reason, d.kind = f"too shallow ({d.depth} multiply-adds per output < {MIN_CONV_DEPTH})", "too shallow"
-        elif read_by_fp32 and share < MIN_CONV_SHARE:
-            d.reason, d.kind = (
-                f"{share:.2%} of the multiply-adds (< {MIN_CONV_SHARE:.0%}), its output read by fp32 ops: QLinearConv "
-                "would round that output to one uint8 scale for little speed",
-                "small, read by fp32",
-            )
-        elif x is None or y is None or not all(np.isfinite([x.low, x.high, y.low, y.high])):
-            d.reason, d.kind = "activation range not measured or not finite", "not measured"
+        why = _why_fp32(conv, part.facts, opset, share, read_by_fp32)
+        if why is None and (x is None or y is None or not all(np.isfinite([x.low, x.high, y.low, y.high]))):
+            why = "activation range not measured or not finite", "not measured"
+        if why is not None:
+            parts[conv.name] = part.decided(reason=why[0], kind=why[1])
         else:
-            d.plan = ConvPlan(*uint8_params(x.low, x.high), *uint8_params(y.low, y.high))
-    return decisions
+            assert x is not None and y is not None
+            parts[conv.name] = part.measured(plan=ConvPlan(*uint8_params(x.low, x.high), *uint8_params(y.low, y.high)))
+    return parts
+
+
+def _why_fp32(conv: Conv, facts: ConvFacts, opset: int, share: float, read_by_fp32: bool) -> tuple[str, str] | None:
+    """(reason, its kind) where a Conv's form rules it out of int8."""
+    if opset < MIN_OPSET:
+        return f"opset {opset} < {MIN_OPSET} (no QuantizeLinear)", "opset"
+    problem = int8_rank_problem(conv)
+    if problem:
+        return problem, f"{len(conv.shape) - 2}-D (int8 takes 1-D and 2-D Convs)"
+    if conv.group > 1:
+        return "grouped (depthwise) conv: its int8 kernel measured no faster", "grouped conv"
+    if facts.depth < MIN_CONV_DEPTH:
+        return f"too shallow ({facts.depth} multiply-adds per output < {MIN_CONV_DEPTH})", "too shallow"
+    if read_by_fp32 and share < MIN_CONV_SHARE:
+        return (
+            f"{share:.2%} of the multiply-adds (< {MIN_CONV_SHARE:.0%}), its output read by fp32 ops: QLinearConv "
+            "would round that output to one uint8 scale for little speed",
+            "small, read by fp32",
+        )
+    return None

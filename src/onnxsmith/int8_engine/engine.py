@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveUnusedNodesPass
@@ -19,9 +20,18 @@ from onnxsmith.analysis.int8_policy import SpeedCheck, roles
 from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, TransformContext
 from onnxsmith.int8_engine.convs import measure_convs, ranges_are_real
-from onnxsmith.int8_engine.forms import compensated_weights, offer_forms
+from onnxsmith.int8_engine.forms import compensated_weights, offer_forms, with_few_rows
 from onnxsmith.int8_engine.measure import measure_inputs
-from onnxsmith.int8_engine.parts import MIN_SIDE, ConvDecision, Decision, outlier_ratio, vectors_per_sample
+from onnxsmith.int8_engine.parts import (
+    MIN_SIDE,
+    LinearFacts,
+    Part,
+    Parts,
+    TableFacts,
+    outlier_ratio,
+    replaced,
+    vectors_per_sample,
+)
 from onnxsmith.int8_engine.report import (
     closing_notes,
     describe_parts,
@@ -59,8 +69,7 @@ class Choice:
     tables: frozenset[str]
     convs: dict[str, ConvPlan]
     form: Int8Form
-    decisions: dict[str, Decision]
-    conv_decisions: dict[str, ConvDecision]
+    parts: Parts  # every Linear, table and Conv found, with its measurements and its decision
     speed: SpeedCheck | None
 
 
@@ -96,10 +105,7 @@ def make_int8(
     QuantizeTablesPass(set(choice.tables))(model)
     QuantizeConvsPass(choice.convs)(model)
     RemoveUnusedNodesPass()(model)
-    conv_decisions = list(choice.conv_decisions.values())
-    describe_parts(
-        report, list(choice.decisions.values()), tables, set(choice.tables), conv_decisions, budget, choice.form
-    )
+    describe_parts(report, choice.parts, budget, choice.form)
     if choice.speed is not None:
         describe_speed(report, choice.speed, context.feeds[0])
     closing_notes(
@@ -115,7 +121,7 @@ def make_int8(
     )
     if not choice.linears and not choice.tables and not choice.convs:
         raise refuse_unchanged(report, context)
-    refuse_too_little(report, choice.decisions, choice.conv_decisions, bytes_before, weight_bytes(model), context)
+    refuse_too_little(report, choice.parts, bytes_before, weight_bytes(model), context)
     return report
 
 
@@ -136,24 +142,31 @@ def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
     return unfused, hard_swishes
 
 
-def _linear_decisions(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
-    """(the Linears' input statistics, a decision per Linear with the reason of those that cannot go int8)."""
+def _linear_parts(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
+    """(the Linears' input statistics, a part per Linear with the reason of those that cannot go int8)."""
     context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
     stats = measure_inputs(path, context.feeds) if linears else {}
     batch = vectors_per_sample(context.feeds[0])
-    decisions: dict[str, Decision] = {}
+    parts: dict[str, Part] = {}
     for linear in linears:
         k, n = linear.kn()
         s = stats.get(linear.name)
-        d = decisions[linear.name] = Decision(linear.name, k, n, s.rows if s else 0, outlier_ratio(s))
-        d.role = role[linear.name]
+        part = Part("linear", linear.name, LinearFacts(k, n, s.rows if s else 0, outlier_ratio(s)), role[linear.name])
         if s is None:
-            d.reason, d.kind = "input not measured (no shape)", "not measured"
+            part = part.decided(reason="input not measured (no shape)", kind="not measured")
         elif min(k, n) < MIN_SIDE:
-            d.reason, d.kind = f"too small ({k}x{n})", "too small"
+            part = part.decided(reason=f"too small ({k}x{n})", kind="too small")
         elif s.rows <= batch:
-            d.reason, d.kind = "one vector per sample: int8 saves nothing", "one vector per sample"
-    return stats, decisions
+            part = part.decided(reason="one vector per sample: int8 saves nothing", kind="one vector per sample")
+        parts[linear.name] = part
+    return stats, parts
+
+
+def _table_parts(tables: dict[str, Table]) -> dict[str, Part]:
+    return {
+        name: Part("table", name, TableFacts(t.shape, t.value.const_value.nbytes), "embedding tables")
+        for name, t in tables.items()
+    }
 
 
 def _choose(path, model, linears, tables: dict[str, Table], convs, options, context, budget, two_pass, given, report):
@@ -162,28 +175,27 @@ def _choose(path, model, linears, tables: dict[str, Table], convs, options, cont
         [(linear.name, linear.input, linear.output, linear.kn()) for linear in linears]
         + [(conv.name, conv.input, conv.output, conv.shape) for conv in convs]
     )
-    stats, decisions = _linear_decisions(path, context, linears, role)
-    candidates = [linear for linear in linears if not decisions[linear.name].reason]
+    stats, parts = _linear_parts(path, context, linears, role)
+    candidates = [linear for linear in linears if parts[linear.name].candidate]
     shared = shared_weights(candidates)  # stored int8 once: one form and one rounding for all their readers
-    forms = offer_forms(path, context, candidates, shared, stats, decisions, options.smooth_gain, two_pass)
-    rounded = (
-        compensated_weights(path, context, candidates, shared, forms, decisions) if options.compensate_rounding else {}
-    )
+    forms, parts = offer_forms(path, context, candidates, shared, stats, parts, options.smooth_gain, two_pass)
+    rounded = {}
+    if options.compensate_rounding:
+        parts = with_few_rows(parts, candidates, len(context.feeds))
+        rounded = compensated_weights(path, context, candidates, shared, forms, parts)
     form = Int8Form(rounded, two_pass)
-    linear_flops = sum(d.flops for d in decisions.values())
-    conv_decisions = measure_convs(path, context, convs, model.opset_imports.get("", 1), linear_flops)
-    for d in conv_decisions.values():
-        d.role = role[d.name]
-    conv_plans = {name: d.plan for name, d in conv_decisions.items() if not d.reason}
+    linear_flops = sum(p.flops for p in parts.values())
+    conv_parts = measure_convs(path, context, convs, model.opset_imports.get("", 1), role, linear_flops)
+    parts = {**parts, **_table_parts(tables), **conv_parts}
+    conv_plans = {name: p.facts.plan for name, p in conv_parts.items() if p.candidate}
     if not options.sensitivity:
-        chosen = without_search(decisions, candidates, options)
+        chosen, parts = without_search(parts, candidates, options)
         chosen_tables, chosen_convs = set(tables), set(conv_plans)
-        for name in chosen_convs:
-            conv_decisions[name].reason = "no end-to-end search"
+        parts = replaced(parts, {name: parts[name].decided(reason="no end-to-end search") for name in chosen_convs})
         used = {}
     else:
-        space = SearchSpace(path, candidates, tables, conv_plans, forms, decisions, conv_decisions, form)
-        chosen, chosen_tables, chosen_convs, used = search_parts(space, context, budget, options, report)
+        space = SearchSpace(path, candidates, tables, conv_plans, forms, parts, form)
+        chosen, chosen_tables, chosen_convs, used, parts = search_parts(space, context, budget, options, report)
     speed = None
     if given is not None and (chosen or chosen_tables or chosen_convs):
         linear_plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen}
@@ -191,21 +203,18 @@ def _choose(path, model, linears, tables: dict[str, Table], convs, options, cont
             path, given, context.feeds[0], linear_plans, set(chosen_tables),
             {n: conv_plans[n] for n in chosen_convs}, form, seconds=SPEED_SECONDS,
         )  # fmt: skip
-        speed = check_speed(
-            timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, options.keep_fast
-        )
+        speed, parts = check_speed(timer, context, chosen, chosen_tables, chosen_convs, parts, options.keep_fast)
         chosen, chosen_tables, chosen_convs = (
             chosen - speed.kept_names,
             chosen_tables - speed.kept_names,
             chosen_convs - speed.kept_names,
         )
-    plans = {}
+    plans = {name: forms[name][used[name]] if used.get(name) is not None else LinearPlan() for name in chosen}
+    final = {}
     for name in chosen:
-        d = decisions[name]
-        d.int8, d.form = True, used.get(name)
-        plans[name] = forms[name][d.form] if d.form is not None else LinearPlan()
-        d.compensated = rounding_key(name, plans[name]) in form.rounded
-    for name in chosen_convs:
-        conv_decisions[name].int8 = True
-    convs_chosen = {name: conv_plans[name] for name in conv_decisions if name in chosen_convs}
-    return Choice(plans, frozenset(chosen_tables), convs_chosen, form, decisions, conv_decisions, speed)
+        compensated = rounding_key(name, plans[name]) in form.rounded
+        final[name] = parts[name].decided(int8=True, form=used.get(name), compensated=compensated)
+    final.update({name: parts[name].decided(int8=True) for name in [*chosen_tables, *chosen_convs]})
+    parts = replaced(parts, final)
+    convs_chosen = {name: conv_plans[name] for name in conv_parts if name in chosen_convs}
+    return Choice(plans, frozenset(chosen_tables), convs_chosen, form, MappingProxyType(parts), speed)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 from onnxsmith.int8_engine.measure import input_grams, measure_layer_errors
-from onnxsmith.int8_engine.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS
+from onnxsmith.int8_engine.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS, Part, Parts, replaced
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import (
     LinearPlan,
@@ -27,14 +29,19 @@ def folding_linears(candidates) -> set[str]:
     }
 
 
-def offer_forms(path, context, candidates, shared: set, stats, decisions, gain: float, two_pass: bool = False) -> dict:
-    """Per candidate: form label -> :class:`LinearPlan` (plain, smoothed per alpha, and where the input has
-    outlier channels, those apart); measures the per-layer errors and sets ``Decision.errors``, ``.outliers``
-    ``.offered`` (the form that cuts the input's Linears' mean error most, if by ``gain``) and
-    ``.offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so): the
-    plain form only (they leave almost no activation rounding error for other forms to trade away); so do the
-    readers of a weight in ``shared`` (:func:`shared_weights`: its one int8 copy cannot change for one input)."""
+def offer_forms(
+    path, context, candidates, shared: set, stats, parts: Parts, gain: float, two_pass: bool = False
+) -> tuple[dict, dict[str, Part]]:
+    """(per candidate: form label -> :class:`LinearPlan`, the parts with what was measured of the forms).
+
+    The forms: plain, smoothed per alpha, and where the input has outlier channels, those apart. Measured: the
+    per-layer ``errors``, the ``outliers``, the form ``offered`` (the one that cuts the input's Linears' mean
+    error most, if by ``gain``) and ``offered_smoothing`` (the same among the smoothing alphas). With
+    ``two_pass`` activations (measured so): the plain form only (they leave almost no activation rounding error
+    for other forms to trade away); so do the readers of a weight in ``shared`` (:func:`shared_weights`: its one
+    int8 copy cannot change for one input)."""
     forms: dict[str, dict] = {}
+    outliers_of: dict[str, tuple[int, ...]] = {}
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
@@ -52,40 +59,52 @@ def offer_forms(path, context, candidates, shared: set, stats, decisions, gain: 
             per_input[OUTLIERS] = LinearPlan(outliers=outliers)
         for r in readers:
             forms[r.name] = per_input
-            decisions[r.name].outliers = outliers
+            outliers_of[r.name] = outliers
     if not forms:
-        return forms
+        return forms, dict(parts)
     context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, smoothed, outliers apart)")
     errors = measure_layer_errors(path, context.feeds, forms, two_pass)
+    changed: dict[str, Part] = {}
     for readers in by_input(candidates).values():
-        for r in readers:
-            decisions[r.name].errors = errors.get(r.name, {})
+        measured = {r.name: errors.get(r.name, {}) for r in readers}
         labels = [label for label in forms[readers[0].name] if label is not None]
-        if not labels:
-            continue
-        mean = {a: np.mean([decisions[r.name].errors.get(a, np.inf) for r in readers]) for a in (None, *labels)}
-        best = min(labels, key=lambda a: (mean[a], str(a)))
-        smoothing = min(ALPHAS, key=lambda a: (mean[a], a))
+        offered = smoothing = None
+        if labels:
+            mean = {a: np.mean([measured[r.name].get(a, np.inf) for r in readers]) for a in (None, *labels)}
+            best = min(labels, key=lambda a: (mean[a], str(a)))
+            alpha = min(ALPHAS, key=lambda a: (mean[a], a))
+            offered = best if mean[best] < (1.0 - gain) * mean[None] else None
+            smoothing = alpha if mean[alpha] < (1.0 - gain) * mean[None] else None
         for r in readers:
-            if mean[best] < (1.0 - gain) * mean[None]:
-                decisions[r.name].offered = best
-            if mean[smoothing] < (1.0 - gain) * mean[None]:
-                decisions[r.name].offered_smoothing = smoothing
-    return forms
+            changed[r.name] = parts[r.name].measured(
+                errors=MappingProxyType(dict(measured[r.name])),
+                outliers=outliers_of.get(r.name, ()),
+                offered=offered,
+                offered_smoothing=smoothing,
+            )
+    return forms, replaced(parts, changed)
 
 
-def compensated_weights(path, context, candidates, shared: set, forms, decisions) -> dict:
-    """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
-    offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
-    form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
-    form (the Linears reading an input share its forms); a weight in ``shared`` once, for all its readers."""
+def with_few_rows(parts: Parts, candidates, samples: int) -> dict[str, Part]:
+    """The parts with each candidate's ``few_rows``: calibrated on fewer rows than :data:`COMPENSATION_ROWS` of
+    its input width, so its rounding is not compensated."""
     # Too few calibration rows for the width of an input leave most directions of XᵀX unseen: compensation puts
     # the rounding error there, and other inputs meet it (a T5 encoder calibrated on 8 tokens, K 256-1024:
     # cosine 0.96 on 16 other tokens, 1.0 rounded to nearest). Those Linears are rounded to nearest.
+    changed = {}
     for linear in candidates:
-        d = decisions[linear.name]
-        d.few_rows = d.rows * len(context.feeds) < COMPENSATION_ROWS * linear.kn()[0]
-    few = {linear.weight for linear in candidates if decisions[linear.name].few_rows}
+        part = parts[linear.name]
+        changed[linear.name] = part.measured(few_rows=part.facts.rows * samples < COMPENSATION_ROWS * linear.kn()[0])
+    return replaced(parts, changed)
+
+
+def compensated_weights(path, context, candidates, shared: set, forms, parts: Parts) -> dict:
+    """Error-compensated int8 weights of every candidate, for each form it may take (plain, and the forms
+    offered), by :func:`rounding_key`: from the Gram matrix of its input on the calibration inputs (as the
+    form prepares it: channels divided by the smoothing, outlier channels zero), factored once per input and
+    form (the Linears reading an input share its forms); a weight in ``shared`` once, for all its readers;
+    none for those with ``few_rows`` (:func:`with_few_rows`)."""
+    few = {linear.weight for linear in candidates if parts[linear.name].facts.few_rows}
     by_name = {linear.name: linear for linear in candidates if linear.weight not in few}
     shared_grams: dict = {}  # a weight several inputs' Linears read -> the sum of their inputs' XᵀX
     rounded = {}
@@ -95,12 +114,12 @@ def compensated_weights(path, context, candidates, shared: set, forms, decisions
     for readers, gram in input_grams(path, context.feeds, set(by_name)):
         factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
         for name in readers:
-            linear, d = by_name[name], decisions[name]
+            linear, facts = by_name[name], parts[name].facts
             if linear.weight in shared:
                 shared_grams[linear.weight] = shared_grams.get(linear.weight, 0) + gram
                 continue
             w = linear.weight_array()
-            for label in {None, d.offered, d.offered_smoothing}:
+            for label in {None, facts.offered, facts.offered_smoothing}:
                 plan = forms[name].get(label)
                 if plan is None:
                     continue

@@ -1,8 +1,18 @@
-"""The parts int8 may take (Linears, embedding tables, Convs), what decided each, and the bounds it decides by."""
+"""The parts int8 may take (Linears, embedding tables, Convs) as immutable records: what was measured of each, and
+its one decision; the bounds the engine decides by.
+
+A :class:`Part` is made once per part when the engine finds it and replaced, never edited, as each step decides:
+``part.measured(...)`` gives a copy with more measurements, ``part.decided(...)`` one with its decision changed.
+A plan is a mapping from names to parts (:data:`Parts`); each step returns a new one (:func:`replaced`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,82 +34,60 @@ MIN_SIDE = 16
 MIN_CONV_DEPTH = 128
 #: A Conv whose output fp32 ops read (not another int8 Conv) and that does less than this share of the
 #: multiply-adds int8 could speed up stays fp32: QLinearConv rounds its output to one uint8 scale, and fp32
-#: readers get that rounding for at most this share of speed. The ViT's patch embedding (0.25 % of a ViT-L's
-#: multiply-adds, output range 65 at RMS 5) moved the face-age fixture's ages 0.06 years by that rounding alone.
+#: readers get that rounding for at most this share of speed (docs/int8.md: the ViT patch embedding).
 MIN_CONV_SHARE = 0.01
 
+#: A Linear's int8 form: a smoothing alpha, OUTLIERS, or None (plain).
+Form = float | str | None
 
-@dataclass
+
+@dataclass(frozen=True)
 class Decision:
-    """What happened to one Linear, and the measurements that decided it."""
+    """What became of one part, and why: the one decision each part carries."""
 
-    name: str
+    int8: bool = False
+    reason: str = ""  # why it stays fp32, or what chose it
+    kind: str = ""  # the reason's kind, for the summary line ("too small", "end-to-end error", ...)
+    piece: str = ""  # the end-to-end measurement that decided it
+    piece_error: float | None = None
+    form: Form = None  # a Linear's form used
+    compensated: bool = False  # a Linear's int8 weight rounded with error compensation
+
+
+@dataclass(frozen=True)
+class LinearFacts:
+    """What was measured of a Linear."""
+
     k: int
     n: int
     rows: int  # vectors multiplied per run on the calibration input
     outlier_ratio: float  # max / median of the input's per-channel max |x|
-    role: str = ""
-    # form (a smoothing alpha, OUTLIERS, None: plain) -> measured per-layer error
-    errors: dict = field(default_factory=dict)
-    offered: float | str | None = None  # the form offered (it cuts the input's error most, by the gain), if any
+    errors: Mapping[Form, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # form -> error
+    offered: Form = None  # the form that cuts the input's error most, by the gain, if any
     offered_smoothing: float | None = None  # the smoothing alpha offered (what folds into a LayerNorm), if any
-    form: float | str | None = None  # the form used: a smoothing alpha, OUTLIERS, or None (plain)
     outliers: tuple[int, ...] = ()  # the input channels the OUTLIERS form keeps in fp32
-    piece: str = ""  # the end-to-end measurement that decided it
-    piece_error: float | None = None
-    int8: bool = False
-    reason: str = ""
-    kind: str = ""  # the reason's kind, for the summary line
-    compensated: bool = False  # its int8 weight rounded with error compensation
     few_rows: bool = False  # too few calibration rows for its width to compensate the rounding (COMPENSATION_ROWS)
 
-    @property
-    def flops(self) -> int:
-        return 2 * self.rows * self.k * self.n
 
-    def row(self) -> dict:
-        plain = self.errors.get(None)
-        return {
-            "linear": self.name,
-            "K x N": f"{self.k}x{self.n}",
-            "rows": self.rows,
-            "input outlier ratio": round(self.outlier_ratio, 1),
-            "layer error": "-" if plain is None else f"{plain:.4f}",
-            "smoothing": _form_text(self.form, self.outliers, self.errors),
-            "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
-            "int8": "yes" if self.int8 else "no",
-            "rounding": ("error-compensated" if self.compensated else "nearest") if self.int8 else "-",
-            "why": self.reason,
-        }
+@dataclass(frozen=True)
+class TableFacts:
+    """An embedding table: its shape and fp32 bytes."""
+
+    shape: tuple[int, int]
+    nbytes: int
 
 
-def _form_text(form, outliers: tuple[int, ...], errors: dict) -> str:
-    if form is None:
-        return "-"
-    error = f" ({errors[form]:.4f})" if form in errors else ""
-    if form == OUTLIERS:
-        return f"channel(s) {', '.join(map(str, outliers))} fp32 beside it{error}"
-    return f"alpha {form:g}{error}"
+@dataclass(frozen=True)
+class ConvFacts:
+    """What was measured of a Conv."""
 
-
-@dataclass
-class ConvDecision:
-    """What happened to one Conv, and the measurements that decided it."""
-
-    name: str
     shape: tuple[int, ...]  # the weight's: out channels, in channels per group, kernel
     group: int
     relu: bool  # its output quantized after the Relu that follows it
     input_range: tuple[float, float] | None = None
     output_range: tuple[float, float] | None = None
     elements: int = 0  # of its output on the calibration input
-    plan: ConvPlan | None = None
-    role: str = ""
-    piece: str = ""
-    piece_error: float | None = None
-    int8: bool = False
-    reason: str = ""
-    kind: str = ""
+    plan: ConvPlan | None = None  # its int8 form, where it is a candidate
 
     @property
     def depth(self) -> int:
@@ -107,23 +95,114 @@ class ConvDecision:
         _, per_group, *kernel = self.shape
         return per_group * int(np.prod(kernel))
 
+
+Facts = LinearFacts | TableFacts | ConvFacts
+
+
+@dataclass(frozen=True)
+class Part:
+    """One Linear, table or Conv: its name, role, what was measured of it and its decision."""
+
+    kind: Literal["linear", "table", "conv"]
+    name: str
+    facts: Any  # LinearFacts, TableFacts or ConvFacts, by kind
+    role: str = ""
+    decision: Decision = Decision()
+
+    @property
+    def int8(self) -> bool:
+        return self.decision.int8
+
+    @property
+    def candidate(self) -> bool:
+        """Nothing has ruled it out yet."""
+        return not self.decision.reason
+
     @property
     def flops(self) -> int:
-        return 2 * self.elements * self.depth
+        """Multiply-adds (x2) on the calibration input (a table's: none)."""
+        f = self.facts
+        if self.kind == "linear":
+            return 2 * f.rows * f.k * f.n
+        if self.kind == "conv":
+            return 2 * f.elements * f.depth
+        return 0
 
-    def row(self) -> dict:
-        def span(r):
-            return "-" if r is None else f"{r[0]:.3g}..{r[1]:.3g}"
+    def measured(self, **facts: Any) -> Part:
+        return dataclasses.replace(self, facts=dataclasses.replace(self.facts, **facts))
 
-        return {
-            "conv": self.name,
-            "weight": "x".join(map(str, self.shape)) + (f" group {self.group}" if self.group > 1 else ""),
-            "input range": span(self.input_range),
-            "output range": span(self.output_range) + (" (after Relu)" if self.relu else ""),
-            "end-to-end error": "-" if self.piece_error is None else f"{self.piece_error:.2e} ({self.piece})",
-            "int8": "yes" if self.int8 else "no",
-            "why": self.reason,
-        }
+    def decided(self, **decision: Any) -> Part:
+        return dataclasses.replace(self, decision=dataclasses.replace(self.decision, **decision))
+
+    def row(self) -> dict[str, Any]:
+        """Its row of the report's table of its kind."""
+        return {"linear": _linear_row, "table": _table_row, "conv": _conv_row}[self.kind](self)
+
+
+#: The parts of a model by name: a plan, as each step of the engine leaves it.
+Parts = Mapping[str, Part]
+
+
+def replaced(parts: Parts, changed: Mapping[str, Part]) -> dict[str, Part]:
+    """``parts`` with those in ``changed`` replaced, in the same order."""
+    return {name: changed.get(name, part) for name, part in parts.items()}
+
+
+def of_kind(parts: Parts, kind: str) -> list[Part]:
+    return [p for p in parts.values() if p.kind == kind]
+
+
+def _linear_row(part: Part) -> dict[str, Any]:
+    f, d = part.facts, part.decision
+    plain = f.errors.get(None)
+    return {
+        "linear": part.name,
+        "K x N": f"{f.k}x{f.n}",
+        "rows": f.rows,
+        "input outlier ratio": round(f.outlier_ratio, 1),
+        "layer error": "-" if plain is None else f"{plain:.4f}",
+        "smoothing": _form_text(d.form, f.outliers, f.errors),
+        "end-to-end error": "-" if d.piece_error is None else f"{d.piece_error:.2e} ({d.piece})",
+        "int8": "yes" if d.int8 else "no",
+        "rounding": ("error-compensated" if d.compensated else "nearest") if d.int8 else "-",
+        "why": d.reason,
+    }
+
+
+def _table_row(part: Part) -> dict[str, Any]:
+    f = part.facts
+    return {
+        "table": part.name,
+        "rows x width": "x".join(map(str, f.shape)),
+        "MB (fp32)": round(f.nbytes / 1e6, 2),
+        "int8": "yes" if part.int8 else "no",
+    }
+
+
+def _conv_row(part: Part) -> dict[str, Any]:
+    f, d = part.facts, part.decision
+
+    def span(r):
+        return "-" if r is None else f"{r[0]:.3g}..{r[1]:.3g}"
+
+    return {
+        "conv": part.name,
+        "weight": "x".join(map(str, f.shape)) + (f" group {f.group}" if f.group > 1 else ""),
+        "input range": span(f.input_range),
+        "output range": span(f.output_range) + (" (after Relu)" if f.relu else ""),
+        "end-to-end error": "-" if d.piece_error is None else f"{d.piece_error:.2e} ({d.piece})",
+        "int8": "yes" if d.int8 else "no",
+        "why": d.reason,
+    }
+
+
+def _form_text(form: Form, outliers: tuple[int, ...], errors: Mapping[Form, float]) -> str:
+    if form is None:
+        return "-"
+    error = f" ({errors[form]:.4f})" if form in errors else ""
+    if form == OUTLIERS:
+        return f"channel(s) {', '.join(map(str, outliers))} fp32 beside it{error}"
+    return f"alpha {form:g}{error}"
 
 
 def vectors_per_sample(feeds: dict[str, np.ndarray]) -> int:

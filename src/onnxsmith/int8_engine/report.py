@@ -14,7 +14,7 @@ from onnxsmith.analysis.int8_policy import SpeedCheck
 from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.transform import StepReport, TransformContext
 from onnxsmith.int8_engine.convs import why_convs_fp32
-from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, ConvDecision, Decision, vectors_per_sample
+from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, Part, Parts, of_kind, vectors_per_sample
 from onnxsmith.settings.int8 import Int8Options
 
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
@@ -29,42 +29,43 @@ MAX_GAIN_SIZE = 0.90
 MIN_CONV_SAMPLES = 32
 
 
-def _kept_counts(decisions) -> dict[str, int]:
+def _kept_counts(parts: list[Part]) -> dict[str, int]:
     """The fp32 ones counted by the kind of reason."""
     kept: dict[str, int] = {}
-    for d in decisions:
-        if not d.int8:
-            kept[d.kind or d.reason] = kept.get(d.kind or d.reason, 0) + 1
+    for p in parts:
+        if not p.int8:
+            why = p.decision.kind or p.decision.reason
+            kept[why] = kept.get(why, 0) + 1
     return dict(sorted(kept.items()))
 
 
-def _kept(decisions) -> str:
+def _kept(parts: list[Part]) -> str:
     """The fp32 ones counted by the kind of reason: '2 (one vector per sample), 1 (too small)'."""
-    return ", ".join(f"{n} ({k})" for k, n in _kept_counts(decisions).items())
+    return ", ".join(f"{n} ({k})" for k, n in _kept_counts(parts).items())
 
 
-def describe_parts(
-    report: StepReport, decisions: list[Decision], tables: dict, chosen_tables: set[str], convs, budget, form
-) -> None:
-    int8 = [d for d in decisions if d.int8]
-    flops = sum(d.flops for d in decisions) or 1
-    share = sum(d.flops for d in int8) / flops
-    smoothed = [d for d in int8 if d.form is not None and d.form != OUTLIERS]
-    apart = [d for d in int8 if d.form == OUTLIERS]
-    compensated = [d for d in int8 if d.compensated]
-    few_rows = [d for d in int8 if d.few_rows]
+def describe_parts(report: StepReport, parts: Parts, budget, form) -> None:
+    linears, tables, convs = of_kind(parts, "linear"), of_kind(parts, "table"), of_kind(parts, "conv")
+    chosen_tables = [t for t in tables if t.int8]
+    int8 = [p for p in linears if p.int8]
+    flops = sum(p.flops for p in linears) or 1
+    share = sum(p.flops for p in int8) / flops
+    smoothed = [p for p in int8 if p.decision.form is not None and p.decision.form != OUTLIERS]
+    apart = [p for p in int8 if p.decision.form == OUTLIERS]
+    compensated = [p for p in int8 if p.decision.compensated]
+    few_rows = [p for p in int8 if p.facts.few_rows]
     kernel = KERNEL_SPEEDUP / (2 if form.two_pass else 1)  # two-pass activations: two int8 GEMMs per Linear
     expected = 1.0 / ((1.0 - share) + share / kernel)
-    kept = _kept(decisions)
+    kept = _kept(linears)
     table_note = ""
     if tables:
-        stored = sum(tables[t].value.const_value.nbytes for t in chosen_tables)
+        stored = sum(t.facts.nbytes for t in chosen_tables)
         table_note = (
             f"; {len(chosen_tables)} of {len(tables)} embedding tables int8 per row ({stored / 1e6:.1f} MB fp32)"
         )
     report.notes.insert(
         0,
-        f"{len(int8)} of {len(decisions)} Linears int8 (int8 weights per output column, activations per tensor at "
+        f"{len(int8)} of {len(linears)} Linears int8 (int8 weights per output column, activations per tensor at "
         f"run time{', in two passes' if form.two_pass else ''}), {share:.0%} of the Linears' multiply-adds"
         + (f"; {len(compensated)} with error-compensated rounding" if compensated else "")
         + (
@@ -85,42 +86,34 @@ def describe_parts(
         + (", two GEMMs each" if form.two_pass else "")
         + ")"
     )
-    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in _kept_counts(decisions).items()]
+    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in _kept_counts(linears).items()]
     report.why_not_more += [f"{n} Conv(s) stay fp32: {kind}" for kind, n in _kept_counts(convs).items()]
-    report.tables["Linears"] = [d.row() for d in decisions]
+    report.tables["Linears"] = [p.row() for p in linears]
     if tables:
-        report.tables["Embedding tables"] = [
-            {
-                "table": name,
-                "rows x width": "x".join(map(str, t.shape)),
-                "MB (fp32)": round(t.value.const_value.nbytes / 1e6, 2),
-                "int8": "yes" if name in chosen_tables else "no",
-            }
-            for name, t in tables.items()
-        ]
+        report.tables["Embedding tables"] = [t.row() for t in tables]
     if convs:
-        report.tables["Convs"] = [d.row() for d in convs]
+        report.tables["Convs"] = [p.row() for p in convs]
     report.stats["before_after"] = {
         "Linears in int8": (0, len(int8)),
-        "Linears in fp32": (len(decisions), len(decisions) - len(int8)),
+        "Linears in fp32": (len(linears), len(linears) - len(int8)),
         "tables in int8": (0, len(chosen_tables)),
-        "Convs in int8": (0, sum(d.int8 for d in convs)),
+        "Convs in int8": (0, sum(p.int8 for p in convs)),
     }
     report.stats["int8_flops_share"] = share
-    report.stats["compensated_linears"] = [d.name for d in compensated]
+    report.stats["compensated_linears"] = [p.name for p in compensated]
     report.stats["expected_speedup"] = expected
     report.stats["error_budget"] = budget
 
 
-def _convs_note(convs: list[ConvDecision]) -> str:
+def _convs_note(convs: list[Part]) -> str:
     if not convs:
         return ""
-    int8 = [d for d in convs if d.int8]
-    flops = sum(d.flops for d in convs) or 1
+    int8 = [p for p in convs if p.int8]
+    flops = sum(p.flops for p in convs) or 1
     kept = _kept(convs)
     return (
         f"; {len(int8)} of {len(convs)} Convs int8 (QLinearConv, activation scales from the calibration inputs), "
-        f"{sum(d.flops for d in int8) / flops:.0%} of their multiply-adds" + (f"; fp32: {kept}" if kept else "")
+        f"{sum(p.flops for p in int8) / flops:.0%} of their multiply-adds" + (f"; fp32: {kept}" if kept else "")
     )
 
 
@@ -186,18 +179,18 @@ def why_none_taken(model: ir.Model) -> list[str]:
     return reasons
 
 
-def refuse_too_little(report, decisions: dict, conv_decisions: dict, before: int, after: int, context) -> None:
+def refuse_too_little(report, parts: Parts, before: int, after: int, context) -> None:
     """NothingGained when so little went int8 that the variant is the source again: under ``MIN_GAIN_SHARE`` of
     the Linears' and Convs' multiply-adds and no smaller than ``MAX_GAIN_SIZE`` of the source's weight bytes
     (isbnx's YOLO: 2 of 102 Convs, 3 % of their work, 0.94x the bytes, as fast as its source). Decided on what
     went int8, not on a timing: the same model gets the same answer on every machine."""
-    parts = [*decisions.values(), *conv_decisions.values()]
-    flops = sum(d.flops for d in parts)
-    share = sum(d.flops for d in parts if d.int8) / flops if flops else 0.0
+    linears, convs = of_kind(parts, "linear"), of_kind(parts, "conv")
+    flops = sum(p.flops for p in [*linears, *convs])
+    share = sum(p.flops for p in [*linears, *convs] if p.int8) / flops if flops else 0.0
     size = after / before if before else 1.0
     if share >= MIN_GAIN_SHARE or size <= MAX_GAIN_SIZE:
         return
-    went = sum(d.int8 for d in decisions.values()), sum(d.int8 for d in conv_decisions.values())
+    went = sum(p.int8 for p in linears), sum(p.int8 for p in convs)
     why = "; ".join(report.why_not_more) or "no other part of it measured worth int8"
     raise NothingGained(
         f"too little went int8 to gain anything, no variant written: {went[0]} Linear(s) and {went[1]} Conv(s), "

@@ -11,7 +11,7 @@ import numpy as np
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, search
 from onnxsmith.int8_engine.forms import folding_linears
 from onnxsmith.int8_engine.measure import SensitivityProbe, unsmoothed_name
-from onnxsmith.int8_engine.parts import OUTLIERS, ConvDecision, Decision
+from onnxsmith.int8_engine.parts import OUTLIERS, Part, Parts, replaced
 from onnxsmith.passes.quantize_convs import ConvPlan
 from onnxsmith.passes.quantize_linears import Int8Form, Linear, LinearPlan, by_input, smoothing_folds
 from onnxsmith.passes.quantize_tables import Table
@@ -21,45 +21,48 @@ from onnxsmith.settings.int8 import Int8Options
 @dataclass(frozen=True)
 class SearchSpace:
     """What the end-to-end search chooses from, as measured on the model at ``path``: the candidate
-    Linears (with their int8 forms: smoothed per alpha, outliers apart), tables and Convs, and every decision
-    so far."""
+    Linears (with their int8 forms: smoothed per alpha, outliers apart), tables and Convs, and every part as
+    measured and decided so far."""
 
     path: Path
     candidates: list[Linear]
     tables: dict[str, Table]
     conv_plans: dict[str, ConvPlan]
     forms: dict[str, dict]  # Linear -> form label -> LinearPlan
-    decisions: dict[str, Decision]
-    conv_decisions: dict[str, ConvDecision]
+    parts: Parts
     form: Int8Form  # how the int8 Linears are made (rounded weights, two-pass activations)
 
 
-def without_search(decisions, candidates, options: Int8Options) -> set[str]:
-    """With ``--no-sensitivity``: every candidate whose own int8 error is within ``--max-layer-error``."""
-    chosen = set()
+def without_search(parts: Parts, candidates, options: Int8Options) -> tuple[set[str], dict[str, Part]]:
+    """With ``--no-sensitivity``: (every candidate whose own int8 error is within ``--max-layer-error``, the parts
+    saying so)."""
+    chosen, changed = set(), {}
     for linear in candidates:
-        d = decisions[linear.name]
-        error = d.errors.get(None, float("inf"))
+        part = parts[linear.name]
+        error = part.facts.errors.get(None, float("inf"))
         if not error <= options.max_layer_error:
-            d.reason = (
-                f"layer error {error:.3f} > {options.max_layer_error:g} (input outlier ratio {d.outlier_ratio:.1f})"
+            changed[linear.name] = part.decided(
+                reason=f"layer error {error:.3f} > {options.max_layer_error:g} "
+                f"(input outlier ratio {part.facts.outlier_ratio:.1f})",
+                kind="layer error",
             )
-            d.kind = "layer error"
             continue
-        d.reason = "layer error within bound (no end-to-end search)"
+        changed[linear.name] = part.decided(reason="layer error within bound (no end-to-end search)")
         chosen.add(linear.name)
-    return chosen
+    return chosen, replaced(parts, changed)
 
 
 def search_parts(space: SearchSpace, context, budget, options, report):
-    """(Linears int8, tables int8, Convs int8, form per Linear not plain) from end-to-end measurements."""
+    """(Linears int8, tables int8, Convs int8, form per Linear not plain, the parts saying why) from end-to-end
+    measurements."""
     path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
-    forms, decisions = space.forms, space.decisions
+    forms, parts = space.forms, space.parts
     # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered. The other
     # forms offered (smoothing elsewhere, outlier channels apart: a Mul, and a Gather and MatMul) if need be.
     folding = folding_linears(candidates)
-    free = {n: a for n in folding if (a := decisions[n].offered_smoothing) is not None}
-    offered = {n: a for n, d in decisions.items() if (a := d.offered) is not None}  # includes the free ones
+    free = {n: a for n in folding if (a := parts[n].facts.offered_smoothing) is not None}
+    linears = {n: p for n, p in parts.items() if p.kind == "linear"}
+    offered = {n: a for n, p in linears.items() if (a := p.facts.offered) is not None}  # includes the free ones
     names = [linear.name for linear in candidates]
     every = set(names) | set(tables) | set(conv_plans)
 
@@ -120,17 +123,14 @@ def search_parts(space: SearchSpace, context, budget, options, report):
 def _groups_and_values(space: SearchSpace) -> tuple[dict[str, list[str]], dict[str, float]]:
     """The parts the search switches together (the tables; the Linears and Convs of each role) and what each part
     is worth int8 (its multiply-adds; a table's bytes saved)."""
-    decisions, conv_decisions, tables = space.decisions, space.conv_decisions, space.tables
+    parts, tables = space.parts, space.tables
     names = [linear.name for linear in space.candidates]
     groups: dict[str, list[str]] = {}
     if tables:
         groups["embedding tables"] = list(tables)
-    for n in names:
-        groups.setdefault(decisions[n].role, []).append(n)
-    for n in space.conv_plans:
-        groups.setdefault(conv_decisions[n].role, []).append(n)
-    value = {n: float(decisions[n].flops) for n in names}
-    value.update({n: float(conv_decisions[n].flops) for n in space.conv_plans})
+    for n in [*names, *space.conv_plans]:
+        groups.setdefault(parts[n].role, []).append(n)
+    value = {n: float(parts[n].flops) for n in [*names, *space.conv_plans]}
     value.update({t: 0.75 * tables[t].value.const_value.nbytes for t in tables})
     return groups, value
 
@@ -139,9 +139,10 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
     """The search's result explained in each decision, smoothing dropped where the budget holds without it, and
     the end-to-end measurement in the report: (Linears, tables, Convs int8, form per Linear not plain)."""
     path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
-    forms, decisions, conv_decisions = space.forms, space.decisions, space.conv_decisions
+    forms = space.forms
     names = [linear.name for linear in candidates]
-    _explain(selection, {**decisions, **{n: conv_decisions[n] for n in conv_plans}}, budget)
+    explained = {n: p for n, p in space.parts.items() if p.kind == "linear" or n in conv_plans}
+    parts = replaced(space.parts, _explain(selection, explained, budget))
     chosen = selection.chosen
     used = {n: a for n, a in used.items() if n in chosen}
     measured, steps = selection.measured, list(selection.steps)
@@ -158,7 +159,7 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
         )
         try:
             dropped, measured = _drop_smoothing(
-                probe, context, candidates, chosen, used, decisions, budget, options.max_runs - runs, measured
+                probe, context, candidates, chosen, used, parts, budget, options.max_runs - runs, measured
             )
         finally:
             probe.close()
@@ -173,7 +174,7 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
     )
     report.stats["measured_output_error"] = measured
     report.stats["end_to_end_runs"] = runs
-    return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used
+    return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used, parts
 
 
 def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> float:
@@ -185,7 +186,7 @@ def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> 
     return error if severity <= 1 else max(error, budget * severity)
 
 
-def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget, runs_left, measured):
+def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budget, runs_left, measured):
     """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
     dropped where the outputs stay within ``budget`` without it, the least helpful first: one measured run per
     role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
@@ -196,13 +197,13 @@ def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget,
         apart = any(used[r.name] == OUTLIERS for r in smoothed)  # the Gather reads the input: no fold
         if not smoothed or (not apart and smoothing_folds(x, [r.node for r in readers if r.name in chosen])):
             continue
-        key = tuple(sorted({decisions[r.name].role.split(" #")[0] for r in smoothed}))
+        key = tuple(sorted({parts[r.name].role.split(" #")[0] for r in smoothed}))
         units.setdefault(key, []).extend(smoothed)
 
     def kept_share(linears) -> float:
         shares = []
         for r in linears:
-            errors = decisions[r.name].errors
+            errors = parts[r.name].facts.errors
             plain, smooth = errors.get(None), errors.get(used[r.name])
             shares.append(smooth / plain if plain and smooth is not None else 0.0)
         return float(np.mean(shares))
@@ -222,49 +223,55 @@ def _drop_smoothing(probe, context, candidates, chosen, used, decisions, budget,
     return dropped, measured
 
 
-def _explain(selection: Selection, decisions: dict[str, Decision], budget: float) -> None:
-    for name, d in decisions.items():
-        if d.reason:
+def _explain(selection: Selection, parts: Parts, budget: float) -> dict[str, Part]:
+    """The candidates among ``parts`` with what the search measured of them and why it chose them or not."""
+    explained = {}
+    for name, part in parts.items():
+        if not part.candidate:
             continue
         piece = selection.piece_of(name)
-        if piece is not None:
-            d.piece, d.piece_error = piece.label, piece.error
+        measured = {} if piece is None else {"piece": piece.label, "piece_error": piece.error}
         if name in selection.chosen:
-            d.reason = "measured within budget" if piece is None else f"its part measured {piece.error:.2e}, chosen"
+            reason = "measured within budget" if piece is None else f"its part measured {piece.error:.2e}, chosen"
+            explained[name] = part.decided(reason=reason, **measured)
         else:
-            d.kind = "end-to-end error"
-            d.reason = (
+            reason = (
                 f"{piece.label}: {piece.error:.2e} alone; with the rest over the budget {budget:g}"
                 if piece is not None
                 else f"over the budget {budget:g}"
             )
+            explained[name] = part.decided(reason=reason, kind="end-to-end error", **measured)
+    return explained
 
 
 #: Seconds each timing of the variant against fp32 takes at most (beyond a few rounds, however long they take).
 SPEED_SECONDS = 2.0
 
 
-def check_speed(timer, context, chosen, chosen_tables, chosen_convs, decisions, conv_decisions, trim) -> SpeedCheck:
-    """Times the variant against the model given; with ``trim``, the groups of int8 parts (the tables, the Convs,
-    the Linears of each role) that do not make it faster are kept fp32, and their decisions say so."""
+def check_speed(
+    timer, context, chosen, chosen_tables, chosen_convs, parts: Parts, trim: bool
+) -> tuple[SpeedCheck, dict[str, Part]]:
+    """Times the variant against the model given: (the check, the parts). With ``trim``, the groups of int8 parts
+    (the tables, the Convs, the Linears of each role) that do not make it faster are kept fp32, and their parts'
+    decisions say so."""
     groups = [
         ("the embedding tables", sorted(chosen_tables)),
-        ("the Convs", [n for n in conv_decisions if n in chosen_convs]),
+        ("the Convs", [n for n, p in parts.items() if p.kind == "conv" and n in chosen_convs]),
     ]
     by_role: dict[str, list[str]] = {}
-    for name, d in decisions.items():
-        if name in chosen:
-            by_role.setdefault(d.role, []).append(name)
+    for name, part in parts.items():
+        if part.kind == "linear" and name in chosen:
+            by_role.setdefault(part.role, []).append(name)
     groups += [(f"the Linears {role}", names) for role, names in by_role.items()]
     context.progress("int8: timing the variant against the model given (onnxruntime CPU)")
     check = keep_fast(set(chosen) | set(chosen_tables) | set(chosen_convs), groups, timer, trim=trim)
+    changed = {}
     for label, names, without in check.kept:
         reason = (
             f"kept fp32: not faster, measured {check.with_all:.2f}x the model given with {label} int8, "
             f"{without:.2f}x without"
         )
         for n in names:
-            d = decisions.get(n) or conv_decisions.get(n)
-            if d is not None:
-                d.reason, d.kind = reason, "not faster"
-    return check
+            if parts[n].kind != "table":  # a table's row has no reason
+                changed[n] = parts[n].decided(reason=reason, kind="not faster")
+    return check, replaced(parts, changed)

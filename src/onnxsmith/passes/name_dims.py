@@ -10,7 +10,7 @@ the dim is that input dim, an expression where it is one (``floor(width/4 - 1/4)
 after a stride-4 convolution), unknown where the engine cannot tell. Never a size
 that only happened to be equal at the sizes a model was run at: onnxruntime trusts
 declared shapes, and a variant declaring a detector's ``floor(H/32)`` as 1 does not
-run at a real size (issue 11 class 11).
+run at a real size.
 Unnamed symbolic input dims are named first (:func:`name_input_dims`).
 """
 

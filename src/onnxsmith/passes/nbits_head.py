@@ -3,7 +3,7 @@
 Why not a DequantizeLinear: where onnxruntime does not fold it at load (native CPU, whose
 ``session.disable_quant_qdq`` is off), a DequantizeLinear the head shares with the embedding
 lookups is run again on every call. The whole [hidden, vocab] table is dequantized to read one
-token (SmolLM2's [576, 49152]: 75-80 ms of a 15 ms decode step, issue 28), and the per-token
+token (SmolLM2's [576, 49152]: 75-80 ms of a 15 ms decode step), and the per-token
 layout with a leading unit dim that makes the head a fast GEMV once folded keeps onnxruntime
 from fusing it into MatMulNBits.
 

@@ -14,7 +14,7 @@ from a GGUF Q4_1 file: each block of 32 is ``min + d * q``; :func:`~onnxsmith.pa
 is stored exactly: MatMulNBits runs its levels at its integer kernels' speed and each block's
 offset is added as the input's block sums times the offsets
 (:func:`~onnxsmith.passes.quantization.grid_matmul_nodes`); round-to-nearest with an integer zero
-point moves each block by up to half a step (SmolLM2's: ~9 % weight error, issue 28).
+point moves each block by up to half a step (SmolLM2's: ~9 % weight error).
 DequantizeLinear cannot hold a fractional offset, so ``qdq`` rounds them, and says so.
 
 A weight whose K is not a multiple of the block is not block-quantized: it is

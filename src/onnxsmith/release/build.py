@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from onnxsmith.analysis.summary import summarize
 from onnxsmith.core.errors import InputError, UsageError
@@ -67,7 +68,7 @@ from onnxsmith.release.recipe import (
 )
 from onnxsmith.release.report import render_report
 from onnxsmith.release.validate import TaskRun, Validation
-from onnxsmith.release.variant import Acceptance, Staging, Verification, make_variant
+from onnxsmith.release.variant import Acceptance, Staging, VariantReport, Verification, make_variant
 from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
 from onnxsmith.runtime.ranges import measure_ranges
@@ -76,13 +77,104 @@ from onnxsmith.runtime.sizing import inputs_that_run
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")
 
 
-@dataclass
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a card says of a model's interface and contents (the source's and each variant's)."""
+
+    #: ``{"inputs": [...], "outputs": [...]}``, each ``{"name", "dtype", "dims"}``.
+    io: dict[str, list[dict[str, Any]]]
+    #: Domain ("ai.onnx" for the default one) -> opset version, as the model imports them.
+    opsets: dict[str, int]
+    #: The domains its nodes really use (an opset import may be left over), sorted.
+    op_domains: list[str]
+    params_by_dtype: dict[str, int]
+
+    @classmethod
+    def of(cls, model: ir.Model, file_bytes: int) -> ModelFacts:
+        summary = summarize(model, top=0, file_bytes=file_bytes)
+        return cls(
+            io={"inputs": summary.inputs, "outputs": summary.outputs},
+            opsets={k or "ai.onnx": v for k, v in summary.opsets.items()},
+            op_domains=sorted({op.partition("::")[0] for op in summary.ops if "::" in op}),
+            params_by_dtype=summary.params_by_dtype,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "io": self.io,
+            "opsets": self.opsets,
+            "op_domains": self.op_domains,
+            "params_by_dtype": self.params_by_dtype,
+        }
+
+
+@dataclass(frozen=True)
 class VariantOutcome:
+    """What the build did with one variant of the recipe: the variant's own record (release/variant.py's
+    :class:`VariantReport`, staged and judged), the files committed to the release, and whether it was
+    published and, if not, why. Its part of measurements.json is :meth:`to_json`."""
+
+    #: The variant as the recipe asks for it.
     variant: VariantSpec
+    #: What making it did and measured (a refused variant's too: why it was refused, its validation).
+    report: VariantReport
+    #: Its files in the release (none where it was not published).
+    files: list[FileRecord] = field(default_factory=list)
+    #: The made variant's interface and contents; None where the one gate refused it (its model is not read,
+    #: and measurements.json then holds only the steps the recipe asked for).
+    facts: ModelFacts | None = None
+    #: Its largest activation as fp16 holds it (:func:`_variant_peak`); None for a variant holding no fp16.
+    peak: dict[str, Any] | None = None
     published: bool = False
+    #: Why it was not published ("" when it was).
     reason: str = ""
-    data: dict[str, Any] = field(default_factory=dict)  # its part of measurements.json
-    validation: Validation | None = None
+
+    @property
+    def validation(self) -> Validation | None:
+        """The task's validation, where the task's gates judged it (not where the one gate refused it)."""
+        return self.report.validation
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """The session config entries the variant needs."""
+        return self.report.runtime
+
+    def moved(self, old: Path, new: Path) -> VariantOutcome:
+        """This outcome with its files' paths under the folder ``old`` made the same paths under ``new``."""
+        files = [dataclasses.replace(f, path=new / f.path.relative_to(old)) for f in self.files]
+        return dataclasses.replace(self, files=files)
+
+    def to_json(self, release: Path) -> dict[str, Any]:
+        """Its part of measurements.json; ``release``: the folder its files' paths are relative to."""
+        v, report, facts = self.variant, self.report, self.facts
+        data: dict[str, Any] = {
+            "name": v.name,
+            "file": v.file,
+            "description": v.description,
+            "published": self.published,
+            "reason": self.reason,
+        }
+        if facts is None:  # the one gate refused it: only what was asked
+            data["steps"] = [{"name": s.name, "options": options_json(s.options)} for s in v.steps]
+            return data
+        data.update(
+            {
+                "headline": report.headline,
+                "steps": [_step_json(r) for r in report.steps],
+                "files": [f.to_json(release) for f in self.files],
+                "nodes": {"source": report.nodes_before, "variant": report.nodes_after},
+                "runtime": report.runtime,
+                "verification": _finite_json(report.comparison.to_json()),
+                **facts.to_json(),
+            }
+        )
+        if report.remade_after is not None:
+            data["remade_after"] = report.remade_after
+        if report.validation is not None:
+            data["validation"] = report.validation.to_json()
+        if self.peak is not None:
+            data["peak"] = self.peak
+        return data
 
 
 @dataclass(frozen=True)
@@ -138,7 +230,8 @@ def build(
                 os.replace(release, out)
     for note in recipe.notes:  # after the work: a refusal stays one line
         log(note)
-    return dataclasses.replace(result, out=out)
+    outcomes = [o.moved(release, out) for o in result.outcomes]  # their files where the release now is
+    return dataclasses.replace(result, out=out, outcomes=outcomes)
 
 
 @contextlib.contextmanager
@@ -353,7 +446,7 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
             "file": source.name,
             "bytes": source.stat().st_size,
             "sha256": recipe.source_sha256,
-            **_model_facts(source_model, source.stat().st_size),
+            **ModelFacts.of(source_model, source.stat().st_size).to_json(),
         },
         "validation": None
         if task_run is None
@@ -369,7 +462,7 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
                 k: recipe.validation.written.get(k, v) for k, v in options_json(recipe.validation.options).items()
             },
         },
-        "variants": [_variant_json(o) for o in outcomes],
+        "variants": [o.to_json(release) for o in outcomes],
         "included": included,
         # taken from outside the recipe's folder (allow_outside = true): the card says so
         "outside_recipe": recipe.outside,
@@ -386,7 +479,7 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
 def _bench(recipe: Recipe, release: Path, published: list, task_run: TaskRun | None, progress) -> dict:
     """The source and every published variant timed side by side, with the settings and the machine."""
     models = [("source", recipe.source, {})] + [
-        (o.variant.name, release / o.variant.file, o.data["runtime"]) for o in published
+        (o.variant.name, release / o.variant.file, o.runtime) for o in published
     ]
     samples = None if task_run is None else task_run.samples
     run = bench_models(
@@ -410,7 +503,7 @@ def _include(recipe: Recipe, release: Path, published: list) -> list[dict]:
         copy_file(path, release / path.name)
         shutil.copymode(path, release / path.name)  # a private file stays private
         included.append(FileRecord.of(release / path.name).to_json(release))
-    files = [f for o in published for f in o.data["files"]] + included
+    files = [f.to_json(release) for o in published for f in o.files] + included
     checksums = "".join(f"{f['sha256']}  {f['path']}\n" for f in files)
     write_file(release / CHECKSUMS, checksums.encode("utf-8"))
     write_file(release / RECIPE_COPY, recipe.text.encode("utf-8"))
@@ -422,48 +515,34 @@ def _make_variant(
 ) -> VariantOutcome:
     """The variant ``variant`` asks for, made, judged by the one gate and the task's gates (one repair loop:
     release/variant.py) and committed to the release only when both pass."""
-    outcome = VariantOutcome(variant)
     target = release / variant.file
     target.parent.mkdir(parents=True, exist_ok=True)
     steps = [(s.name, s.options) for s in variant.steps]
     verification = Verification(feeds, gate=variant.gate, real_inputs=task_run is not None and task_run.real_inputs)
     gates = _task_gates(recipe, task_run, feeds, variant.name, progress)
     staged = make_variant(recipe.source, steps, verification, Staging(target), progress, acceptance=gates)
+    report = staged.report
+    reason = ""
+    if not report.passed:
+        again = f" (made again after: {report.remade_after})" if report.remade_after else ""
+        reason = f"{report.failure}{again}"
     try:
-        report = staged.report
-        outcome.validation = report.validation
-        if not report.passed:
-            again = f" (made again after: {report.remade_after})" if report.remade_after else ""
-            outcome.reason = f"{report.failure}{again}"
         if report.validation is None and not report.passed:  # the one gate refused it: only what was asked
-            outcome.data = {"steps": [{"name": s.name, "options": options_json(s.options)} for s in variant.steps]}
-            return outcome
+            return VariantOutcome(variant, report, reason=reason)
         files = staged.commit(target) if report.passed else []
         model = load_model(target if report.passed else staged.staged.path)
     finally:
         staged.discard()
-    outcome.data = {
-        "headline": report.headline,
-        "steps": [_step_json(r) for r in report.steps],
-        "files": [f.to_json(release) for f in files],
-        "nodes": {"source": report.nodes_before, "variant": report.nodes_after},
-        "runtime": report.runtime,
-        "verification": _finite_json(report.comparison.to_json()),
-        **_model_facts(model, report.bytes),
-    }
-    if report.remade_after is not None:
-        outcome.data["remade_after"] = report.remade_after
-    if report.validation is not None:
-        outcome.data["validation"] = report.validation.to_json()
+    facts = ModelFacts.of(model, report.bytes)
     if not report.passed:
         if target.parent != release and not any(target.parent.iterdir()):
             target.parent.rmdir()
-        return outcome
+        return VariantOutcome(variant, report, files, facts, reason=reason)
+    peak = None
     if has_fp16(model):  # an fp32 variant holds its values as the source does
         progress("measuring activation ranges as fp16 holds them")
-        outcome.data["peak"] = _variant_peak(target, feeds[:2])
-    outcome.published = True
-    return outcome
+        peak = _variant_peak(target, feeds[:2])
+    return VariantOutcome(variant, report, files, facts, peak, published=True)
 
 
 def _task_gates(recipe: Recipe, task_run: TaskRun | None, feeds, name: str, progress) -> Acceptance | None:
@@ -540,32 +619,9 @@ def _top_channels(per_channel: list[float], k: int = 3) -> list[list]:
     return [[int(c), float(per_channel[c])] for c in order]
 
 
-def _model_facts(model, file_bytes: int) -> dict:
-    summary = summarize(model, top=0, file_bytes=file_bytes)
-    return {
-        "io": {"inputs": summary.inputs, "outputs": summary.outputs},
-        "opsets": {k or "ai.onnx": v for k, v in summary.opsets.items()},
-        # the domains its nodes really use (an opset import may be left over)
-        "op_domains": sorted({op.partition("::")[0] for op in summary.ops if "::" in op}),
-        "params_by_dtype": summary.params_by_dtype,
-    }
-
-
 def _step_json(report) -> dict:
     data = report.to_json()
     return _finite_json({"name": data.pop("step"), **data})
-
-
-def _variant_json(outcome: VariantOutcome) -> dict:
-    v = outcome.variant
-    return {
-        "name": v.name,
-        "file": v.file,
-        "description": v.description,
-        "published": outcome.published,
-        "reason": outcome.reason,
-        **outcome.data,
-    }
 
 
 def _finite_json(data):

@@ -7,7 +7,7 @@ activation instead of four, exact up to the rounding of the division. (HardSwish
 onnxruntime runs HardSigmoid and Mul at any opset these models use.) Applied by ``int8`` (the CPU variant,
 judged by cosine), not by ``fuse --precision fp32``: alpha * x + beta is not bit-exact to (x + 3) / 6, and
 fuse's fp32 gate refused PP-OCR's text detector over a 1.8e-7 change in a saturated sigmoid map.
-PP-OCRv4's recogniser on CPU at batch 8: 0.83x the source int8 without it, 1.21x with it (docs/benchmarks.md).
+What it gains int8 on a MobileNetV3-style recogniser: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Input sizes a model runs at when the user gave none (issue 11 class 3).
+"""Input sizes a model runs at when the user gave none.
 
-A symbolic dim nobody sized used to be 1 (8 for a sequence): a detector does not run
+A symbolic dim nobody sized cannot simply be 1 (or 8 for a sequence): a detector does not run
 on a 1x1 image (its upsampled maps no longer match the skip connections), a ViT's patch
 embedding needs at least one patch, a voice detector's STFT needs a window of samples.
 So :func:`inputs_that_run` proposes sizes a user would feed and checks on the model

@@ -2,8 +2,7 @@
 
 Each transform's and task's name, one line and options (a dataclass: :mod:`onnxsmith.core.options`) live here, and the
 constants the shared command-line groups offer, so a command's ``--help``, the recipe checker and the API's
-keyword check read them without loading onnx, onnx-ir or onnxruntime (``onnxsmith --help`` in well under
-0.3 s: docs/benchmarks.md). Nothing here imports more than the standard library and :mod:`onnxsmith.core`;
+keyword check read them without loading onnx, onnx-ir or onnxruntime (``--help`` timings: docs/benchmarks.md). Nothing here imports more than the standard library and :mod:`onnxsmith.core`;
 the engines import their settings from here.
 """
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from onnxsmith.core.options import option
+from onnxsmith.core.options import same_option
 from onnxsmith.settings import TaskSettings
 from onnxsmith.settings.gate import GateOptions
-from onnxsmith.settings.run import DEFAULT_SEED
+from onnxsmith.settings.inputs import InputOptions
 
 
 @dataclass
@@ -21,34 +21,15 @@ class GenericOptions:
             "path": True,
         },
     )
-    input_role: list[str] = option(
-        help="correct what an input was taken to be: image, waveform or generic; an image's layout "
-        "NCHW|NHWC and values 0..255|0..1|normalized (e.g. x=NHWC,0..255)",
-        default_factory=list,
-        repeat=True,
-        metavar="NAME=WORD,...",
-    )
-    samples: int = option(4, "random input sets when there is no data")
-    seed: int = option(DEFAULT_SEED, "seed of the random inputs")
-    shape: list[str] = option(
-        help="the shape of an input with symbolic dims, or a size for a named symbolic dim",
-        default_factory=list,
-        repeat=True,
-        metavar="NAME:D0,D1|DIM=N",
-    )
-    min_cosine: float | None = option(None, "the gate: every float output's cosine to the source's at least this")
-    rtol: float | None = option(None, "the gate: |Δ| <= RTOL·(|value| + its channel's RMS) for every value")
-    atol: float | None = option(None, "the gate: an absolute bound on each value instead, |Δ| <= ATOL + RTOL·|value|")
-    min_agreement: float | None = option(
-        None, "the gate: integer outputs' share of equal values, detection lists' share of matched rows"
-    )
-
-    def validate(self) -> None:
-        if self.samples < 1:
-            raise ValueError("samples must be >= 1")
-        if self.seed < 0:
-            raise ValueError("seed must be >= 0")
-        GateOptions(self.min_cosine, self.rtol, self.atol, self.min_agreement)  # ValueError on a bound out of range
+    # The inputs and the gate as every verifying command declares them (settings/inputs.py, settings/gate.py).
+    input_role: list[str] | None = same_option(InputOptions, "input_role")
+    samples: int = same_option(InputOptions, "samples")
+    seed: int = same_option(InputOptions, "seed")
+    shape: list[str] | None = same_option(InputOptions, "shape")
+    min_cosine: float | None = same_option(GateOptions, "min_cosine")
+    rtol: float | None = same_option(GateOptions, "rtol")
+    atol: float | None = same_option(GateOptions, "atol")
+    min_agreement: float | None = same_option(GateOptions, "min_agreement")
 
 
 GENERIC = TaskSettings(

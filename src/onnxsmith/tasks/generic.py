@@ -41,7 +41,6 @@ class GenericOptions(settings.GenericOptions):
     ``shape`` is refused at its line, before any work)."""
 
     def validate(self) -> None:
-        super().validate()
         try:
             parse_shape_options(self.shape, option="shape")
             parse_role_options(self.input_role, option="input_role")
