@@ -340,8 +340,8 @@ class VerifySettings(InputOptions):
 def fp16(model: ModelLike, *, samples: int = 4, **keywords) -> Variant:
     """fp16 weights and compute with fp32 islands where measured ranges overflow (``onnxsmith fp16``).
 
-    Options: ``keep_io_types``, ``headroom``, ``rescale_residual``, ``residual_fp32``, ``small_fp32``,
-    ``dtype`` (docs/fp16.md).
+    Options: ``keep_io_types``, ``headroom``, ``rescale_residual``, ``residual_fp32``, ``small_fp32``
+    (docs/fp16.md).
     """
     return transform(model, "fp16", samples=samples, **keywords)
 

@@ -188,33 +188,37 @@ def _choose(path, model, linears, tables: dict[str, Table], convs, options, cont
     conv_parts = measure_convs(path, context, convs, model.opset_imports.get("", 1), role, linear_flops)
     parts = {**parts, **_table_parts(tables), **conv_parts}
     conv_plans = {name: p.facts.plan for name, p in conv_parts.items() if p.candidate}
+    # One set of the names chosen int8, whatever their kind (names are unique across Linears, tables and Convs).
     if not options.sensitivity:
         chosen, parts = without_search(parts, candidates, options)
-        chosen_tables, chosen_convs = set(tables), set(conv_plans)
-        parts = replaced(parts, {name: parts[name].decided(reason="no end-to-end search") for name in chosen_convs})
+        chosen |= set(tables) | set(conv_plans)
+        parts = replaced(parts, {name: parts[name].decided(reason="no end-to-end search") for name in conv_plans})
         used = {}
     else:
         space = SearchSpace(path, candidates, tables, conv_plans, forms, parts, form)
-        chosen, chosen_tables, chosen_convs, used, parts = search_parts(space, context, budget, options, report)
+        chosen, used, parts = search_parts(space, context, budget, options, report)
     speed = None
-    if given is not None and (chosen or chosen_tables or chosen_convs):
-        linear_plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in chosen}
+    if given is not None and chosen:
+        kinds = _by_kind(chosen, parts)
+        linear_plans = {n: (forms[n][used[n]] if n in used else LinearPlan()) for n in kinds["linear"]}
         timer = Int8Timer(
-            path, given, context.feeds[0], linear_plans, set(chosen_tables),
-            {n: conv_plans[n] for n in chosen_convs}, form, seconds=SPEED_SECONDS,
+            path, given, context.feeds[0], linear_plans, set(kinds["table"]),
+            {n: conv_plans[n] for n in kinds["conv"]}, form, seconds=SPEED_SECONDS,
         )  # fmt: skip
-        speed, parts = check_speed(timer, context, chosen, chosen_tables, chosen_convs, parts, options.keep_fast)
-        chosen, chosen_tables, chosen_convs = (
-            chosen - speed.kept_names,
-            chosen_tables - speed.kept_names,
-            chosen_convs - speed.kept_names,
-        )
-    plans = {name: forms[name][used[name]] if used.get(name) is not None else LinearPlan() for name in chosen}
-    final = {}
-    for name in chosen:
-        compensated = rounding_key(name, plans[name]) in form.rounded
-        final[name] = parts[name].decided(int8=True, form=used.get(name), compensated=compensated)
-    final.update({name: parts[name].decided(int8=True) for name in [*chosen_tables, *chosen_convs]})
+        speed, parts = check_speed(timer, context, chosen, parts, options.keep_fast)
+        chosen = chosen - speed.kept_names
+    kinds = _by_kind(chosen, parts)
+    plans = {n: forms[n][used[n]] if used.get(n) is not None else LinearPlan() for n in kinds["linear"]}
+    final = {n: parts[n].decided(int8=True) for n in chosen}
+    for n, plan in plans.items():
+        final[n] = final[n].decided(form=used.get(n), compensated=rounding_key(n, plan) in form.rounded)
     parts = replaced(parts, final)
-    convs_chosen = {name: conv_plans[name] for name in conv_parts if name in chosen_convs}
-    return Choice(plans, frozenset(chosen_tables), convs_chosen, form, MappingProxyType(parts), speed)
+    convs_chosen = {name: conv_plans[name] for name in conv_parts if name in chosen}
+    return Choice(plans, frozenset(kinds["table"]), convs_chosen, form, MappingProxyType(parts), speed)
+
+
+def _by_kind(names: set[str], parts: Parts) -> dict[str, set[str]]:
+    kinds: dict[str, set[str]] = {"linear": set(), "table": set(), "conv": set()}
+    for n in names:
+        kinds[parts[n].kind].add(n)
+    return kinds

@@ -53,8 +53,7 @@ def without_search(parts: Parts, candidates, options: Int8Options) -> tuple[set[
 
 
 def search_parts(space: SearchSpace, context, budget, options, report):
-    """(Linears int8, tables int8, Convs int8, form per Linear not plain, the parts saying why) from end-to-end
-    measurements."""
+    """(the names int8, form per Linear not plain, the parts saying why) from end-to-end measurements."""
     path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
     forms, parts = space.forms, space.parts
     # Smoothing that folds into a LayerNorm costs nothing at run time: used wherever it is offered. The other
@@ -137,7 +136,7 @@ def _groups_and_values(space: SearchSpace) -> tuple[dict[str, list[str]], dict[s
 
 def _settled(space: SearchSpace, context, budget, options, report, selection: Selection, used: dict, runs: int):
     """The search's result explained in each decision, smoothing dropped where the budget holds without it, and
-    the end-to-end measurement in the report: (Linears, tables, Convs int8, form per Linear not plain)."""
+    the end-to-end measurement in the report: (the names int8, form per Linear not plain, the parts)."""
     path, candidates, tables, conv_plans = space.path, space.candidates, space.tables, space.conv_plans
     forms = space.forms
     names = [linear.name for linear in candidates]
@@ -174,7 +173,7 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
     )
     report.stats["measured_output_error"] = measured
     report.stats["end_to_end_runs"] = runs
-    return chosen & set(names), chosen & set(tables), chosen & set(conv_plans), used, parts
+    return set(chosen), used, parts
 
 
 def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> float:
@@ -248,15 +247,13 @@ def _explain(selection: Selection, parts: Parts, budget: float) -> dict[str, Par
 SPEED_SECONDS = 2.0
 
 
-def check_speed(
-    timer, context, chosen, chosen_tables, chosen_convs, parts: Parts, trim: bool
-) -> tuple[SpeedCheck, dict[str, Part]]:
+def check_speed(timer, context, chosen: set[str], parts: Parts, trim: bool) -> tuple[SpeedCheck, dict[str, Part]]:
     """Times the variant against the model given: (the check, the parts). With ``trim``, the groups of int8 parts
     (the tables, the Convs, the Linears of each role) that do not make it faster are kept fp32, and their parts'
     decisions say so."""
     groups = [
-        ("the embedding tables", sorted(chosen_tables)),
-        ("the Convs", [n for n, p in parts.items() if p.kind == "conv" and n in chosen_convs]),
+        ("the embedding tables", sorted(n for n in chosen if parts[n].kind == "table")),
+        ("the Convs", [n for n, p in parts.items() if p.kind == "conv" and n in chosen]),
     ]
     by_role: dict[str, list[str]] = {}
     for name, part in parts.items():
@@ -264,7 +261,7 @@ def check_speed(
             by_role.setdefault(part.role, []).append(name)
     groups += [(f"the Linears {role}", names) for role, names in by_role.items()]
     context.progress("int8: timing the variant against the model given (onnxruntime CPU)")
-    check = keep_fast(set(chosen) | set(chosen_tables) | set(chosen_convs), groups, timer, trim=trim)
+    check = keep_fast(set(chosen), groups, timer, trim=trim)
     changed = {}
     for label, names, without in check.kept:
         reason = (
