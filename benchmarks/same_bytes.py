@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Does a refactoring change what users get? Variants made by another checkout and by this one, byte for byte.
 
-Each model is converted by ``onnxsmith int8 --no-speed`` and ``onnxsmith fp16`` twice, once with the source of
-``--before REV`` (a temporary git worktree) and once with this checkout's, and the sha256 of the two files are
-compared (variants are deterministic: same input and options, same bytes). Printed as a Markdown table; exit 1
-when any pair differs. The models are the test fixture and corpus models installed by the test setup.
+Each model is converted by ``onnxsmith int8 --no-speed``, ``fp16``, ``fuse`` and ``shrink`` (and the GPT-2
+fixture by ``quantize``) twice, once with the source of ``--before REV`` (a temporary git worktree) and once
+with this checkout's, and the sha256 of the two files are compared (variants are deterministic: same input and
+options, same bytes); a refusal must be the same refusal. Printed as a Markdown table; exit 1 when any pair
+differs. The models are the test fixture and corpus models installed by the test setup.
 
     .venv/bin/python benchmarks/same_bytes.py [--before 34dd916]
 """
@@ -29,19 +30,21 @@ MODELS = [
     REPO / ".cache" / "realmodels" / "nudenet_320n" / "320n.onnx",
     REPO / ".cache" / "realmodels" / "captcha_crnn" / "captcha_crnn.onnx",
 ]
-COMMANDS = {"int8": ["--no-speed"], "fp16": []}
+COMMANDS = {"int8": ["--no-speed"], "fp16": [], "fuse": [], "shrink": []}
+#: The language-model quantizer, on the model it is for.
+LM = (REPO / "tests" / "fixtures" / "gpt2" / "model.onnx", "quantize", [])
 
 
-def made(src: Path, command: str, model: Path, out: Path) -> str:
+def made(src: Path, command: str, model: Path, out: Path, options: list[str]) -> str:
     """The sha256 of the variant ``src``'s onnxsmith makes, or what went wrong."""
     done = subprocess.run(
-        [sys.executable, "-m", "onnxsmith", command, str(model), str(out), *COMMANDS[command]],
+        [sys.executable, "-m", "onnxsmith", command, str(model), str(out), *options],
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1][:80]}"
+        return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1].replace(str(out), 'OUT')[:60]}"
     return hashlib.sha256(out.read_bytes()).hexdigest()
 
 
@@ -50,14 +53,18 @@ def main() -> int:
     parser.add_argument("--before", default="34dd916", help="the checkout to compare with (a git revision)")
     args = parser.parse_args()
     rows, differ = [], 0
+    runs = [(model, command, options) for model in MODELS for command, options in COMMANDS.items()] + [LM]
     with checkout(args.before) as before, tempfile.TemporaryDirectory() as tmp:
-        for model in MODELS:
-            for command in COMMANDS:
-                old = made(before / "src", command, model, Path(tmp) / f"{model.stem}.{command}.before.onnx")
-                new = made(REPO / "src", command, model, Path(tmp) / f"{model.stem}.{command}.now.onnx")
-                same = old == new and len(new) == 64
-                differ += not same
-                rows.append(f"| {model.name} | {command} | {old[:16]} | {new[:16]} | {'yes' if same else 'NO'} |")
+        for model, command, options in runs:
+            out = {side: Path(tmp) / side / f"{model.stem}.{command}.onnx" for side in ("before", "now")}
+            for path in out.values():
+                path.parent.mkdir(exist_ok=True)
+            old = made(before / "src", command, model, out["before"], options)
+            new = made(REPO / "src", command, model, out["now"], options)
+            refused = len(new) != 64
+            differ += old != new
+            same = "NO" if old != new else "same refusal" if refused else "yes"
+            rows.append(f"| {model.name} | {command} | {old[:16]} | {new[:16]} | {same} |")
     print(f"| model | command | sha256 before ({args.before}) | sha256 now | same bytes |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))

@@ -16,12 +16,13 @@ import onnx_ir as ir
 import pytest
 
 from onnxsmith.core.errors import UsageError
+from onnxsmith.fuse_engine.fusions import FUSIONS
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import input_specs, random_inputs
 from onnxsmith.runtime.runner import prepare_session, run_all
-from onnxsmith.transforms.fuse import FUSIONS, Fuse
+from onnxsmith.transforms.fuse import Fuse
 from tests.support.fusion import FACEAGE, op_count
 
 BLOCKS, TOKENS = 4, 201

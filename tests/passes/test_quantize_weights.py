@@ -241,7 +241,7 @@ def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly_in_matmulnbits(tmp_
     gguf = gpt2_on_gguf_grids(tmp_path / "gguf") / "onnx" / "model.onnx"
     for fmt in ("nbits", "qdq"):
         model = load_model(gguf)
-        if fmt == "qdq":  # blocked DequantizeLinear is opset 21 (transforms/quantize.py converts first)
+        if fmt == "qdq":  # blocked DequantizeLinear is opset 21 (quantize_engine/engine.py converts first)
             ConvertVersionPass(21, fallback=True)(model)
             model.ir_version = 10
         result = QuantizeWeightsPass(format=fmt, exclude={find_lm_head(model).matmul})(model)

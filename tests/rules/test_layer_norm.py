@@ -7,11 +7,12 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsmith.fuse_engine.fusions import apply_fusion
 from onnxsmith.io.load import load_model
+from onnxsmith.irutil.types import infer_types
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.rules.layer_norm import layer_norm_no_beta_rules, layer_norm_rules
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.transforms import fuse
 from onnxsmith.transforms.fuse import Fuse
 from tests.support.fusion import assert_same_outputs, assert_untouched, fusion_trace, op_count, prepared_mlp
 from tests.support.realmodels import real_model
@@ -100,7 +101,7 @@ def test_ppocr_v6_recogniser_layernorms_and_attention_fuse(tmp_path):
 def test_a_model_without_the_pattern_keeps_its_opset():
     model = prepared_mlp()
     model.opset_imports[""] = 11
-    outcome = fuse.apply_fusion(model, STEP, (layer_norm_rules, layer_norm_no_beta_rules))
+    outcome = apply_fusion(model, STEP, (layer_norm_rules, layer_norm_no_beta_rules))
     assert outcome.matched == 0 and outcome.reason and model.opset_imports[""] == 11
 
 
@@ -132,14 +133,14 @@ def _written_out(axes: list[int], gamma_shape: tuple[int, ...], eps_node: bool =
         inits if eps_node else [*inits, numpy_helper.from_array(eps, "eps")],
     )
     model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    fuse.infer_types(model)
+    infer_types(model)
     return model
 
 
 @pytest.mark.parametrize("eps_node", [False, True], ids=["initializer", "constant-node"])
 def test_fuses_a_written_out_layernorm_over_the_last_axis(eps_node):
     model = _written_out([-1], (8,), eps_node=eps_node)
-    assert fuse.apply_fusion(model, STEP, (layer_norm_rules, layer_norm_no_beta_rules)).matched == 1
+    assert apply_fusion(model, STEP, (layer_norm_rules, layer_norm_no_beta_rules)).matched == 1
     [node] = [node for node in model.graph if node.op_type != "Constant"]
     assert node.op_type == "LayerNormalization" and node.attributes.get_float("epsilon") == pytest.approx(1e-5)
 

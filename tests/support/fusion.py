@@ -14,12 +14,13 @@ from pathlib import Path
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxsmith.fuse_engine.fusions import FUSIONS, apply_fusion
+from onnxsmith.fuse_engine.shapes import input_dims, prepare_shapes
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.prune_rows import PruneRowsPass
 from onnxsmith.rules.apply import RuleOutcome, apply_rules
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.transforms import fuse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FACEAGE = {"dynamo": FIXTURES / "faceage_dynamo.onnx", "torchscript": FIXTURES / "faceage_torchscript.onnx"}
@@ -54,14 +55,14 @@ def fusion_trace(path: str) -> dict[str, Step]:
     """Every step of ``fuse`` (fp32) on ``path``: "shapes", each FUSIONS name, "prune rows"."""
     model = load_model(path)
     feeds = random_inputs(model)
-    fuse.input_dims(model, feeds)
+    input_dims(model, feeds)
     steps: dict[str, Step] = {}
     start = snapshot(model)
-    _, noop = fuse.prepare_shapes(model)
+    _, noop = prepare_shapes(model)
     steps["shapes"] = Step("shapes", noop, start, snapshot(model))
-    for name, stages in fuse.FUSIONS:
+    for name, stages in FUSIONS:
         before = snapshot(model)
-        outcome = fuse.apply_fusion(model, name, stages)
+        outcome = apply_fusion(model, name, stages)
         steps[name] = Step(name, outcome, before, snapshot(model))
     RemoveUnusedNodesPass()(model)
     infer_types(model)
@@ -102,7 +103,7 @@ def prepared_mlp() -> ir.Model:
     from tests.support.models import mlp
 
     model = ir.serde.deserialize_model(mlp())
-    fuse.prepare_shapes(model)
+    prepare_shapes(model)
     infer_types(model)
     return model
 

@@ -3,7 +3,7 @@
 ``format="qdq"``: the weight's initializer is replaced by UINT4 (or INT4/[U]INT8) data,
 a scale and a zero point per block, behind one blocked DequantizeLinear (opset 21)
 whose output carries the weight's original name, so every reader is unchanged. What
-onnxruntime does with it depends on the session (see transforms/quantize.py).
+onnxruntime does with it depends on the session (see quantize_engine/engine.py).
 
 ``format="nbits"``: each MatMul reading the weight becomes one com.microsoft
 MatMulNBits over the packed weight (what onnxruntime's native CPU and WebGPU

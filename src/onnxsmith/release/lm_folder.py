@@ -43,10 +43,11 @@ from onnxsmith.io.files import (
 )
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output, resolves_outside
+from onnxsmith.quantize_engine.engine import prepare
 from onnxsmith.release.variant import StagedVariant, Staging, VariantResult, Verification, make_variant
 from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm import FOLDER_FILES
-from onnxsmith.transforms.quantize import Quantize, QuantizeOptions, prepare
+from onnxsmith.transforms.quantize import Quantize, QuantizeOptions
 
 REPORT_FILE = "quantize_report.json"
 #: transformers.js's file suffix per dtype (model{suffix}.onnx).

@@ -9,7 +9,7 @@ Add before it becomes SkipLayerNormalization (rules/skip_layernorm.py).
 onnxscript has the same idea (``rules/fusion/_layer_norm.py``, private, for opset 18's
 ReduceMean with axes as an input); here both ReduceMean forms match, gamma and beta must
 be constants over the normalised axis only, and beta is taken in. LayerNormalization
-exists from opset 17: transforms/fuse.py raises a lower opset first, only where this
+exists from opset 17: fuse_engine/fusions.py raises a lower opset first, only where this
 matches (passes/raise_opset.py).
 """
 

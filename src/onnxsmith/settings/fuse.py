@@ -1,4 +1,4 @@
-"""``fuse``'s settings (the engine: :mod:`onnxsmith.rules`, under :mod:`onnxsmith.transforms.fuse`)."""
+"""``fuse``'s settings (the engine: :mod:`onnxsmith.fuse_engine`, on :mod:`onnxsmith.rules`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``quantize``'s settings (the engine under :mod:`onnxsmith.transforms.quantize`)."""
+"""``quantize``'s settings (the engine: :mod:`onnxsmith.quantize_engine`, under transforms/quantize.py)."""
 
 from __future__ import annotations
 

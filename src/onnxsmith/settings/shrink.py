@@ -1,4 +1,4 @@
-"""``shrink``'s settings (the engine: the passes under :mod:`onnxsmith.transforms.shrink`)."""
+"""``shrink``'s settings (the engine: :mod:`onnxsmith.shrink_engine`)."""
 
 from __future__ import annotations
 

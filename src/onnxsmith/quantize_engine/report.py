@@ -1,0 +1,161 @@
+"""What quantize did, in the words the report and the console show: the notes (what each step did, what each
+runtime needs), why not more, the weights table and the numbers, and the refusals of a model it cannot take."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import onnx_ir as ir
+
+from onnxsmith.core.errors import InputError
+from onnxsmith.core.transform import StepReport
+from onnxsmith.settings.quantize import QuantizeOptions
+
+#: The session options onnxruntime-web (WASM) needs to run the ``qdq`` format at fp32 speed.
+WASM_CONFIG = {"session.disable_quant_qdq": "1"}
+#: Session options per target, for the report and the card.
+TARGETS = {
+    "qdq": {
+        "onnxruntime-web (WASM)": {
+            "session_options": WASM_CONFIG,
+            "why": "constant-folds the DequantizeLinear at load: fp32 MatMuls, fp32 speed "
+            "(without it WASM fuses DequantizeLinear+MatMul into MatMulNBits and runs ~10x slower)",
+        },
+        "onnxruntime native CPU": {
+            "session_options": {},
+            "why": "runs, but not fast: it fuses the body's DequantizeLinear+MatMul into MatMulNBits, while the "
+            "int8 head's DequantizeLinear (shared with the lookups) runs on every call, the whole table (decode "
+            "several times slower than the source on a 50k vocabulary); for native CPU make --format nbits",
+        },
+    },
+    "nbits": {
+        "onnxruntime native CPU / WebGPU": {
+            "session_options": {},
+            "why": "MatMulNBits runs directly, the head's too (8-bit, int8 activations: nothing is dequantized per "
+            "call); accuracy_level in the model picks the body's activation precision",
+        },
+    },
+}
+
+#: The note of ``--last-token``.
+LAST_TOKEN_NOTE = "logits for the last position only ([batch, 1, vocab]); generation reads nothing else"
+
+
+def opset_note(current: int, target: int, blocked: bool) -> str:
+    """The default opset raised (to 21 for blocked DequantizeLinear)."""
+    return f"default opset {current} -> {target}" + (" (blocked DequantizeLinear)" if blocked else "")
+
+
+def refuse_opset(current: int, target: int, err: Exception | None = None) -> InputError:
+    """The refusal of a model the version converter cannot raise to ``target`` (``err``: what it raised)."""
+    if err is not None:
+        return InputError(f"cannot convert the model from opset {current} to {target}: {err}")
+    return InputError(f"cannot convert the model from opset {current} to {target} (the converter refused)")
+
+
+def refuse_headless(err: InputError, options: QuantizeOptions, source: str | os.PathLike[str] | None) -> InputError:
+    """The refusal of a model without a findable LM head, with the flags that quantize it without one."""
+    needs = "--head keep --no-last-token" if options.last_token else "--head keep"
+    return InputError(f"{err.problem} (without a head, use {needs})", source)
+
+
+def refuse_no_weights(source: str | os.PathLike[str] | None) -> InputError:
+    """The refusal of a model with no weight to quantize."""
+    return InputError("no MatMul or Gemm with a constant 2-D weight to quantize", source)
+
+
+def prepared_notes(gemms: int, simplify: tuple[int, int, int, int] | None) -> list[str]:
+    """What :func:`~onnxsmith.quantize_engine.engine.prepare` did: the Gemms rewritten and, with ``simplify``
+    (Reshape pairs removed, Reshape targets made constant, nodes that run before and after), the graph made cheaper."""
+    notes = [f"{gemms} Gemm(s) rewritten as MatMul + Add"] if gemms else []
+    if simplify is not None:
+        unflattened, reshape_targets, before, after = simplify
+        notes.append(
+            f"graph simplified: {unflattened} Reshape pair(s) around MatMuls removed, "
+            f"{reshape_targets} computed Reshape target(s) made constant; "
+            f"{before} -> {after} nodes that run (Constant nodes not counted)"
+        )
+    return notes
+
+
+def weights_note(quantized: int, found: int, options: QuantizeOptions) -> str:
+    """The report's first note: how many of the body's weights were quantized, and how."""
+    return (
+        f"{quantized} of {found} MatMul weight(s) quantized "
+        f"({options.bits}-bit, block {options.block_size}, "
+        f"{'symmetric' if options.symmetric else 'asymmetric'}, format {options.format})"
+    )
+
+
+def grids_line(grids_rounded: int, bits: int) -> str:
+    """The refusal's last clause when weights sit on grids this format rounds (``if_refused``)."""
+    return (
+        f"{grids_rounded} weight(s) sit on {bits}-bit grids (a model dequantized from a GGUF "
+        "file) that this format rounds and --format nbits stores exactly"
+    )
+
+
+def gemv_note(skipped: str, how: str, hidden: int, vocab: int) -> str:
+    """The head laid out for a GEMV, or why not."""
+    if skipped:
+        return f"head not laid out for a GEMV: {skipped}"
+    return (
+        f"head weight is [1, {hidden}, {vocab}] ({how}): onnxruntime does "
+        "not prepack it and runs the one-row head as a GEMV (faster decode)"
+    )
+
+
+def describe(
+    report: StepReport,
+    model: ir.Model,
+    options: QuantizeOptions,
+    *,
+    head_quantized: bool,
+    rows: list[dict],
+    nodes: tuple[int, int],
+    weight_bytes: tuple[int, int],
+    quantized: int,
+) -> None:
+    """The numbers, the weights table, why not more, and what each target needs to run the variant.
+
+    ``head_quantized``: the LM head is stored quantized (not ``--head keep``); ``nodes`` (that run) and
+    ``weight_bytes``: (before, after).
+    """
+    report.stats["before_after"] = {"weight bytes": weight_bytes, "nodes that run": nodes}
+    report.stats["nodes"] = {"before": nodes[0], "after": nodes[1]}
+    report.stats["weight_bytes"] = {"before": weight_bytes[0], "after": weight_bytes[1]}
+    report.stats["quantized_weights"] = quantized
+    report.tables["weights"] = rows
+    report.why_not_more = why_not_more(model, options, rows, weight_bytes[1])
+    if options.format == "qdq" and head_quantized:
+        report.why_not_more.append(
+            "made for onnxruntime-web (WASM, DequantizeLinear folded at load); native onnxruntime would "
+            "dequantize the whole head on every call (slower than the source): for native CPU make --format nbits"
+        )
+    report.stats["targets"] = TARGETS[options.format]
+    if options.format == "qdq":
+        report.runtime.update(WASM_CONFIG)
+        report.notes.append(
+            "onnxruntime-web (WASM): create the session with session.disable_quant_qdq=1 "
+            "(it folds the DequantizeLinear at load: fp32 speed); without it WASM runs ~10x slower"
+        )
+
+
+def why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], total: int) -> list[str]:
+    """What quantize left wider than the scheme, and why: the headline's lines after the size."""
+    lines = []
+    scheme = (f"{options.bits}-bit", "int8") if options.bits == 8 else (f"{options.bits}-bit",)
+    wider = Counter(row["stored as"] for row in rows if not any(s in row["stored as"] for s in scheme))
+    lines += [f"{n} weight(s) stored as {how}" for how, n in sorted(wider.items())]
+    fp32 = sum(
+        v.const_value.nbytes
+        for v in model.graph.initializers.values()
+        if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT
+    )
+    if total and fp32 / total >= 0.05:
+        lines.append(
+            f"{fp32 / 2**20:.1f} MB of the {total / 2**20:.1f} MB of weights stay fp32: "
+            "what no MatMul reads as a weight (biases, norms, position embeddings)"
+        )
+    return lines
