@@ -70,23 +70,35 @@ def test_every_transform_option_is_a_flag_of_its_command(name):
     assert set(_names(options)) <= set(_flags(name)), name
 
 
+def _extended(module: str, cls: str, field: str) -> str:
+    """The start of a script in which ``onnxsmith.settings.<module>.<cls>`` has one more field, declared there
+    alone before anything reads it (the real declaration is untouched)."""
+    return textwrap.dedent(
+        f"""
+        import dataclasses, sys
+        import onnxsmith.settings.{module} as declared
+        from onnxsmith.core.options import COUNT, TOLERANCE, option
+
+        @dataclasses.dataclass(frozen=True)
+        class Extended(declared.{cls}):
+            {field}
+
+        declared.{cls} = Extended
+        """
+    )
+
+
 def test_an_option_declared_once_is_a_flag_a_recipe_key_and_a_keyword(tmp_path):
     """A new bound added to settings/gate.py alone (here: before anything reads it) is offered by the commands,
     documented and checked in recipes and taken by the API, with its range enforced in each."""
     model = tmp_path / "m.onnx"
     onnx.save(mlp(), model)
-    script = textwrap.dedent(
+    script = _extended(
+        "gate",
+        "GateOptions",
+        'max_rms: float | None = option(None, "RMS of each output\'s error at most this", number=TOLERANCE)',
+    ) + textwrap.dedent(
         f"""
-        import dataclasses, sys
-        import onnxsmith.settings.gate as gate
-        from onnxsmith.core.options import TOLERANCE, option
-
-        @dataclasses.dataclass(frozen=True)
-        class Extended(gate.GateOptions):
-            max_rms: float | None = option(None, "RMS of each output's error at most this", number=TOLERANCE)
-
-        gate.GateOptions = Extended  # declared in one place, before the renderers read it
-
         from onnxsmith import api
         from onnxsmith.cli.main import main
         from onnxsmith.core.errors import UsageError
@@ -189,18 +201,11 @@ def test_an_input_setting_declared_once_is_a_flag_and_a_keyword(tmp_path):
     command, read back from it and handed to the API, which takes it as a keyword, its range enforced."""
     model = tmp_path / "m.onnx"
     onnx.save(mlp(), model)
-    script = textwrap.dedent(
+    script = _extended(
+        "inputs", "InputOptions", 'warmup: int = option(0, "untimed runs of each model first", number=COUNT)'
+    ) + textwrap.dedent(
         f"""
-        import contextlib, dataclasses, io, sys
-        import onnxsmith.settings.inputs as inputs
-        from onnxsmith.core.options import COUNT, option
-
-        @dataclasses.dataclass(frozen=True)
-        class Extended(inputs.InputOptions):
-            warmup: int = option(0, "untimed runs of each model first", number=COUNT)
-
-        inputs.InputOptions = Extended  # declared in one place, before the renderers read it
-
+        import contextlib, io
         from onnxsmith import api
         from onnxsmith.cli.main import main
         from onnxsmith.core.errors import UsageError

@@ -20,7 +20,8 @@ from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.transforms.shrink import Shrink, parse_bytes
+from onnxsmith.settings.shrink import parse_bytes
+from onnxsmith.transforms.shrink import Shrink
 from tests.support.corpus import plausible_feeds
 from tests.support.realmodels import MODELS, real_model
 from tests.support.surgery_models import hitnet_bloat, hitnet_bloat_elements

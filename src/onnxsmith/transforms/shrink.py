@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
-from onnxsmith.settings.shrink import SHRINK, ShrinkOptions, parse_bytes  # noqa: F401  (parse_bytes: imported from here)
+from onnxsmith.settings.shrink import SHRINK, ShrinkOptions
 from onnxsmith.shrink_engine.engine import make_shrink
 
 #: The options by their short name.
