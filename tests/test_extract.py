@@ -17,8 +17,8 @@ from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
 from onnxsmith.passes.extract import ExtractPass
+from onnxsmith.probes import exposed
 from onnxsmith.release.extract import extract_piece
-from onnxsmith.runtime import exposed
 from onnxsmith.runtime.inputs import random_inputs
 from tests.conftest import assert_one_line_error
 from tests.support.surgery_models import chain, data_dependent_shape

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from onnxsmith.io.load import load_model
+from onnxsmith.probes.ranges import DATA_MOVEMENT_OPS, measure_ranges
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.runtime.ranges import DATA_MOVEMENT_OPS, measure_ranges
 from onnxsmith.runtime.runner import prepare_session, run_all
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "faceage_torchscript.onnx"

@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.io.load import LAZY_FILE_BYTES, load_model, release_weights
-from onnxsmith.runtime import ranges
+from onnxsmith.probes import ranges
 
 GB = 1024**3
 

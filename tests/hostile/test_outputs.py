@@ -130,7 +130,7 @@ def test_extract_never_places_a_file_outside_its_private_folder(cli, tmp_path):
 @pytest.mark.parametrize("location", ["../victim.bin", "/etc/hostname", "a/../../victim.bin"])
 def test_the_exposed_folder_never_joins_an_escaping_location(tmp_path, location):
     from onnxsmith.core.errors import InputError
-    from onnxsmith.runtime.exposed import _linked_folder
+    from onnxsmith.probes.exposed import _linked_folder
 
     source = tmp_path / "data.bin"
     source.write_bytes(b"\0" * 8)

@@ -7,7 +7,7 @@ from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
 from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult, constants_to_evaluate
-from onnxsmith.runtime.evaluate import evaluate_constants
+from onnxsmith.probes.evaluate import evaluate_constants
 from onnxsmith.runtime.inputs import random_inputs
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.fusion import FACEAGE, op_count

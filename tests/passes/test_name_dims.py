@@ -5,7 +5,7 @@ import onnx_ir as ir
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.fold_shapes import FoldShapesPass, constants_to_evaluate
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
-from onnxsmith.runtime.evaluate import evaluate_constants
+from onnxsmith.probes.evaluate import evaluate_constants
 from tests.support.fusion import FACEAGE
 
 

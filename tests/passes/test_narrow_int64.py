@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsmith.io.load import load_model
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.narrow_int64 import REGION_OPS, NarrowInt64Pass, NarrowInt64Result, values_to_evaluate
-from onnxsmith.runtime.evaluate import evaluate_min_max
+from onnxsmith.probes.evaluate import evaluate_min_max
 from tests.support.check import assert_pass_preserves_outputs
 from tests.support.surgery_models import folded_index, hitnet_bloat
 

@@ -17,8 +17,8 @@ from onnxsmith.passes.residual_rescale import (
     find_residual_streams,
     rescale_residual,
 )
+from onnxsmith.probes.ranges import measure_ranges
 from onnxsmith.runtime.inputs import random_inputs
-from onnxsmith.runtime.ranges import measure_ranges
 from tests.support.check import assert_pass_preserves_outputs, save_ir
 from tests.support.models import mlp
 

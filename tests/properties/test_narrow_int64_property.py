@@ -16,7 +16,7 @@ from hypothesis import event, given
 from onnxsmith.analysis.intervals import Bounds
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, values_to_evaluate
-from onnxsmith.runtime.evaluate import evaluate_min_max
+from onnxsmith.probes.evaluate import evaluate_min_max
 from tests.support.check import assert_same_outputs, run_in_memory
 from tests.support.random_graphs import PROPERTY, index_graphs
 

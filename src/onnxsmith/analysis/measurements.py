@@ -1,7 +1,7 @@
-"""Measurements as data: what runtime/ measures by running a model and analysis/ decides from.
+"""Measurements as data: what probes/ measure by running a model and analysis/ decides from.
 
 A :class:`TensorRange` is one float tensor's range over the calibration inputs
-(:func:`onnxsmith.runtime.ranges.measure_ranges` makes them); the precision policy,
+(:func:`onnxsmith.probes.ranges.measure_ranges` makes them); the precision policy,
 the fp16 conversion and the release report read them without running anything.
 """
 

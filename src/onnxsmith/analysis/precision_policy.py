@@ -3,7 +3,7 @@
 One place decides it, from two sources:
 
 * Measurement. The source is run on calibration inputs and each float tensor's
-  largest |x| recorded (:mod:`onnxsmith.runtime.ranges`). A tensor whose range
+  largest |x| recorded (:mod:`onnxsmith.probes.ranges`). A tensor whose range
   is over the safe limit — fp16's largest finite value, 65,504, divided by a
   headroom factor (4 by default, for inputs the calibration did not see) — is
   kept in fp32, and so is one whose nonzero values mostly fall below fp16's

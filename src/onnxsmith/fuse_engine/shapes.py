@@ -17,10 +17,10 @@ from onnxscript.rewriter import RewritePass
 from onnxsmith.fuse_engine.report import unknown_static_dims
 from onnxsmith.passes.fold_shapes import FoldShapesPass, FoldShapesResult, constants_to_evaluate
 from onnxsmith.passes.name_dims import NameDimsPass, name_input_dims
+from onnxsmith.probes.evaluate import evaluate_constants
 from onnxsmith.rules import noop_reshape
 from onnxsmith.rules.apply import RuleOutcome, apply_rules, bypass_identities
 from onnxsmith.rules.cleanup import cleanup_rules
-from onnxsmith.runtime.evaluate import evaluate_constants
 from onnxsmith.runtime.inputs import input_specs
 
 

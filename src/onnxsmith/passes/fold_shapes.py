@@ -15,7 +15,7 @@ never what merely happened to be equal at the sizes a model was run at (a detect
 * a constant computed from shapes becomes an initializer: its elements where the engine
   knows them (a Reshape target of fixed sizes), else its value, evaluated once from the
   constants behind it (:func:`constants_to_evaluate`, computed by
-  :func:`onnxsmith.runtime.evaluate.evaluate_constants`; a pass never runs a model) --
+  :func:`onnxsmith.probes.evaluate.evaluate_constants`; a pass never runs a model) --
   when the shared rule of :mod:`onnxsmith.analysis.fold_cost` allows it: a table made
   from shapes alone (RoPE angles, masks), which the fused operators read as inputs, may
   take up to ``MAX_GENERATED_BYTES``;
@@ -91,7 +91,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
     """Replace what the engine proves constant, and Reshape targets it knows, by constants (see the module doc).
 
     ``evaluated``: the values of :func:`constants_to_evaluate` on this model as it is now
-    (:func:`onnxsmith.runtime.evaluate.evaluate_constants`); without them only the constants
+    (:func:`onnxsmith.probes.evaluate.evaluate_constants`); without them only the constants
     whose elements the engine knows are folded.
     """
 

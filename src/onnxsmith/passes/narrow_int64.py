@@ -15,7 +15,7 @@ is narrowed when every value in it provably fits int32 — by static bounds
 (:mod:`onnxsmith.analysis.intervals`), or, for a producer static reasoning
 cannot bound but that depends on constants only (:func:`values_to_evaluate`), by
 its min and max evaluated once with onnxruntime and given to the pass
-(:func:`onnxsmith.runtime.evaluate.evaluate_min_max`) — and when it saves at least
+(:func:`onnxsmith.probes.evaluate.evaluate_min_max`) — and when it saves at least
 ``min_bytes``. Then:
 
 * constants in the region are stored as int32 (born int32, no Cast);
@@ -226,7 +226,7 @@ class NarrowInt64Pass(ir.passes.InPlacePass):
     """Store and compute int64 index regions as int32 where their values provably fit.
 
     ``evaluated``: (min, max) of values static bounds miss, by name (:func:`values_to_evaluate`,
-    measured by :func:`onnxsmith.runtime.evaluate.evaluate_min_max`).
+    measured by :func:`onnxsmith.probes.evaluate.evaluate_min_max`).
     """
 
     def __init__(self, min_bytes: int = 64 * 1024, evaluated: dict[str, Interval] | None = None) -> None:

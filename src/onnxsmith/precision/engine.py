@@ -1,7 +1,7 @@
 """The precision engine: measure, decide, apply — what ``fp16`` and ``fuse --precision fp16`` both run.
 
 * :func:`measured` runs the model as it is now on the calibration inputs
-  (:func:`onnxsmith.runtime.ranges.measure_ranges`); measuring the source also gives the
+  (:func:`onnxsmith.probes.ranges.measure_ranges`); measuring the source also gives the
   gate its reference outputs, so the source is not run twice. While the file is open the
   engine can measure more on it: what rounding a recurrent cell's weights does.
 * :func:`convert` is ``fp16`` on a measured model: stream decisions, islands
@@ -45,9 +45,9 @@ from onnxsmith.precision.plan import (
     weights_converted_anyway,
 )
 from onnxsmith.precision.repair import Judge, Repair, keep_exact
+from onnxsmith.probes.ranges import measure_ranges
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.fp16_storage import has_fp16
-from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.runner import FAITHFUL, NATIVE
 
 

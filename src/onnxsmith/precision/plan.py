@@ -2,7 +2,7 @@
 
 Every low-precision conversion onnxsmith makes (``fp16``, ``fuse --precision fp16``) is
 decided by the functions of this module, from data: the model (read, never written) and
-the ranges measured on it (:mod:`onnxsmith.runtime.ranges`). What they decide:
+the ranges measured on it (:mod:`onnxsmith.probes.ranges`). What they decide:
 
 * **Residual streams** (:func:`decide_streams`): a pre-LN transformer's stream that
   overflows the low type either stays one fp32 path end to end, with the branches that

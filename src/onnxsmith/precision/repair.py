@@ -9,7 +9,7 @@ a saturated sigmoid turns an absolute error of its logits into a relative one.
 
 So when the gate refuses an fp16 candidate, :func:`choose_exact` attributes the error to
 the tensors the conversion made low, by measurement: the tensors (in graph order) are split
-into at most :data:`MAX_GROUPS` contiguous groups; a probe (:mod:`onnxsmith.runtime.rounding_probe`)
+into at most :data:`MAX_GROUPS` contiguous groups; a probe (:mod:`onnxsmith.probes.rounding`)
 measures the gate's severity (how far outside its bounds, 1 = at the bound) with every group
 rounded, then with each group alone; the groups are kept exact in decreasing order of their
 own severity, and a binary search finds the fewest that bring the rest within
@@ -30,7 +30,7 @@ import onnx_ir as ir
 from onnxsmith.core.transform import Judge
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.types import infer_types
-from onnxsmith.runtime.rounding_probe import RoundingProbe
+from onnxsmith.probes.rounding import RoundingProbe
 
 #: At most this many groups are measured one by one (the work is bounded by it).
 MAX_GROUPS = 16

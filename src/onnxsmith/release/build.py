@@ -54,6 +54,8 @@ from onnxsmith.io.files import (
 )
 from onnxsmith.io.load import load_model
 from onnxsmith.io.lock import LockHeld, NotALock, hold_lock
+from onnxsmith.probes.channels import residual_channel_peaks
+from onnxsmith.probes.ranges import measure_ranges
 from onnxsmith.release.bench import bench_models
 from onnxsmith.release.card import TIMED_END, TIMED_START, render_card
 from onnxsmith.release.recipe import (
@@ -69,9 +71,7 @@ from onnxsmith.release.recipe import (
 from onnxsmith.release.report import render_report
 from onnxsmith.release.validate import TaskRun, Validation
 from onnxsmith.release.variant import Acceptance, Staging, VariantReport, Verification, make_variant
-from onnxsmith.runtime.channels import residual_channel_peaks
 from onnxsmith.runtime.fp16_storage import has_fp16
-from onnxsmith.runtime.ranges import measure_ranges
 from onnxsmith.runtime.sizing import inputs_that_run
 
 _TOOLS = ("onnx", "onnxruntime", "onnx-ir", "onnxscript", "numpy")

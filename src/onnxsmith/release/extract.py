@@ -3,7 +3,7 @@
 A piece is not a variant: its inputs and outputs differ from the source's, so
 it cannot be compared output for output. It is verified the way it will be
 used: the source runs on the sample inputs with the cut tensors exposed as
-outputs (weights left in place, see :mod:`onnxsmith.runtime.exposed`), those
+outputs (weights left in place, see :mod:`onnxsmith.probes.exposed`), those
 values are fed to the staged piece, and the piece's outputs must match the
 source's values of the same tensors — integers exactly, floats within the one
 gate's bounds (verify/gate.py). Only then is the piece moved into place; otherwise nothing is written.
@@ -28,6 +28,7 @@ from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
 from onnxsmith.irutil.types import infer_types
 from onnxsmith.passes.extract import ExtractPass
+from onnxsmith.probes.exposed import run_exposed
 from onnxsmith.release.variant import (
     SourceInfo,
     StagedVariant,
@@ -38,7 +39,6 @@ from onnxsmith.release.variant import (
     staged_variant,
 )
 from onnxsmith.runtime import runner
-from onnxsmith.runtime.exposed import run_exposed
 from onnxsmith.verify.compare import Comparison
 from onnxsmith.verify.gate import Bounds, GateOptions, judge_all
 

@@ -50,7 +50,14 @@ _FED_DTYPES = frozenset(
 )
 
 
-def session_options(*, optimize: bool = True, threads: int | None = None, config: dict[str, str] | None = None):
+def session_options(
+    *,
+    optimize: bool = True,
+    threads: int | None = None,
+    config: dict[str, str] | None = None,
+    priority_order: bool = False,
+):
+    """``priority_order``: run each node as soon as its inputs exist, so a probe's reductions free what they read."""
     options = ort.SessionOptions()
     # Fatal only: an error onnxruntime logs (`[E:onnxruntime:...] ExecuteKernel ...`) also comes back as the
     # exception that onnxsmith turns into its one-line error; printed as well, it would be a second message.
@@ -59,6 +66,8 @@ def session_options(*, optimize: bool = True, threads: int | None = None, config
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
         options.intra_op_num_threads = threads
+    if priority_order:
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
     return options

@@ -32,7 +32,7 @@ from onnxsmith.passes.dedup_constants import DeduplicateConstantsPass
 from onnxsmith.passes.fold_constants_guarded import FoldConstantsGuardedPass
 from onnxsmith.passes.narrow_fp64 import NarrowFp64ConstantsPass
 from onnxsmith.passes.narrow_int64 import NarrowInt64Pass, values_to_evaluate
-from onnxsmith.runtime.evaluate import evaluate_min_max
+from onnxsmith.probes.evaluate import evaluate_min_max
 from onnxsmith.settings.shrink import ShrinkOptions, parse_bytes
 from onnxsmith.shrink_engine.report import ShrinkRecord, describe
 

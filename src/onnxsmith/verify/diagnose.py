@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxsmith.runtime.ranges import measure_ranges
+from onnxsmith.probes.ranges import measure_ranges
 
 
 @dataclass

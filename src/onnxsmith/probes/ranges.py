@@ -13,7 +13,6 @@ import os
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime as ort
 
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS
@@ -166,8 +165,7 @@ def measure_ranges(
     # Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip
     # the measured tensors anyway), and in priority order, so each measured tensor is reduced and
     # freed as soon as it is made rather than held until the whole graph has run.
-    options = runner.session_options(optimize=False)
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    options = runner.session_options(optimize=False, priority_order=True)
     stats: dict[str, dict[str, float]] = {}
     collected: dict[str, list[np.ndarray]] = {}
     for chunk in _chunks([v for v, _, _ in targets], len(model.graph)):
