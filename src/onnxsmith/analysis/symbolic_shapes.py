@@ -727,77 +727,45 @@ class SymbolicShapes:
         """Shape values through the ops exporters compute shapes with."""
         if out is None or out in self._values:
             return
-        op = node.op_type
         first = self._values.get(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
-        if op in ("Identity", "Cast") and first is not None:
-            if op == "Identity" or node.attributes.get_int("to", 0) in (ir.DataType.INT64, ir.DataType.INT32):
-                self._values[out] = first
-        elif op == "Gather" and isinstance(first, tuple) and node.attributes.get_int("axis", 0) == 0:
-            index = self._values.get(node.inputs[1])
-            if isinstance(index, tuple):
-                picked = [first[_index(i, len(first))] for i in index]
-                self._values[out] = tuple(picked)
-            elif index is not None and is_int(index):
-                self._values[out] = first[_index(index, len(first))]
-        elif op == "Unsqueeze" and first is not None and not isinstance(first, tuple):
-            self._values[out] = (first,)
-        elif op == "Squeeze" and isinstance(first, tuple) and len(first) == 1:
-            self._values[out] = first[0]
-        elif op == "Reshape" and first is not None:
-            elements = first if isinstance(first, tuple) else (first,)
-            target = self._ints(node.inputs[1])
-            if target is not None and len(target) == 1 and target[0] in (-1, len(elements)):
-                self._values[out] = tuple(elements)
-            elif target == [] and len(elements) == 1:
-                self._values[out] = elements[0]
-        elif op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):
-            pieces = [self._values.get(v) for v in node.inputs]
-            if all(isinstance(p, tuple) for p in pieces):
-                self._values[out] = tuple(d for p in pieces for d in p)
-        elif op == "Slice" and isinstance(first, tuple) and len(node.inputs) >= 3:
-            starts, ends = self._ints(node.inputs[1]), self._ints(node.inputs[2])
-            axes = self._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
-            steps = self._ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
-            if starts and ends and len(starts) == 1 and axes in ([0], [-1]) and steps and steps[0] != 0:
-                self._values[out] = first[slice(starts[0], ends[0], steps[0])]
-        elif op in ("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Equal") and len(node.inputs) == 2:
-            self._elementwise(op, out, first, self._values.get(node.inputs[1]))
-        elif op == "Where" and len(node.inputs) == 3:
-            self._where(out, first, self._values.get(node.inputs[1]), self._values.get(node.inputs[2]))
+        rule = _VALUE_RULES.get(node.op_type)
+        value = rule(self, node, first) if rule is not None else None
+        if value is not None:
+            self._values[out] = value
         if out in self._values and isinstance(self._values[out], tuple):
             self._set(out, [len(self._values[out])])
 
-    def _elementwise(self, op: str, out: ir.Value, a, b) -> None:
+    def _elementwise(self, op: str, a, b) -> object:
         if a is None or b is None:
-            return
+            return None
         scalar = not isinstance(a, tuple) and not isinstance(b, tuple)
         xs = a if isinstance(a, tuple) else (a,)
         ys = b if isinstance(b, tuple) else (b,)
         if len(xs) != len(ys) and 1 not in (len(xs), len(ys)):
-            return
+            return None
         n = max(len(xs), len(ys))
         xs, ys = xs * (n if len(xs) == 1 else 1), ys * (n if len(ys) == 1 else 1)
         result = []
         for x, y in zip(xs, ys):
             r = _arithmetic(op, _expr(x), _expr(y))
             if r is None:
-                return
+                return None
             result.append(_simplify(r))
-        self._values[out] = result[0] if scalar else tuple(result)
+        return result[0] if scalar else tuple(result)
 
-    def _where(self, out: ir.Value, condition, a, b) -> None:
+    def _where(self, condition, a, b) -> object:
         """Where over shape values: decidable when every condition is (Equal of a dim and -1, say)."""
         if condition is None or a is None or b is None:
-            return
+            return None
         parts = [p if isinstance(p, tuple) else (p,) for p in (condition, a, b)]
         n = max(len(p) for p in parts)
         if any(len(p) not in (1, n) for p in parts):
-            return
+            return None
         c, x, y = (p * n if len(p) == 1 else p for p in parts)
         if not all(is_int(ci) for ci in c):
-            return
+            return None
         picked = tuple(xi if as_int(ci) else yi for ci, xi, yi in zip(c, x, y))
-        self._values[out] = picked if any(isinstance(p, tuple) for p in (condition, a, b)) else picked[0]
+        return picked if any(isinstance(p, tuple) for p in (condition, a, b)) else picked[0]
 
 
 def _arithmetic(op: str, x: sympy.Expr, y: sympy.Expr) -> sympy.Expr | None:
@@ -998,4 +966,88 @@ _SHAPE_RULES: dict[str, tuple[int, Callable[..., object]]] = {
     "Flatten": (1, _flatten),
     "Shape": (1, _shape),
     "Size": (1, _size),
+}
+
+
+# --- shape values through the ops exporters compute shapes with: each rule gives the output's value or None ---
+
+
+def _value_copy(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if node.op_type == "Identity" or node.attributes.get_int("to", 0) in (ir.DataType.INT64, ir.DataType.INT32):
+        return first
+    return None
+
+
+def _value_gather(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if not isinstance(first, tuple) or node.attributes.get_int("axis", 0) != 0:
+        return None
+    index = e._values.get(node.inputs[1])
+    if isinstance(index, tuple):
+        return tuple(first[_index(i, len(first))] for i in index)
+    if index is not None and is_int(index):
+        return first[_index(index, len(first))]
+    return None
+
+
+def _value_unsqueeze(e: SymbolicShapes, node: ir.Node, first) -> object:
+    return (first,) if first is not None and not isinstance(first, tuple) else None
+
+
+def _value_squeeze(e: SymbolicShapes, node: ir.Node, first) -> object:
+    return first[0] if isinstance(first, tuple) and len(first) == 1 else None
+
+
+def _value_reshape(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if first is None:
+        return None
+    elements = first if isinstance(first, tuple) else (first,)
+    target = e._ints(node.inputs[1])
+    if target is not None and len(target) == 1 and target[0] in (-1, len(elements)):
+        return tuple(elements)
+    if target == [] and len(elements) == 1:
+        return elements[0]
+    return None
+
+
+def _value_concat(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if node.attributes.get_int("axis", 0) not in (0, -1):
+        return None
+    pieces = [e._values.get(v) for v in node.inputs]
+    if all(isinstance(p, tuple) for p in pieces):
+        return tuple(d for p in pieces for d in p)
+    return None
+
+
+def _value_slice(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if not isinstance(first, tuple) or len(node.inputs) < 3:
+        return None
+    starts, ends = e._ints(node.inputs[1]), e._ints(node.inputs[2])
+    axes = e._ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+    steps = e._ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if starts and ends and len(starts) == 1 and axes in ([0], [-1]) and steps and steps[0] != 0:
+        return first[slice(starts[0], ends[0], steps[0])]
+    return None
+
+
+def _value_elementwise(e: SymbolicShapes, node: ir.Node, first) -> object:
+    return e._elementwise(node.op_type, first, e._values.get(node.inputs[1])) if len(node.inputs) == 2 else None
+
+
+def _value_where(e: SymbolicShapes, node: ir.Node, first) -> object:
+    if len(node.inputs) != 3:
+        return None
+    return e._where(first, e._values.get(node.inputs[1]), e._values.get(node.inputs[2]))
+
+
+_VALUE_RULES: dict[str, Callable[[SymbolicShapes, ir.Node, object], object]] = {
+    "Identity": _value_copy,
+    "Cast": _value_copy,
+    "Gather": _value_gather,
+    "Unsqueeze": _value_unsqueeze,
+    "Squeeze": _value_squeeze,
+    "Reshape": _value_reshape,
+    "Concat": _value_concat,
+    "Slice": _value_slice,
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Equal"), _value_elementwise),
+    "Where": _value_where,
 }

@@ -1,8 +1,8 @@
 """Fused ops that onnxruntime's CPU provider runs slower than their parts, taken apart (the int8 CPU variant's).
 
-Measured (onnxruntime 1.32, CPU, 2 threads; docs/int8.md): com.microsoft SkipLayerNormalization
-(a scalar loop per token) is 4x slower than Add + LayerNormalization at [8, 128, 384] and ~25x at
-[1, 64, 384]; BiasGelu 1.4-2.5x slower than Gelu. onnxruntime also makes both itself when it loads
+On onnxruntime's CPU provider com.microsoft SkipLayerNormalization (a scalar loop per token) is
+several times slower than Add + LayerNormalization, and BiasGelu slower than Gelu (docs/int8.md has the
+measurement). onnxruntime also makes both itself when it loads
 a model (SkipLayerNormFusion: an Add of two [B, S, D] tensors into a LayerNormalization;
 BiasGeluFusion: Add + Gelu). So:
 

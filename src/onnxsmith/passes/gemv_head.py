@@ -4,15 +4,13 @@ onnxruntime prepacks every 2-D constant MatMul weight at load into MLAS's packed
 layout. For many rows that is faster; for one row — every decode step, and the last-
 token prefill — MLAS has a GEMV kernel (``MlasGemvFloatKernel``, on WASM and ARM64),
 which the packed path bypasses. For a small LM the head is the biggest MatMul by far
-(GPT-2's [768 or 256, 50,257]: half of a decode step), and measured in onnxruntime-web
-1.31 (WASM, one thread) a [256, 50257] head takes 8.3 ms prepacked and 6.4 ms as GEMV.
-onnxruntime prepacks 2-D weights only (``GemmPackBFp32``), so the head's weight is stored
+(GPT-2's [768 or 256, 50,257]: half of a decode step), and onnxruntime-web runs it faster
+as GEMV than prepacked (docs/quantize.md has the measurement). onnxruntime prepacks 2-D weights only (``GemmPackBFp32``), so the head's weight is stored
 as [1, hidden, vocab]: MatMul broadcasts it over the batch, the arithmetic is the same,
 and the runtime runs the GEMV. It also holds one fp32 copy of the head fewer (no packed
 copy beside the table the lookups read).
 
-Only the head: the body's small weights are faster prepacked (a 16M GPT-2's body at one
-row: 2.7 ms prepacked, 4.2 ms as GEMV, same measurement).
+Only the head: the body's small weights are faster prepacked (same measurement).
 
 The weight may be a constant or a DequantizeLinear of constants (what passes/tied_head.py
 writes): its stored tensors get the unit dim and its axis moves by one. Embedding lookups

@@ -3,7 +3,7 @@
 Why not a DequantizeLinear: where onnxruntime does not fold it at load (native CPU, whose
 ``session.disable_quant_qdq`` is off), a DequantizeLinear the head shares with the embedding
 lookups is run again on every call. The whole [hidden, vocab] table is dequantized to read one
-token (SmolLM2's [576, 49152]: 75-80 ms of a 15 ms decode step), and the per-token
+token (for SmolLM2's [576, 49152] head, several times a whole decode step), and the per-token
 layout with a leading unit dim that makes the head a fast GEMV once folded keeps onnxruntime
 from fusing it into MatMulNBits.
 
@@ -31,8 +31,8 @@ from onnxsmith.irutil.walk import const_array
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.tied_head import LMHead, lookup_indices, lookup_rank, release, table_row
 
-#: onnxruntime (1.32, CPU) runs 8-bit MatMulNBits fast at accuracy_level 4 (int8 activations) only: at 0
-#: it dequantizes the weight on every call (SmolLM2-sized head [576, 49152]: 1.2 ms at 4, 99 ms at 0).
+#: onnxruntime's CPU provider runs 8-bit MatMulNBits fast at accuracy_level 4 (int8 activations) only: at 0
+#: it dequantizes the weight on every call (docs/quantize.md).
 ACCURACY_LEVEL = 4
 #: MatMulNBits' implied zero point of unsigned 8-bit data stored without zero points (symmetric).
 _SYMMETRIC_OFFSET = 128

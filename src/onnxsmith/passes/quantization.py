@@ -354,7 +354,7 @@ def grid_matmul_nodes(
     of MatMulNBits' integer kernels: ``MatMulNBits(x, q, step)`` with its default zero point 2^(bits-1), plus
     each block's offset ``low + step * 2^(bits-1)`` [blocks, N] times ``sums``, the sums of ``x`` over the
     block's rows (:func:`block_sums_nodes`). Float zero points say the same thing to MatMulNBits itself, but
-    onnxruntime 1.32 runs them ~20-40x slower (0.84 ms against 0.02-0.045 ms for a 576x1536 weight at one row).
+    onnxruntime runs them far slower (docs/quantize.md has the measurement).
     The last node's output is ``x @ w``."""
     middle = 1 << (b.bits - 1)
     assert b.zero_point is not None  # a weight on a grid has its offsets

@@ -5,10 +5,9 @@ after one ``DynamicQuantizeLinear(x) -> xq, x_scale, x_zero_point``: the weight 
 symmetric, one scale per output column (stored quantized: the int8 tensor and its scales are
 what the file holds); the activation quantized per tensor to uint8 at run time (no
 calibrated scale to go stale). Linears reading the same input share its quantization (the
-query, key and value projections quantize their input once). Measured on AVX-512 VNNI / AMX
-CPUs this is onnxruntime's fastest int8 form for transformer shapes, 3-6x the fp32 MatMul
-(docs/int8.md); sharing the quantization is 1.3x faster than com.microsoft
-DynamicQuantizeMatMul per Linear for three projections of one input.
+query, key and value projections quantize their input once). On AVX-512 VNNI / AMX CPUs this is
+onnxruntime's fastest int8 form for transformer shapes, and sharing the quantization beats
+com.microsoft DynamicQuantizeMatMul per Linear (docs/int8.md has both measurements).
 
 Optionally an input is *smoothed* (SmoothQuant): ``x' = x / s`` per input channel and
 ``W' = diag(s) W`` for every Linear reading it, the same products, with an outlier channel's

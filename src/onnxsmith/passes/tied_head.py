@@ -15,7 +15,7 @@ DequantizeLinear, in one of two layouts (``lookups``):
   lookup gathers columns (``Gather(axis=1)``) and transposes them back to [.., hidden].
   After onnxruntime folds the DequantizeLinear at load, it holds one fp32 table, not
   the table and a transposed copy. Gathering columns is slow, though (one strided
-  element at a time: ~1 ms per 64 tokens of a 256-wide GPT-2 in onnxruntime-web).
+  element at a time; docs/quantize.md has the cost in onnxruntime-web).
 * ``rows``: the table's own [vocab, hidden] layout (int8 ``q4`` heads are always
   ``columns``). The lookups gather rows, as in the source; the head reads a Transpose
   of it, which onnxruntime folds at load into a second fp32 copy. For a model without

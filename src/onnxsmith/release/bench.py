@@ -10,7 +10,7 @@ samples stacked to the batch size (real faces, real token windows). Its other
 unsized dims get the sizes the transforms calibrate at, checked to run
 (:func:`onnxsmith.runtime.sizing.inputs_that_run`: an image's sides from its metadata
 or 224/320/640, an audio window that grows until it runs), so a model is measured
-at a size it is meant for, not at the 1x1 image that used to fail.
+at a size it is meant for, not at a 1x1 image.
 
 What can be measured is measured and what cannot is said: a model that cannot be
 loaded or run is a :class:`BenchFailure` (the others are still measured), a batch
