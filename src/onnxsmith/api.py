@@ -47,6 +47,7 @@ from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, pars
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed, UsageError
+from onnxsmith.execution.engine import make_engine
 from onnxsmith.io.files import FileRecord, PrivateFolder, write_text_atomic
 from onnxsmith.io.load import files_read_by, load_model, source_files
 from onnxsmith.io.paths import check_outputs as _check_outputs
@@ -67,6 +68,7 @@ from onnxsmith.runtime.inputs import (
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.settings.gate import GateOptions
 from onnxsmith.settings.inputs import InputOptions
 from onnxsmith.tasks import get_task, lm
@@ -577,12 +579,21 @@ def validate(
     ``task``: "faceage", "lm" or "generic"; its options as keywords (``data``,
     ``limit``, ...); ``gates``: bounds on its metrics (``{"max_abs_age_error": 0.1}``), replacing
     the task's defaults for those metrics. ``validation.passed`` is the verdict, ``failures()`` why.
+    Where the samples run, as keywords too (settings/execution.py): ``engine="ray"`` (a Ray cluster started
+    here) or ``address`` (the one there), ``workers``, ``shard_size``, ``shard_dir`` (kept shards: a rerun
+    resumes); the numbers are the same anywhere.
     """
     task_obj = get_task(task)
-    settings = _options(task_obj.Options, options, "validate", _VALIDATE_PARAMETERS)
+    where = [f.name for f in dataclasses.fields(ExecutionOptions)]
+    execution = opts.build(
+        ExecutionOptions, {k: options.pop(k) for k in where if k in options}, where="onnxsmith.validate()"
+    )
+    settings = _options(task_obj.Options, options, "validate", _VALIDATE_PARAMETERS + tuple(where))
     bounds = check_gates(task_obj, dict(gates or {}))
-    with _Source(source) as ref, _Source(variant) as cand:
-        run = TaskRun(task_obj, settings, ref.path, fp16_mode=fp16_mode, progress=progress)
+    with _Source(source) as ref, _Source(variant) as cand, make_engine(execution) as engine:
+        run = TaskRun(
+            task_obj, settings, ref.path, fp16_mode=fp16_mode, progress=progress, execution=execution, engine=engine
+        )
         validation = run.validate(cand.path, bounds, name=cand.name)
     return dataclasses.replace(validation, reference=ref.name)
 

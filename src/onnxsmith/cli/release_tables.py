@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -15,7 +16,10 @@ if TYPE_CHECKING:
 
 
 def validation_table(validations: list[Validation]) -> Table:
-    """One column per variant, one row per metric: value, and whether its gate holds."""
+    """One column per variant, one row per metric: value, its 95 % interval where it has one, and whether its
+    gate holds."""
+    from onnxsmith.release.confidence import interval_text  # here: --help loads no engine (numpy)
+
     first = validations[0]
     modes = "; ".join(sorted({f"{v.candidate} {v.modes['candidate']}" for v in validations}))
     table = Table(
@@ -30,7 +34,8 @@ def validation_table(validations: list[Validation]) -> Table:
         for v in validations:
             mv = v.metrics[i]
             mark = "" if mv.passed is None else ((" ✓", "green") if mv.passed else (" ✗", "red"))
-            cells.append(Text.assemble(mv.display, mark))
+            interval = interval_text(mv.interval)
+            cells.append(Text.assemble(mv.display, f" ({interval})" if interval else "", mark))
         table.add_row(m.label, "-" if m.gate is None else _gate(m), *cells)
     return table
 
@@ -47,6 +52,19 @@ def rows_table(validation: Validation) -> Table:
         table.add_column(str(column))
     for row in validation.rows:
         table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table
+
+
+def worst_table(validation: Validation) -> Table:
+    """The samples that fare worst (``Validation.worst``), worst first: their ids and the metric's value on each
+    sample alone (a mean's, the sample's own value)."""
+    label = validation.metric(validation.worst[0]["metric"]).label if validation.worst else ""
+    table = Table(title=f"{validation.candidate}: worst samples ({label} of each alone)", title_justify="left")
+    table.add_column("sample")
+    table.add_column("value", justify="right")
+    for w in validation.worst:
+        value = w["value"]
+        table.add_row(w["sample"], f"{value:.4g}" if math.isfinite(value) else "NaN/inf")
     return table
 
 

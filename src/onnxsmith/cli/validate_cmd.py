@@ -1,8 +1,8 @@
 """``onnxsmith validate SRC VARIANT --task NAME --data ...``: judge a variant on real data.
 
-Runs both models on the task's samples (storage-faithfully for fp16), prints the
-task's metrics against their gates, optionally writes them as JSON, and exits 1
-when a gate fails.
+Runs both models on the task's samples (storage-faithfully for fp16), in shards here
+or on a Ray cluster (``--ray``), prints the task's metrics against their gates,
+optionally writes them as JSON, and exits 1 when a gate fails.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import json
 from rich.text import Text
 
 from onnxsmith.cli.common import add_fp16_mode_option, err, out
-from onnxsmith.cli.release_tables import rows_table, validation_table
+from onnxsmith.cli.release_tables import rows_table, validation_table, worst_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.core import options as opts
 from onnxsmith.io.files import write_text_atomic
+from onnxsmith.settings.execution import EXECUTION_TITLE, ExecutionOptions
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="bound a metric (repeatable; replaces the task's default for that metric)",
     )
     add_fp16_mode_option(parser)
+    opts.add_arguments(parser, ExecutionOptions, title=EXECUTION_TITLE)
     parser.add_argument("--json", metavar="FILE", help="also write the metrics and per-sample rows as JSON")
     parser.add_argument("--details", action="store_true", help="print one row per sample")
     parser.set_defaults(func=run)
@@ -40,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxsmith.tasks import get_task
 
     options = opts.to_json(task_options_from_args(args, get_task(args.task)))
+    options.update(opts.given_args(args, ExecutionOptions))
     gates = parse_gates(args.gate)
     api.check_outputs([args.json], sources=[args.source, args.variant])
     with err.status("") as status:
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             **options,
         )
     out.print(validation_table([validation]))
+    if validation.worst:
+        out.print(worst_table(validation))
     if args.details:
         out.print(rows_table(validation))
     if args.json:

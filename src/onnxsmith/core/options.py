@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import math
 import numbers
+import os
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -395,7 +396,8 @@ def _scalar(value: Any, kind: Any, setting: Setting, prefix: str) -> Any:
         return float(value)
     elif kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)  # a numpy integer too (an API call's)
-    elif kind is str and isinstance(value, str):
+    elif kind is str and isinstance(value, (str, os.PathLike)):
+        value = os.fspath(value)  # a folder or file given as a Path (an API call's)
         choices = setting.field.metadata.get("choices")
         if choices and value not in choices:
             raise UsageError(f"{prefix}option '{name}' must be one of {', '.join(choices)}, not '{value}'")

@@ -43,6 +43,7 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.limits import FP16_MAX
 from onnxsmith.core.options import to_json as options_json
 from onnxsmith.core.version import __version__
+from onnxsmith.execution.engine import Engine, make_engine
 from onnxsmith.io.files import (
     FileRecord,
     copy_file,
@@ -398,13 +399,21 @@ def _replace_files(release: Path, out: Path, previous: _Previous) -> None:
 
 
 def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -> BuildResult:
+    """The release made in ``release``, its validation's samples run where ``[execution]`` says."""
+    with make_engine(recipe.execution) as engine:
+        return _build_on(recipe, release, progress, log, run_bench, engine)
+
+
+def _build_on(recipe: Recipe, release: Path, progress, log, run_bench: bool, engine: Engine) -> BuildResult:
     source = recipe.source
     source_model = load_model(source)
     task_run = None
     if recipe.validation:
         spec = recipe.validation
-        task_run = TaskRun(spec.task, spec.options, source, progress=progress)
-        log(f"validation data: {task_run.data}")
+        task_run = TaskRun(
+            spec.task, spec.options, source, progress=progress, execution=recipe.execution, engine=engine
+        )
+        log(f"validation data: {task_run.data}" + ("" if engine.name == "local" else f" (on {engine.describe()})"))
         feeds = task_run.calibration_feeds(spec.calibration)
     else:
         feeds = inputs_that_run(source_model, samples=4)
@@ -481,7 +490,7 @@ def _bench(recipe: Recipe, release: Path, published: list, task_run: TaskRun | N
     models = [("source", recipe.source, {})] + [
         (o.variant.name, release / o.variant.file, o.runtime) for o in published
     ]
-    samples = None if task_run is None else task_run.samples
+    samples = None if task_run is None else task_run.loaded(max(recipe.bench.batches))
     run = bench_models(
         models, recipe.bench, inputs=None if samples is None else partial(_stacked, samples), progress=progress
     )

@@ -52,6 +52,7 @@ from onnxsmith.release.bench import BenchSettings
 from onnxsmith.release.key_lines import KeyPath, key_lines
 from onnxsmith.release.recipe_schema import OPTIONS, RECIPE, SchemaError, check
 from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.settings.gate import GateOptions
 from onnxsmith.tasks import get_task
 from onnxsmith.tasks.base import Task
@@ -137,6 +138,8 @@ class Recipe:
     outside: list[str] = field(default_factory=list)
     #: What the recipe should say otherwise, by line (a deprecated key): the build prints them first.
     notes: list[str] = field(default_factory=list)
+    #: Where the validation's samples run (``[execution]``).
+    execution: ExecutionOptions = field(default_factory=ExecutionOptions)
 
     @property
     def folder(self) -> Path:
@@ -204,6 +207,9 @@ class _Reader:
         if values["bench"] is not None:
             given = {f.name: values["bench"][f.name] for f in dataclasses.fields(BenchOptions)}
             bench = BenchSettings.of(BenchOptions(**given))
+        execution = ExecutionOptions(**values["execution"])
+        if execution.shard_dir is not None:
+            execution = dataclasses.replace(execution, shard_dir=str(self.path.parent / execution.shard_dir))
         release, card = values["release"], values["card"]
         outside = self.published(checked.published, allow_outside=release["allow_outside"])
         include = [Path(p) for p in release["include"]]
@@ -224,6 +230,7 @@ class _Reader:
             license=license_text,
             outside=outside,
             notes=[f"{self.path}:{self.line(at)}: {what}" for at, what in checked.deprecated],
+            execution=execution,
         )
 
     def source_sha256(self, source: Path, expected: str) -> str:

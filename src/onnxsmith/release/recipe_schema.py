@@ -33,6 +33,7 @@ from onnxsmith.io.files import sha256_file
 from onnxsmith.io.paths import file_kind
 from onnxsmith.runtime.inputs import parse_shape_options
 from onnxsmith.settings.bench import BenchOptions
+from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.settings.gate import GateOptions
 from onnxsmith.tasks import TASKS
 from onnxsmith.transforms import TRANSFORMS
@@ -542,6 +543,13 @@ RECIPE = Table(
             "bench",
             "Latency, throughput and peak memory of the source and each published variant, each in its own process.",
             keys=keys_of(BenchOptions, batch={"nonempty": True}, shape={"check": _shape}),
+        ),
+        Table(
+            "execution",
+            "Where the validation's samples run: in this process (the default) or on a Ray cluster, in shards; "
+            "the numbers are the same either way. Relative `shard_dir` is the recipe's folder's.",
+            implied=True,
+            keys=keys_of(ExecutionOptions),
         ),
         Table(
             "release",

@@ -9,6 +9,7 @@ the ``<!-- timed -->`` markers. Every string from the model or the recipe goes i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from onnxsmith.core.limits import FP16_MAX
@@ -16,6 +17,7 @@ from onnxsmith.core.text import for_html as escape
 from onnxsmith.release import plots
 from onnxsmith.release.bench import notes
 from onnxsmith.release.card import FAITHFUL_NOTE, TIMED_END, TIMED_START, runtime_needs, variant_notes
+from onnxsmith.release.confidence import INTERVALS_NOTE, WORST, interval_text
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 0;
@@ -33,6 +35,7 @@ code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; background: #f
        border-radius: 3px; word-break: break-all; }
 .ok { color: #137333; font-weight: 600; }
 .fail { color: #b3261e; font-weight: 600; }
+.ci { color: #5b6068; white-space: nowrap; }
 img.figure { width: 100%; height: auto; border: 1px solid #eceef1; margin: 6px 0; }
 ul { margin: 4px 0 8px; padding-left: 20px; }
 """
@@ -141,9 +144,14 @@ def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
         cells = []
         for v in validated:
             mv = v["validation"]["metrics"][i]
-            cells.append(escape(mv["display"]) if mv["passed"] is None else _status(mv["passed"], mv["display"]))
+            cell = escape(mv["display"]) if mv["passed"] is None else _status(mv["passed"], mv["display"])
+            interval = interval_text(mv.get("interval"))
+            cells.append(cell + (f' <span class="ci">({escape(interval)})</span>' if interval else ""))
         rows.append([escape(metric["label"]), gate, *cells])
     out.append(_table(["metric", "gate", *[v["name"] for v in validated]], rows, set(range(1, 2 + len(validated)))))
+    if any(mv.get("interval") for v in validated for mv in v["validation"]["metrics"]):
+        out.append(f'<p class="meta">{escape(INTERVALS_NOTE)}</p>')
+    out += _worst_section(validated)
     series = []
     for v in validated:
         errors = v["validation"]["errors"]
@@ -161,6 +169,30 @@ def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
         out.append("<h3>Error distribution per variant</h3>")
         out.append(_figure(plots.error_histograms(series), "histograms of the errors of each variant"))
     return out
+
+
+def _worst_section(validated: list[dict]) -> list[str]:
+    """Each variant's worst samples (``Validation.worst``), by the metric they are ranked by."""
+    items = []
+    for v in validated:
+        worst = v["validation"].get("worst") or []
+        if not worst:
+            continue
+        labels = {m["name"]: m["label"] for m in v["validation"]["metrics"]}
+        label = labels.get(worst[0]["metric"], worst[0]["metric"])
+        samples = "; ".join(
+            f"<code>{escape(w['sample'])}</code> "
+            + ("NaN/inf" if w["value"] is None or not math.isfinite(w["value"]) else f"{w['value']:.4g}")
+            for w in worst
+        )
+        items.append(f"<li>{escape(v['name'])} ({escape(label)} of each sample alone): {samples}</li>")
+    if not items:
+        return []
+    return [
+        "<h3>Worst samples per variant</h3>",
+        f"<p>The samples to look at first: up to {WORST} with the largest errors, largest first.</p>",
+        "<ul>" + "".join(items) + "</ul>",
+    ]
 
 
 def _ranges_section(ranges: dict, variants: list[dict]) -> list[str]:

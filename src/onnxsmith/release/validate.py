@@ -19,8 +19,12 @@ import numpy as np
 
 from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
 from onnxsmith.core.transform import Judge, Progress
+from onnxsmith.execution.engine import Engine, LocalEngine
 from onnxsmith.io.load import load_model
-from onnxsmith.runtime.runner import prepare_session
+from onnxsmith.release.confidence import metric_intervals, worst_metric, worst_samples
+from onnxsmith.release.shards import SampleRunner, run_sharded
+from onnxsmith.runtime.runner import run_mode
+from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.tasks.base import Evaluation, Sample, Task
 
 
@@ -34,6 +38,8 @@ class MetricResult:
     display: str
     gate: float | None = None
     passed: bool | None = None  # None: not gated
+    #: The value's 95 % interval (release/confidence.py): None for a metric that has none (a maximum, a count).
+    interval: tuple[float, float] | None = None
 
     def failure(self) -> str:
         bound = ">" if self.better == "lower" else "<"
@@ -52,6 +58,8 @@ class Validation:
     errors: dict[str, list[float]] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # why a gate fails, beyond its metric (Evaluation.reasons)
+    #: The samples that fare worst, worst first: {"sample": id, "value": float, "metric": name} (:func:`worst_of`).
+    worst: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -73,16 +81,26 @@ class Validation:
             "candidate": self.candidate,
             "modes": self.modes,
             "passed": self.passed,
-            "metrics": [_finite(asdict(m)) for m in self.metrics],
+            "metrics": [_metric_json(m) for m in self.metrics],
             "rows": [_finite(r) for r in self.rows],
             "errors": self.errors,
             "reasons": self.reasons,
+            "worst": [_finite(w) for w in self.worst],
         }
 
 
 def _finite(row: dict) -> dict:
     """JSON has no NaN: write it as null."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _metric_json(metric: MetricResult) -> dict:
+    """A metric's JSON: its interval [lo, hi], or null where it has none (or an end is not finite)."""
+    data = _finite(asdict(metric))
+    interval = metric.interval
+    finite = interval is not None and all(math.isfinite(v) for v in interval)
+    data["interval"] = [float(v) for v in interval] if finite else None
+    return data
 
 
 def check_gates(task: Task, gates: dict[str, float]) -> dict[str, float]:
@@ -93,14 +111,30 @@ def check_gates(task: Task, gates: dict[str, float]) -> dict[str, float]:
 
 
 def gated_metrics(task: Task, evaluation: Evaluation, gates: dict[str, float]) -> list[MetricResult]:
+    """The task's metrics with their gates, and each one's interval from the evaluation's per-sample values."""
+    intervals = metric_intervals(task.metrics, evaluation)
     results = []
     for spec in task.metrics:
         value = evaluation.values.get(spec.name, float("nan"))
         display = evaluation.display.get(spec.name) or f"{value:.4g}"
         gate = gates.get(spec.name)
         passed = None if gate is None else spec.passes(value, gate)
-        results.append(MetricResult(spec.name, spec.label, spec.unit, spec.better, value, display, gate, passed))
+        results.append(
+            MetricResult(
+                spec.name, spec.label, spec.unit, spec.better, value, display, gate, passed, intervals.get(spec.name)
+            )
+        )
     return results
+
+
+def worst_of(task: Task, evaluation: Evaluation, samples: list[Sample]) -> list[dict]:
+    """The samples that fare worst by the task's first lower-is-better metric with per-sample values, worst
+    first (release/confidence.py's :func:`worst_samples`), as ``Validation.worst`` holds them."""
+    metric = worst_metric(task.metrics, evaluation.per_sample)
+    if metric is None:
+        return []
+    ranked = worst_samples(task.metrics, evaluation.per_sample, [s.id for s in samples])
+    return [{"sample": sample, "value": value, "metric": metric.name} for sample, value in ranked]
 
 
 def gates_judge(
@@ -139,25 +173,43 @@ class TaskRun:
         *,
         fp16_mode: str = "auto",
         progress: Progress = _quiet,
+        execution: ExecutionOptions | None = None,
+        engine: Engine | None = None,
     ) -> None:
+        """``engine``: where the samples run (this process unless given; the caller closes it); ``execution``:
+        its shard size and the folder shards are kept in (a rerun resumes there)."""
         self.task = task
         self.options = options
         self.source = Path(source)
         self.fp16_mode = fp16_mode
         self.progress = progress
+        self.execution = execution or ExecutionOptions()
+        self.engine = engine or LocalEngine()
         progress(f"{task.name}: preparing the data")
-        self.samples: list[Sample] = task.samples(load_model(self.source), options, self.source)
+        # Where the task can read them later, the samples' data are not held: each shard's is read where it runs.
+        self.samples: list[Sample] = task.sample_refs(load_model(self.source), options, self.source)
         self.data = task.describe_data(options, self.samples)
+        batch = getattr(self.options, "batch_size", 1)
+        self._runner = SampleRunner(task, options, fp16_mode, batch)
         self._reference: tuple[list[dict[str, np.ndarray]], str] | None = None
         self._formats: dict[Path, frozenset[NumberFormat]] = {}  # of each model run, for the generic gate
 
     def outputs(self, path: str | os.PathLike) -> tuple[list[dict[str, np.ndarray]], str]:
         """Raw outputs of ``path`` on every sample, and how it was run."""
-        session, model, mode = prepare_session(path, self.fp16_mode)
+        model = load_model(path)
         self._formats[Path(path)] = formats_of(model)
+        mode = run_mode(model, self.fp16_mode)
+        del model
         self.progress(f"{self.task.name}: running {Path(path).name} on {len(self.samples)} samples ({mode})")
-        batch = getattr(self.options, "batch_size", 1)
-        outputs = self.task.run(session, model, self.samples, self.options, label=path, batch_size=batch)
+        outputs = run_sharded(
+            self.engine,
+            self._runner,
+            path,
+            self.samples,
+            shard_size=self.execution.shard_size,
+            shard_dir=self.execution.shard_dir,
+            report=self.progress,
+        )
         return outputs, mode
 
     @property
@@ -187,6 +239,7 @@ class TaskRun:
             errors=evaluation.errors,
             rows=evaluation.rows,
             reasons=evaluation.reasons,
+            worst=worst_of(self.task, evaluation, self.samples),
         )
 
     def judge(self, gates: dict[str, float], count: int, candidate: str | os.PathLike) -> Judge | None:
@@ -204,6 +257,10 @@ class TaskRun:
         """Whether the samples are the model's real data (not random from its input spec)."""
         return not any(s.random for s in self.samples)
 
+    def loaded(self, count: int) -> list[Sample]:
+        """The first ``count`` samples with their data."""
+        return self.task.load(load_model(self.source), self.samples[: max(1, count)], self.options)
+
     def calibration_feeds(self, count: int) -> list[dict[str, np.ndarray]]:
         """The first ``count`` samples' feeds, for transforms to measure the source on."""
-        return [dict(s.feeds) for s in self.samples[: max(1, count)]]
+        return [dict(s.feeds) for s in self.loaded(count)]

@@ -24,6 +24,7 @@ files: a recipe resolves them against its own folder and checks they exist.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,11 @@ from onnxsmith.verify.compare import Comparison
 LOWER = "lower"  # the metric is an error: a gate is an upper bound
 HIGHER = "higher"  # the metric is an agreement: a gate is a lower bound
 
+#: How a metric summarises its per-sample values (``Evaluation.per_sample``), which says what interval it has
+#: (release/confidence.py): their mean (a bootstrap interval), their max (none), or the fraction of samples that
+#: agree (per-sample values 1.0/0.0; a Clopper–Pearson interval). "": not a summary of samples (no interval).
+MEAN, MAX, AGREEMENT = "mean", "max", "agreement"
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -50,6 +56,7 @@ class MetricSpec:
     label: str  # how tables show it, e.g. "max |Δage|"
     better: str  # LOWER or HIGHER
     unit: str = ""
+    summary: str = ""  # MEAN, MAX, AGREEMENT of the per-sample values, or "" (see above)
 
     def passes(self, value: float, gate: float) -> bool:
         if value is None or math.isnan(value):
@@ -85,6 +92,11 @@ class Sample:
     random: bool = False
     #: What each input was taken to be where onnxsmith made or converted the values (analysis/input_roles.py).
     inputs: tuple[str, ...] = ()
+    #: Where the feeds are read from when they are not held (:meth:`Task.sample_refs`): a task's own data.
+    ref: Any = None
+
+    def without_feeds(self) -> Sample:
+        return dataclasses.replace(self, feeds={})
 
 
 @dataclass
@@ -100,6 +112,9 @@ class Evaluation:
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: Why a gated metric fails, when the metric alone does not say (the generic task: the one gate's verdict).
     reasons: list[str] = field(default_factory=list)
+    #: Metric name -> one value per sample, in the samples' order, for a metric that summarises them
+    #: (``MetricSpec.summary``); NaN where a sample has none (a non-finite output).
+    per_sample: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Task:
@@ -125,6 +140,19 @@ class Task:
     def samples(self, model: ir.Model, options: Any, source: Path) -> list[Sample]:
         """The inputs to judge on; ``source`` is the source model's path (its folder may hold a tokenizer)."""
         raise NotImplementedError
+
+    def sample_refs(self, model: ir.Model, options: Any, source: Path) -> list[Sample]:
+        """The samples without their feeds where the task can read them later (:meth:`load`), so a large dataset
+        is never held whole: each sample's id and ``ref``. A task that cannot returns :meth:`samples`."""
+        return self.samples(model, options, source)
+
+    def load(self, model: ir.Model, samples: list[Sample], options: Any) -> list[Sample]:
+        """``samples`` (from :meth:`sample_refs`) with their feeds; those that hold them already, as they are."""
+        return samples
+
+    #: Whether :meth:`evaluate` reads the samples' feeds (the generic task checks they exercised the model):
+    #: the samples it is given then hold them.
+    evaluate_reads_feeds: ClassVar[bool] = False
 
     def describe_data(self, options: Any, samples: list[Sample]) -> str:
         """One line saying what the samples are, for tables and the card."""

@@ -13,6 +13,7 @@ Decoding: the age is the sum of the sigmoids of the 100 CORAL threshold logits
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
@@ -27,7 +28,18 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io.paths import open_readable
 from onnxsmith.runtime.inputs import input_specs
 from onnxsmith.settings.faceage import FACEAGE, FaceAgeOptions
-from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
+from onnxsmith.tasks.base import (
+    AGREEMENT,
+    HIGHER,
+    LOWER,
+    MAX,
+    MEAN,
+    Evaluation,
+    MetricSpec,
+    Sample,
+    Task,
+    register_task,
+)
 from onnxsmith.tasks.widerface import padded_box, read_boxes
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -120,9 +132,9 @@ def model_input(model: ir.Model) -> tuple[str, int]:
 class FaceAge(Task, settings=FACEAGE):
     batchable = True
     metrics = (
-        MetricSpec("mean_abs_age_error", "mean |Δage|", LOWER, "years"),
-        MetricSpec("max_abs_age_error", "max |Δage|", LOWER, "years"),
-        MetricSpec("gender_agreement", "gender agreement", HIGHER),
+        MetricSpec("mean_abs_age_error", "mean |Δage|", LOWER, "years", MEAN),
+        MetricSpec("max_abs_age_error", "max |Δage|", LOWER, "years", MAX),
+        MetricSpec("gender_agreement", "gender agreement", HIGHER, summary=AGREEMENT),
         MetricSpec("nonfinite", "NaN/inf values", LOWER),
     )
     default_gates: ClassVar[dict[str, float]] = {"max_abs_age_error": 0.5, "gender_agreement": 1.0, "nonfinite": 0}
@@ -134,7 +146,11 @@ class FaceAge(Task, settings=FACEAGE):
     # ---- data -------------------------------------------------------------------------------
 
     def samples(self, model: ir.Model, options: FaceAgeOptions, source: Path | None = None) -> list[Sample]:
-        name, size = model_input(model)
+        return self.load(model, self.sample_refs(model, options, source), options)
+
+    def sample_refs(self, model: ir.Model, options: FaceAgeOptions, source: Path | None = None) -> list[Sample]:
+        """Each face's id and where it is (its image, its box, the file and line an error names)."""
+        model_input(model)  # one image input, checked before any image is read
         self._skipped = {}
         if options.boxes:
             found = self._boxed_faces(options)
@@ -149,14 +165,23 @@ class FaceAge(Task, settings=FACEAGE):
                 "no face to validate on" + (f" ({self._skipped_text()})" if self._skipped else ""),
                 options.boxes or options.data,
             )
+        return [Sample(sample_id, {}, ref=(image_path, box, where)) for sample_id, image_path, box, where in found]
+
+    def load(self, model: ir.Model, samples: list[Sample], options: FaceAgeOptions) -> list[Sample]:
+        """The padded crops of ``samples``' faces, as the model's input."""
+        name, size = model_input(model)
         cache: dict[Path, Image.Image] = {}
-        samples = []
-        for sample_id, image_path, box, where in found:
+        loaded = []
+        for sample in samples:
+            if sample.ref is None:  # holds its feeds already
+                loaded.append(sample)
+                continue
+            image_path, box, where = sample.ref
             if image_path not in cache:
                 cache = {image_path: load_image(image_path)}  # boxes of one image are consecutive
             crop = face_crop(cache[image_path], box, options.padding, where, image_path.name)
-            samples.append(Sample(sample_id, {name: face_tensor(crop, size)}))
-        return samples
+            loaded.append(dataclasses.replace(sample, feeds={name: face_tensor(crop, size)}))
+        return loaded
 
     def _boxed_faces(self, options: FaceAgeOptions):
         boxes_path = Path(options.boxes)
@@ -264,4 +289,10 @@ class FaceAge(Task, settings=FACEAGE):
             }
             for s, r, c in zip(samples, ref, cand)
         ]
-        return Evaluation(values, display, {"|Δage| (years)": [float(d) for d in delta]}, rows)
+        # per sample: |Δage| (NaN where either age is not finite, left out of the mean and max as above), and
+        # whether the two genders agree
+        abs_delta = [float(d) if ok else float("nan") for d, ok in zip(np.abs(ref_age - cand_age), both)]
+        agrees = [1.0 if r["gender"] == c["gender"] != "?" else 0.0 for r, c in zip(ref, cand)]
+        per_sample = {"mean_abs_age_error": abs_delta, "max_abs_age_error": abs_delta, "gender_agreement": agrees}
+        errors = {"|Δage| (years)": [float(d) for d in delta]}
+        return Evaluation(values, display, errors, rows, per_sample=per_sample)

@@ -51,6 +51,7 @@ class GenericOptions(settings.GenericOptions):
 @register_task
 class Generic(Task, settings=settings.GENERIC):
     Options = GenericOptions
+    evaluate_reads_feeds = True  # it checks the input sets exercised the model
     metrics = (
         MetricSpec("max_abs", "max |Δ|", LOWER),
         MetricSpec("mean_abs", "mean |Δ|", LOWER),

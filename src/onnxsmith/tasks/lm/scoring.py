@@ -20,7 +20,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -178,9 +178,14 @@ class LMScore:
     kl: float | None = None  # mean KL(reference || model), nats
     top1: float | None = None  # fraction of positions where both rank the same token first
     loss_increase: float | None = None  # (loss - reference loss) / reference loss
+    #: "loss", and against the reference "kl" and "top1", of each window in turn: the same means over one
+    #: window's positions (windows are all as long, so their mean is the model's); not in the JSON
+    per_window: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        del data["per_window"]
+        return data
 
 
 def score_models(
@@ -209,6 +214,7 @@ def score_models(
             )
         runners.append(lm)
     nll = [0.0] * len(paths)
+    window_nll: list[list[np.ndarray]] = [[] for _ in paths]  # per window: its mean NLL
     parts: list[list[Agreement]] = [[] for _ in paths]
     count = 0
     for start in range(0, len(windows), batch):
@@ -224,7 +230,9 @@ def score_models(
                     paths[i],
                 )
             logp = log_softmax(value)
-            nll[i] -= float(np.take_along_axis(logp, targets[..., None], axis=-1).sum())
+            logp_targets = np.take_along_axis(logp, targets[..., None], axis=-1)
+            nll[i] -= float(logp_targets.sum())
+            window_nll[i].append(-logp_targets.reshape(len(chunk), -1).mean(axis=1))
             if i != reference:
                 parts[i].append(Agreement.of(logits[reference], value))
         count += targets.size
@@ -232,10 +240,14 @@ def score_models(
     for i, label in enumerate(model_labels(paths)):
         loss = nll[i] / count
         score = LMScore(model=label, tokens=count, loss=loss, perplexity=math.exp(loss))
+        score.per_window["loss"] = [float(v) for v in np.concatenate(window_nll[i])]
         if i != reference:
             agreement = Agreement.concat(parts[i])
             score.kl = float(agreement.kl.mean())
             score.top1 = float(agreement.top1.mean())
+            for what in ("kl", "top1"):  # positions in window order, as many per window
+                per_window = getattr(agreement, what).reshape(len(windows), -1).mean(axis=1)
+                score.per_window[what] = [float(v) for v in per_window]
             score.loss_increase = (loss - nll[reference] / count) / (nll[reference] / count)
         scores.append(score)
     return scores

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core.errors import UsageError
 from onnxsmith.settings.lm import LM, LMOptions
-from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
+from onnxsmith.tasks.base import HIGHER, LOWER, MEAN, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.lm import scoring as lm
 from onnxsmith.tasks.lm.feeding import lm_feeds
 from onnxsmith.tasks.lm.gate import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, LMComparison, compare_lm
@@ -32,10 +32,13 @@ from onnxsmith.tasks.lm.gate import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, LMComparis
 @register_task
 class LanguageModel(Task, settings=LM):
     metrics = (
-        MetricSpec("kl", "mean KL from the source", LOWER, "nats"),
-        MetricSpec("top1", "top-1 agreement", HIGHER),
+        # kl, top1 and loss are means over positions, the same number per window: means of each window's (the
+        # windows are the samples: positions within one are not independent); a ratio of losses and an
+        # exponential of one are no mean
+        MetricSpec("kl", "mean KL from the source", LOWER, "nats", MEAN),
+        MetricSpec("top1", "top-1 agreement", HIGHER, summary=MEAN),
         MetricSpec("loss_increase", "loss increase", LOWER),
-        MetricSpec("loss", "loss", LOWER, "nats/token"),
+        MetricSpec("loss", "loss", LOWER, "nats/token", MEAN),
         MetricSpec("perplexity", "perplexity", LOWER),
     )
     default_gates: ClassVar[dict[str, float]] = {"kl": DEFAULT_MAX_KL, "top1": DEFAULT_MIN_TOP1}
@@ -92,4 +95,4 @@ class LanguageModel(Task, settings=LM):
             }
             for s in (source, variant)
         ]
-        return Evaluation(values, display, {}, rows)
+        return Evaluation(values, display, {}, rows, per_sample=dict(variant.per_window))

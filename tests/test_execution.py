@@ -1,0 +1,211 @@
+"""Where samples run: this process or a Ray cluster, in shards, resumable; the same numbers either way.
+
+The Ray tests start a real cluster on 127.0.0.1 (a head that runs nothing and two one-CPU worker nodes, Ray's
+own ``cluster_utils.Cluster``), validate a variant on 2,000 generated face crops there and here, and compare
+the two results whole; one of them loses a worker node mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import onnxsmith
+from onnxsmith.core.errors import UsageError
+from onnxsmith.execution.engine import LocalEngine, RayEngine, make_engine
+from onnxsmith.execution.store import ShardStore, store_key
+from onnxsmith.release.shards import shards_of
+from onnxsmith.settings.execution import ExecutionOptions
+from onnxsmith.tasks.base import Sample
+from tests.conftest import assert_one_line_error
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "faceage_dynamo.onnx"
+FACES = 2000
+
+
+def _crops(folder: Path, count: int, seed: int = 0) -> Path:
+    """``count`` small face-sized images of seeded noise over a smooth gradient (values the model resizes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 200, 40)[None, :, None]
+    for i in range(count):
+        pixels = np.clip(ramp + rng.normal(0, 40, (48, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(folder / f"face{i:05d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def faces(tmp_path_factory) -> Path:
+    return _crops(tmp_path_factory.mktemp("faces"), FACES)
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("variant") / "fp16.onnx"
+    onnxsmith.fp16(FIXTURE).save(path)
+    return path
+
+
+def _validate(variant: Path, faces: Path, **execution) -> dict:
+    validation = onnxsmith.validate(FIXTURE, variant, task="faceage", data=faces, **execution)
+    return validation.to_json()
+
+
+# ---- this process --------------------------------------------------------------------------------------------
+
+
+class _Square:
+    def __call__(self, job: int) -> int:
+        return job * job
+
+
+def test_local_engine_returns_results_in_job_order_and_reports_each():
+    seen = []
+    results = LocalEngine().map(_Square(), [3, 1, 2], on_result=lambda i, r: seen.append((i, r)))
+    assert results == [9, 1, 4]
+    assert seen == [(0, 9), (1, 1), (2, 4)]
+
+
+def test_shards_are_whole_batches():
+    samples = [Sample(str(i), {}) for i in range(10)]
+    shards = shards_of(samples, shard_size=3, batch_size=2)
+    assert [len(s) for s in shards] == [4, 4, 2]
+    assert [s.id for shard in shards for s in shard] == [str(i) for i in range(10)]
+
+
+def test_a_shard_store_reads_back_what_it_kept_and_skips_a_broken_file(tmp_path):
+    store = ShardStore(tmp_path, store_key(model="m", samples=[1, 2]))
+    outputs = [{"a/b": np.arange(3, dtype=np.float32)}, {"a/b": np.ones(3, dtype=np.float32)}]
+    store.save(4, outputs)
+    back = store.load(4)
+    assert back is not None and len(back) == 2
+    np.testing.assert_array_equal(back[1]["a/b"], outputs[1]["a/b"])
+    assert store.load(5) is None
+    (store.folder / "shard-00004.npz").write_bytes(b"not an npz")
+    assert store.load(4) is None  # run again rather than trusted
+    assert store_key(model="m", samples=[1, 2]) != store_key(model="m", samples=[1, 3])
+
+
+def test_workers_without_ray_is_refused():
+    with pytest.raises(UsageError, match="workers are Ray's"):
+        make_engine(ExecutionOptions(workers=2))
+
+
+def test_ray_missing_says_how_to_install_it(tmp_path, variant):
+    # Ray hidden from the command (an import of a module set to None fails), as on a machine without it.
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from onnxsmith.cli.main import main\n"
+        f"sys.exit(main(['validate', {str(FIXTURE)!r}, {str(variant)!r}, '--task', 'faceage', '--data', "
+        f"{str(tmp_path)!r}, '--engine', 'ray']))\n"
+    )
+    _crops(tmp_path, 2)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert_one_line_error(result, "pip install 'onnxsmith[ray]'")
+
+
+@pytest.mark.slow
+def test_a_rerun_with_kept_shards_reads_them_back(tmp_path, variant, faces):
+    small = _crops(tmp_path / "faces", 96, seed=1)
+    first = _validate(variant, small, shard_size=32, shard_dir=tmp_path / "shards")
+    kept = sorted((tmp_path / "shards").rglob("shard-*.npz"))
+    assert len(kept) == 6  # 3 shards of each model
+    times = {p: p.stat().st_mtime_ns for p in kept}
+    kept[1].unlink()  # as if the run had stopped before this shard
+    again = _validate(variant, small, shard_size=32, shard_dir=tmp_path / "shards")
+    assert again == first
+    assert kept[1].is_file()
+    assert all(p.stat().st_mtime_ns == t for p, t in times.items() if p != kept[1])  # read back, not run
+    # An edited image is a different key: run again, not read back.
+    Image.new("RGB", (40, 48), (250, 10, 10)).save(small / "face00000.png")
+    edited = _validate(variant, small, shard_size=32, shard_dir=tmp_path / "shards")
+    assert edited["rows"][0] != first["rows"][0]
+    assert len(list((tmp_path / "shards").iterdir())) == 4  # two new keys beside the two first
+
+
+# ---- a Ray cluster on 127.0.0.1 ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Ray's own test cluster, on the loopback address only: Ray takes a Linux machine's outward address
+    unless told that clusters are not for this machine (its switch for Windows and macOS), which must be said
+    before Ray is imported."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray  # installed by the test setup (pyproject.toml's dev extra)
+    from ray.cluster_utils import Cluster
+
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    workers = [made.add_node(num_cpus=1) for _ in range(2)]
+    assert made.address.startswith("127.0.0.1:")
+    ray.init(address=made.address, log_to_driver=False)
+    yield made, workers
+    ray.shutdown()
+    made.shutdown()
+    del os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+
+
+class _DiesOnce:
+    """Squares; the first time it meets job 3 its process exits, as a killed worker's would."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __call__(self, job: int) -> tuple[int, int]:
+        if job == 3 and not self.marker.exists():
+            self.marker.write_text("died")
+            os._exit(1)
+        return job * job, os.getpid()
+
+
+@pytest.mark.slow
+def test_ray_engine_runs_a_lost_job_again_and_keeps_job_order(cluster, tmp_path):
+    made, _ = cluster
+    with RayEngine(made.address, workers=2) as engine:
+        results = engine.map(_DiesOnce(tmp_path / "marker"), list(range(8)))
+    assert [r for r, _ in results] == [j * j for j in range(8)]
+    assert (tmp_path / "marker").read_text() == "died"
+
+
+@pytest.mark.slow
+def test_validation_on_ray_equals_this_process_even_when_a_worker_is_lost(cluster, variant, faces):
+    made, workers = cluster
+    here = _validate(variant, faces, shard_size=100)
+    assert here["samples"] == FACES
+    assert here["passed"]
+    spread = _validate(variant, faces, address=made.address, workers=2, shard_size=100)
+    assert spread == here  # every metric, row and histogram, digit for digit
+
+    # A worker node is removed when a quarter of the variant's samples are done; the other finishes its share.
+    removed = []
+
+    def progress(line: str) -> None:
+        if "running fp16.onnx:" in line and not removed:
+            done = int(line.split(": ")[-1].split("/")[0])
+            if done >= FACES // 4:
+                made.remove_node(workers[1])
+                removed.append(done)
+
+    validation = onnxsmith.validate(
+        FIXTURE, variant, task="faceage", data=faces, address=made.address, workers=2, shard_size=100, progress=progress
+    )
+    assert removed, "the run ended before a worker could be lost"
+    assert validation.to_json() == here
+
+
+def test_validate_help_lists_where_samples_run():
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxsmith", "validate", "--task", "faceage", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for flag in ("--engine {local,ray}", "--ray ADDRESS", "--workers", "--shard-size", "--shard-dir DIR"):
+        assert flag in result.stdout
