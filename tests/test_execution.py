@@ -24,6 +24,7 @@ from onnxsmith.release.shards import shards_of
 from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.tasks.base import Sample
 from tests.conftest import assert_one_line_error
+from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "faceage_dynamo.onnx"
 FACES = 2000
@@ -209,3 +210,74 @@ def test_validate_help_lists_where_samples_run():
     assert result.returncode == 0, result.stderr
     for flag in ("--engine {local,ray}", "--ray ADDRESS", "--workers", "--shard-size", "--shard-dir DIR"):
         assert flag in result.stdout
+
+
+# ---- several recipes -----------------------------------------------------------------------------------------
+
+
+def _recipes(root: Path, names: tuple[str, ...]) -> Path:
+    """One folder per name under ``root``, each with a toy face-age model, three faces and a recipe.toml
+    (two fp16 variants), as `onnxsmith build` takes them."""
+    for i, name in enumerate(names):
+        folder = root / name
+        folder.mkdir(parents=True)
+        source = save_toy_faceage(folder / "toy.onnx", seed=i)
+        images = face_images(folder / "images", count=3)
+        (folder / "images" / "boxes.txt").write_text(wider_annotations([(n, [b]) for n, b in images]))
+        variants = (
+            '[[variants]]\nname = "fp16"\nsteps = [{ transform = "fp16" }]\n\n'
+            '[[variants]]\nname = "fp16-io"\nsteps = [{ transform = "fp16", keep_io_types = false }]\n'
+        )
+        validation = '[validation]\ntask = "faceage"\ndata = "images"\nboxes = "images/boxes.txt"\n'
+        (folder / "recipe.toml").write_text(recipe_text(source, variants, validation=validation))
+    return root
+
+
+def _releases(out: Path) -> dict[str, str]:
+    return {p.parent.name: p.read_text() for p in sorted(out.glob("*/SHA256SUMS"))}
+
+
+@pytest.mark.slow
+def test_several_recipes_build_one_release_each_the_same_here_and_on_ray(cluster, tmp_path):
+    made, _ = cluster
+    root = _recipes(tmp_path / "recipes", ("alpha", "beta", "gamma"))
+    here = onnxsmith.build_all([root], tmp_path / "here", bench=False)
+    assert [Path(r.out).name for r in here] == ["alpha", "beta", "gamma"]
+    assert all(r.published and not r.error for r in here), here
+    spread = onnxsmith.build_all([root], tmp_path / "ray", bench=False, address=made.address, workers=2)
+    assert [(r.published, r.failed, r.error) for r in spread] == [(r.published, r.failed, r.error) for r in here]
+    assert _releases(tmp_path / "ray") == _releases(tmp_path / "here")  # the same files, byte for byte
+    assert len(_releases(tmp_path / "here")) == 3
+
+
+def test_several_recipes_are_all_checked_before_any_is_built(tmp_path):
+    root = _recipes(tmp_path / "recipes", ("alpha", "beta"))
+    (root / "beta" / "recipe.toml").write_text((root / "beta" / "recipe.toml").read_text() + "\nnot toml [\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxsmith", "build", str(root), "--out", str(tmp_path / "out"), "--no-bench"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert_one_line_error(result, "beta/recipe.toml")
+    assert not (tmp_path / "out").exists()  # alpha was not built either
+
+
+def test_two_recipes_that_would_build_into_one_folder_are_refused(tmp_path):
+    root = _recipes(tmp_path / "a", ("same",))
+    other = _recipes(tmp_path / "b", ("same",))
+    with pytest.raises(UsageError, match="would both be built into"):
+        onnxsmith.build_all([root / "same" / "recipe.toml", other / "same" / "recipe.toml"], tmp_path / "out")
+
+
+def test_build_of_a_folder_of_recipes_prints_what_became_of_each(tmp_path):
+    root = _recipes(tmp_path / "recipes", ("alpha", "beta"))
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxsmith", "build", str(root), "--out", str(tmp_path / "out"), "--no-bench"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "alpha" in result.stdout and "beta" in result.stdout and "fp16-io" in result.stdout
+    assert sorted(_releases(tmp_path / "out")) == ["alpha", "beta"]

@@ -511,19 +511,46 @@ def build(
     force: bool = False,
     progress: Progress = _quiet,
     log: Progress = _quiet,
+    **execution,
 ):
     """The release a recipe describes, built into ``out`` (``onnxsmith build``); returns a ``BuildResult``.
 
     ``out`` None: release/<the recipe's folder name>. A variant that fails its gates is not
     published (``result.failed`` says why); the others are. ``bench=False`` skips the timing.
+    ``execution`` keywords (``engine``, ``address``, ``workers``, ``shard_size``, ``shard_dir``) replace the
+    recipe's ``[execution]`` ones: where its validation's samples run.
     """
     from onnxsmith.release.build import build as build_release  # matplotlib & co: only when building
     from onnxsmith.release.build import default_out
     from onnxsmith.release.recipe import load_recipe
 
     loaded = load_recipe(recipe)
+    if execution:  # the caller's word on where the validation runs, over the recipe's [execution]
+        given = {**opts.to_json(loaded.execution), **execution}
+        loaded = dataclasses.replace(loaded, execution=opts.build(ExecutionOptions, given, where="onnxsmith.build()"))
     target = Path(out) if out is not None else default_out(loaded.path)
     return build_release(loaded, target, progress=progress, log=log, bench=bench, force=force)
+
+
+def build_all(
+    recipes: Sequence[str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    *,
+    bench: bool = True,
+    force: bool = False,
+    progress: Progress = _quiet,
+    **execution,
+):
+    """Several recipes built at once (``onnxsmith build A.toml B.toml``, or a folder of them), one job each on
+    an execution engine (``engine="ray"``, ``address``, ``workers``: settings/execution.py; here by default);
+    returns a ``BuiltRecipe`` per recipe, in order. ``out``: the folder the releases go in, each named as
+    ``build`` names it (default: release/). Every recipe is checked before any is built."""
+    from onnxsmith.release.many import build_many, plan_builds, recipes_in
+
+    settings = opts.build(ExecutionOptions, execution, where="onnxsmith.build_all()")
+    planned = plan_builds(recipes_in(list(recipes)), Path(out) if out is not None else None)
+    with make_engine(settings) as engine:
+        return build_many(planned, engine, bench=bench, force=force, progress=progress)
 
 
 def check_outputs(

@@ -113,8 +113,14 @@ class RayEngine(Engine):
     def _pool(self, worker: Worker) -> list[Any]:
         """The actors holding ``worker``: made on its first map, kept warm for the next."""
         if id(worker) not in self._pools:
-            self._pools[id(worker)] = (worker, [self._remote.remote(worker) for _ in range(self.workers)])
+            self._pools[id(worker)] = (worker, [self._actor(worker) for _ in range(self.workers)])
         return self._pools[id(worker)][1]
+
+    def _actor(self, worker: Worker) -> Any:
+        """An actor holding ``worker``, told it has one CPU (``with_threads``, where it has it): two workers on
+        one machine each running a thread per core would fight over the cores."""
+        placed = getattr(worker, "with_threads", None)
+        return self._remote.remote(placed(1) if placed is not None else worker)
 
     def map(self, worker: Worker, jobs: Sequence[Any], *, on_result: OnResult | None = None) -> list[Any]:
         ray = self._ray
@@ -144,7 +150,7 @@ class RayEngine(Engine):
                     actors.remove(actor)
                 pending.appendleft(index)
                 if not actors:  # every worker lost: start one again (the cluster may have recovered)
-                    actors.append(self._remote.remote(worker))
+                    actors.append(self._actor(worker))
                 idle = [a for a in actors if all(a is not b for b, _ in running.values())]
                 for spare in idle[: len(pending)]:
                     start(spare)

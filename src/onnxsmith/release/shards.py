@@ -9,6 +9,7 @@ every engine. With a shard folder each shard's outputs are kept as they arrive a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -38,7 +39,13 @@ class SampleRunner:
     options: Any
     fp16_mode: str
     batch_size: int
+    #: onnxruntime's threads per session (None: one per core, for the one process that runs every shard).
+    threads: int | None = None
     _sessions: dict[str, tuple[Any, Any, str]] = field(default_factory=dict, repr=False)
+
+    def with_threads(self, threads: int) -> SampleRunner:
+        """This runner for a worker given ``threads`` CPUs: workers sharing a machine do not each take every core."""
+        return dataclasses.replace(self, threads=threads, _sessions={})
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_sessions": {}}  # sessions stay where they were opened
@@ -48,7 +55,7 @@ class SampleRunner:
         if path not in self._sessions:
             if len(self._sessions) >= 2:  # a source and its variant stay warm; a third model replaces the oldest
                 del self._sessions[next(iter(self._sessions))]
-            self._sessions[path] = prepare_session(path, self.fp16_mode)
+            self._sessions[path] = prepare_session(path, self.fp16_mode, threads=self.threads)
         session, model, _ = self._sessions[path]
         loaded = self.task.load(model, shard, self.options)
         return self.task.run(session, model, loaded, self.options, label=path, batch_size=self.batch_size)

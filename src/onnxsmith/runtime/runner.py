@@ -366,18 +366,20 @@ def run_mode(model: ir.Model, fp16_mode: str) -> str:
     return FAITHFUL if fp16_mode == "auto" and has_fp16(model) else NATIVE
 
 
-def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None):
+def prepare_session(path: str | os.PathLike, fp16_mode: str = "auto", *, providers=None, threads: int | None = None):
     """A session on ``path``, fp16 storage emulated when the mode asks; returns (session, model, mode).
 
     ``model`` is what the session runs: emulated when it is, with the file's inputs and outputs either way.
+    ``threads``: onnxruntime's intra-op threads (None: its own choice, one per core).
     """
     model = load_model(path)
     mode = run_mode(model, fp16_mode)
+    options = session_options(threads=threads)
     if mode == FAITHFUL and not providers:
         emulate_fp16_storage(model)  # keeps the interface: feeds are made for the file's inputs
-        session = open_session(model, label=path)
+        session = open_session(model, label=path, options=options)
     else:
-        session = open_session(path, providers=providers, label=path)
+        session = open_session(path, providers=providers, label=path, options=options)
     return session, model, mode
 
 
