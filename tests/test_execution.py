@@ -281,3 +281,60 @@ def test_build_of_a_folder_of_recipes_prints_what_became_of_each(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "alpha" in result.stdout and "beta" in result.stdout and "fp16-io" in result.stdout
     assert sorted(_releases(tmp_path / "out")) == ["alpha", "beta"]
+
+
+# ---- calibration statistics in shards ------------------------------------------------------------------------
+
+
+def _calibration(folder: Path, faces: Path, count: int) -> Path:
+    """``count`` input sets of the face-age fixture as .npz files (`--calib DIR`): faces as the task feeds them."""
+    from onnxsmith.io.load import load_model
+    from onnxsmith.tasks import get_task
+
+    task = get_task("faceage")
+    options = task.Options(data=str(faces), limit=count)
+    folder.mkdir()
+    for sample in task.samples(load_model(FIXTURE), options, FIXTURE):
+        np.savez(folder / f"{sample.id}.npz", **sample.feeds)
+    return folder
+
+
+def test_statistics_in_shards_are_those_of_every_input_set_at_once(tmp_path, faces):
+    from onnxsmith.int8_engine import statistics
+
+    calibration = _calibration(tmp_path / "calib", faces, 40)
+    feeds = [dict(np.load(p)) for p in sorted(calibration.iterdir())]
+    assert len(feeds) > 2 * statistics.SHARD  # three shards, the last one short
+    sharded = statistics.measure_inputs(FIXTURE, feeds)
+    whole = {}
+    for shard_of_one in feeds:  # every set its own shard: the maxima cannot depend on how sets are grouped
+        for name, stats in statistics.measure_inputs(FIXTURE, [shard_of_one]).items():
+            whole[name] = stats.channel_absmax if name not in whole else np.maximum(whole[name], stats.channel_absmax)
+    assert sharded.keys() == whole.keys()
+    for name, stats in sharded.items():
+        np.testing.assert_array_equal(stats.channel_absmax, whole[name])
+    linear = next(iter(sharded))
+    (_, gram), *_ = statistics.input_grams(FIXTURE, feeds, {linear})
+    parts = [next(statistics.input_grams(FIXTURE, feeds[i : i + 8], {linear}))[1] for i in range(0, 40, 8)]
+    np.testing.assert_allclose(gram, sum(parts), rtol=1e-12)  # sums over shards: the sum over every set
+
+
+@pytest.mark.slow
+def test_int8_calibrated_on_ray_is_the_same_variant_byte_for_byte(cluster, tmp_path, faces):
+    made, _ = cluster
+    calibration = _calibration(tmp_path / "calib", faces, 40)
+    options = {"feeds": str(calibration), "compensate_rounding": True, "speed": False}
+    here = onnxsmith.int8(FIXTURE, **options).save(tmp_path / "here.onnx")
+    spread = onnxsmith.int8(FIXTURE, **options, address=made.address, workers=2).save(tmp_path / "ray.onnx")
+    assert [f.sha256 for f in spread] == [f.sha256 for f in here]
+
+    # The Convs' ranges (this model's one Conv stays fp32, too small a share to be worth it): the same too.
+    from onnxsmith.int8_engine import statistics
+    from onnxsmith.io.load import load_model
+
+    feeds = [dict(np.load(p)) for p in sorted(calibration.iterdir())]
+    conv = next(n for n in load_model(FIXTURE).graph if n.op_type == "Conv")
+    names = {conv.inputs[0].name, conv.outputs[0].name}
+    with RayEngine(made.address, workers=2) as engine:
+        on_ray = statistics.measure_ranges(FIXTURE, feeds, names, engine=engine)
+    assert on_ray == statistics.measure_ranges(FIXTURE, feeds, names) and on_ray.keys() == names

@@ -11,13 +11,8 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.int8_engine.measure import (
-    SensitivityProbe,
-    input_grams,
-    measure_inputs,
-    measure_layer_errors,
-    unsmoothed_name,
-)
+from onnxsmith.int8_engine.measure import SensitivityProbe, measure_layer_errors, unsmoothed_name
+from onnxsmith.int8_engine.statistics import input_grams, measure_inputs
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
 from onnxsmith.runtime.inputs import random_inputs

@@ -68,7 +68,7 @@ from onnxsmith.runtime.inputs import (
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.settings.bench import BenchOptions
-from onnxsmith.settings.execution import ExecutionOptions
+from onnxsmith.settings.execution import EngineOptions, ExecutionOptions
 from onnxsmith.settings.gate import GateOptions
 from onnxsmith.settings.inputs import InputOptions
 from onnxsmith.tasks import get_task, lm
@@ -394,13 +394,23 @@ def transform(
     work, and the variant is staged beside it.
     """
     transform_cls = type(get_transform(name))
-    verify, settings = _arguments(name, keywords, samples, _TRANSFORM_PARAMETERS, transform_cls.Options)
+    on_engines = [f.name for f in dataclasses.fields(EngineOptions)] if transform_cls.on_engines else []
+    where = opts.build(
+        EngineOptions, {k: keywords.pop(k) for k in on_engines if k in keywords}, where=f"onnxsmith.{name}()"
+    )
+    verify, settings = _arguments(
+        name, keywords, samples, _TRANSFORM_PARAMETERS + tuple(on_engines), transform_cls.Options
+    )
     unseen = transform_cls.judged_on_unseen
-    with _prepared(model, verify, out=out, external_data=external_data, unseen=unseen) as (
-        source,
-        verification,
-        staging,
+    with (
+        _prepared(model, verify, out=out, external_data=external_data, unseen=unseen) as (
+            source,
+            verification,
+            staging,
+        ),
+        make_engine(where) as engine,
     ):
+        verification = dataclasses.replace(verification, engine=engine)
         staged = make_variant(source, [(name, settings)], verification, staging, progress)
     return Variant(staged)
 

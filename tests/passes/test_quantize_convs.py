@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.int8_engine.measure import measure_ranges
+from onnxsmith.int8_engine.statistics import measure_ranges
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.runtime import runner

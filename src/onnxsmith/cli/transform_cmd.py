@@ -19,6 +19,7 @@ from onnxsmith.cli.render import comparison_table
 from onnxsmith.core import options as opts
 from onnxsmith.io.files import human_bytes
 from onnxsmith.settings import TransformSettings
+from onnxsmith.settings.execution import ENGINE_TITLE, EngineOptions
 
 if TYPE_CHECKING:
     from onnxsmith import api
@@ -29,6 +30,8 @@ def register_transform(parser: argparse.ArgumentParser, transform: TransformSett
     parser.add_argument("output", help="where to write the variant")
     opts.add_arguments(parser, transform.options)
     add_verify_options(parser, samples=samples, taken=_own_options(transform))
+    if transform.on_engines:
+        opts.add_arguments(parser, EngineOptions, title=ENGINE_TITLE)
     parser.add_argument(
         "--external-data", action="store_true", help="store weights in OUT.data even if they fit one file"
     )
@@ -55,6 +58,7 @@ def run_transform_command(args: argparse.Namespace, transform: TransformSettings
             transform.name,
             **opts.to_json(options),
             **verify_keywords(args, taken=_own_options(transform)),
+            **(opts.given_args(args, EngineOptions) if transform.on_engines else {}),
             external_data=True if args.external_data else None,
             out=args.output,
             progress=progress,

@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import onnx_ir as ir
@@ -51,6 +51,16 @@ Judge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float]
 def _temporary_folder() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="onnxsmith-step-") as tmp:
         yield Path(tmp)
+
+
+class JobEngine(Protocol):
+    """Where a measurement's jobs run (:mod:`onnxsmith.execution.engine`: this process or a Ray cluster)."""
+
+    def map(
+        self, worker: Any, jobs: Sequence[Any], *, on_result: Callable[[int, Any], None] | None = None
+    ) -> list[Any]: ...
+
+    def release(self, worker: Any) -> None: ...
 
 
 @dataclass
@@ -87,6 +97,9 @@ class TransformContext:
     #: A private folder for :meth:`model_file`'s copies, removed when the block ends (release/ gives one that a
     #: later run removes if this one is killed).
     scratch: Callable[[], AbstractContextManager[Path]] = _temporary_folder
+    #: Where calibration statistics that add up over input sets are measured, in shards (None: this process);
+    #: the variant is the same either way (int8_engine/statistics.py).
+    engine: JobEngine | None = None
 
     def changed(self) -> None:
         """The step edited the model (fused it, folded its BatchNorms) before measuring it: the source file no
@@ -151,11 +164,14 @@ class Transform:
     #: Whether the variant holds what was measured on the calibration inputs (int8's static activation scales):
     #: then made-up inputs calibrate it and other made-up inputs judge it, so the gate sees inputs it was not fit to.
     judged_on_unseen: ClassVar[bool] = False
+    #: Whether it measures calibration statistics in shards on ``TransformContext.engine`` (settings' on_engines).
+    on_engines: ClassVar[bool] = False
 
     def __init_subclass__(cls, settings: Any = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if settings is not None:
             cls.name, cls.summary, cls.Options = settings.name, settings.summary, settings.options
+            cls.on_engines = settings.on_engines
 
     def apply(self, model: ir.Model, options: Any, context: TransformContext) -> StepReport:
         raise NotImplementedError

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from onnxsmith.core.errors import OnnxsmithError, UsageError
-from onnxsmith.settings.execution import ExecutionOptions
+from onnxsmith.settings.execution import EngineOptions
 
 #: How often one job may lose its worker (a killed process, a node gone) before the run gives up.
 RETRIES = 3
@@ -38,6 +38,12 @@ class Engine:
 
     def describe(self) -> str:
         return "this process"
+
+    def release(self, worker: Worker) -> None:
+        """``worker`` is done with: what it holds warm (sessions, mapped weights) is let go."""
+        close = getattr(worker, "close", None)
+        if close is not None:
+            close()
 
     def close(self) -> None:
         pass
@@ -95,7 +101,9 @@ class RayEngine(Engine):
             # No address: start a cluster on this machine; else join the one there. Ray's own INFO lines
             # (and its workers' output) would be interleaved with onnxsmith's: warnings only.
             ray.init(
-                address=address,
+                # "local": always a new cluster here; None would join whatever RAY_ADDRESS or the last
+                # `ray start` on this machine names (a test's cluster, someone else's).
+                address=address or "local",
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.WARNING,
@@ -167,6 +175,12 @@ class RayEngine(Engine):
                 start(actor)
         return results
 
+    def release(self, worker: Worker) -> None:
+        """The actors holding ``worker`` stopped (a measurement's workers are not kept for the next one)."""
+        _, actors = self._pools.pop(id(worker), (None, []))
+        for actor in actors:
+            self._ray.kill(actor)
+
     def close(self) -> None:
         for _, actors in self._pools.values():
             for actor in actors:
@@ -176,7 +190,7 @@ class RayEngine(Engine):
             self._ray.shutdown()
 
 
-def make_engine(options: ExecutionOptions) -> Engine:
+def make_engine(options: EngineOptions) -> Engine:
     """The engine ``options`` name: a Ray cluster's, else this process."""
     if options.on_ray:
         return RayEngine(options.address, options.workers)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from onnxsmith.core.transform import TransformContext
-from onnxsmith.int8_engine.measure import measure_ranges
 from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvFacts, Part
+from onnxsmith.int8_engine.statistics import measure_ranges
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, int8_rank_problem, uint8_params
 from onnxsmith.settings.int8 import Int8Options
 
@@ -45,7 +45,8 @@ def measure_convs(
         return parts
     context.progress(f"int8: measuring the activation ranges of {len(convs)} Convs")
     feeds = context.range_feeds or context.feeds
-    ranges = measure_ranges(path, feeds, {v.name for conv in convs for v in (conv.input, conv.output)})
+    names = {v.name for conv in convs for v in (conv.input, conv.output)}
+    ranges = measure_ranges(path, feeds, names, engine=context.engine)
     for conv in convs:
         x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)
         if x is not None and y is not None:

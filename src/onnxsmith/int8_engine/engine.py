@@ -21,7 +21,6 @@ from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import StepReport, TransformContext
 from onnxsmith.int8_engine.convs import measure_convs, ranges_are_real
 from onnxsmith.int8_engine.forms import compensated_weights, offer_forms, with_few_rows
-from onnxsmith.int8_engine.measure import measure_inputs
 from onnxsmith.int8_engine.parts import (
     MIN_SIDE,
     LinearFacts,
@@ -43,6 +42,7 @@ from onnxsmith.int8_engine.report import (
 )
 from onnxsmith.int8_engine.search import SPEED_SECONDS, SearchSpace, check_speed, search_parts, without_search
 from onnxsmith.int8_engine.speed import Int8Timer
+from onnxsmith.int8_engine.statistics import measure_inputs
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs
@@ -145,7 +145,7 @@ def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
 def _linear_parts(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
     """(the Linears' input statistics, a part per Linear with the reason of those that cannot go int8)."""
     context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
-    stats = measure_inputs(path, context.feeds) if linears else {}
+    stats = measure_inputs(path, context.feeds, context.engine) if linears else {}
     batch = vectors_per_sample(context.feeds[0])
     parts: dict[str, Part] = {}
     for linear in linears:

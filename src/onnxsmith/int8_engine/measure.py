@@ -4,26 +4,28 @@ Five measurements, each one session on an instrumented copy of the model (the co
 never written; its Linears, tables and Convs are found by passes/quantize_linears.py,
 quantize_tables.py and quantize_convs.py, their int8 nodes made by the builders the passes use):
 
-1. :func:`measure_inputs`: per input channel, the max |x| of every Linear's input, and the
+1. ``statistics.measure_inputs``: per input channel, the max |x| of every Linear's input, and the
    input's element count (is it one vector per sample, or a token matrix?).
 2. :func:`measure_layer_errors`: beside every Linear, its int8 forms (unsmoothed, smoothed
    with each candidate alpha) on the *same* fp32 input; the error is the RMS over output
    channels of ``||Δy_j|| / ||y_j||``. Per channel, because a massive output channel (the
    face-age net's 1.5e5) would otherwise hide what happens to all the others.
-3. :func:`measure_ranges`: min and max of values (a Conv's input and output: the static
+3. ``statistics.measure_ranges``: min and max of values (a Conv's input and output: the static
    activation scales of its QLinearConv form).
 4. :class:`SensitivityProbe`: every candidate Linear, table and Conv computes both forms and a
    boolean input picks one (``Where``), so one session answers "how far do the model's
    outputs move when *these* are int8", for any set. A per-layer error does not see what
    follows a layer (softmax amplifies an attention projection's error); this does.
-5. :func:`input_grams`: ``XᵀX`` of every Linear's input, what error-compensating rounding
+5. ``statistics.input_grams``: ``XᵀX`` of every Linear's input, what error-compensating rounding
    (passes/quantization.quantize_columns_compensated) weighs the weights' rounding errors by.
+
+1, 3 and 5 add up over input sets: int8_engine/statistics.py measures them in shards, on any engine.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +36,7 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import ensure_types
 from onnxsmith.passes.quantize_convs import ConvBuilder, ConvPlan, find_convs
-from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, Int8Form, LinearPlan, by_input, find_linears
+from onnxsmith.passes.quantize_linears import MS_DOMAIN, Int8Builder, Int8Form, LinearPlan, find_linears
 from onnxsmith.passes.quantize_tables import TableBuilder, find_tables
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
@@ -50,7 +52,7 @@ class InputStats:
     rows: int  # elements / K: vectors the Linear multiplies per run
 
 
-class _Builder:
+class ProbeBuilder:
     """Appends small node chains after a value's producer and names their outputs."""
 
     def __init__(self, model: ir.Model) -> None:
@@ -87,103 +89,11 @@ class _Builder:
             self.graph.insert_before(next(iter(self.graph)), block)
 
 
-def _load(model_path: str | os.PathLike) -> ir.Model:
+def load_probed(model_path: str | os.PathLike) -> ir.Model:
     model = load_model(model_path)
     ensure_types(model)
     model.opset_imports.setdefault(MS_DOMAIN, 1)
     return model
-
-
-def measure_inputs(model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]]) -> dict[str, InputStats]:
-    """Per Linear (by name): its input's per-channel max |x| and size, over every input set."""
-    model = _load(model_path)
-    build = _Builder(model)
-    outputs: dict[str, tuple[str, str]] = {}  # input value name -> (absmax output, size output)
-    users: dict[str, str] = {}
-    for linear in find_linears(model):
-        x = linear.input
-        users[linear.name] = x.name
-        if x.name in outputs:
-            continue
-        block: list = []
-        rows = build.matrix(block, build.node(block, "Abs", [x]), linear.kn()[0])
-        absmax = build.reduce(block, "ReduceMax", rows, [0])
-        size = build.node(block, "Size", [x])
-        build.place_after(x, block)
-        model.graph.outputs.extend([absmax, size])
-        outputs[x.name] = (absmax.name, size.name)
-    if not outputs:
-        return {}
-    session = runner.open_session(model, options=runner.session_options(optimize=False), label=model_path)
-    peaks: dict[str, np.ndarray] = {}
-    sizes: dict[str, int] = {}
-    names = [n for pair in outputs.values() for n in pair]
-    for feeds in feeds_list:
-        results = runner.run(session, adapt_feeds(feeds, model), names, label=model_path)
-        for x, (absmax, size) in outputs.items():
-            value = np.nan_to_num(np.asarray(results[absmax], dtype=np.float32), nan=0.0, posinf=0.0)
-            peaks[x] = value if x not in peaks else np.maximum(peaks[x], value)
-            sizes[x] = max(sizes.get(x, 0), int(results[size]))
-    del session
-    release_weights(model)
-    found = {}
-    for name, x in users.items():
-        if x in peaks:
-            k = max(int(peaks[x].size), 1)
-            found[name] = InputStats(peaks[x], sizes[x], sizes[x] // k)
-    return found
-
-
-def input_grams(
-    model_path: str | os.PathLike,
-    feeds_list: list[dict[str, np.ndarray]],
-    linears: set[str],
-    max_bytes: int = 512 << 20,
-) -> Iterator[tuple[list[str], np.ndarray]]:
-    """``XᵀX`` [K, K] of the input of the Linears named in ``linears`` (rows: every vector they multiply, over
-    every input set), one input at a time: (the Linears reading it, its Gram matrix). What error-compensating
-    rounding weighs a weight's rounding errors by. Inputs are measured in groups of at most ``max_bytes`` of
-    Gram matrices, a session each (a ViT-L's 97 inputs hold 1.8 GB of them)."""
-    model = _load(model_path)
-    groups = [
-        (x.name, readers[0].kn()[0], [r.name for r in readers])
-        for x, readers in by_input(r for r in find_linears(model) if r.name in linears).items()
-    ]
-    release_weights(model)
-    start = 0
-    while start < len(groups):
-        stop, size = start, 0
-        while stop < len(groups) and (stop == start or size + 4 * groups[stop][1] ** 2 <= max_bytes):
-            size += 4 * groups[stop][1] ** 2
-            stop += 1
-        yield from _grams(model_path, feeds_list, groups[start:stop])
-        start = stop
-
-
-def _grams(model_path, feeds_list, groups) -> Iterator[tuple[list[str], np.ndarray]]:
-    model = _load(model_path)
-    build = _Builder(model)
-    values = {v.name: v for node in model.graph for v in node.outputs} | {v.name: v for v in model.graph.inputs}
-    outputs = []
-    for x_name, k, _ in groups:
-        x = values[x_name]
-        block: list = []
-        rows = build.matrix(block, x, k)
-        gram = build.node(block, "MatMul", [build.node(block, "Transpose", [rows], {"perm": [1, 0]}), rows])
-        build.place_after(x, block)
-        model.graph.outputs.append(gram)
-        outputs.append(gram.name)
-    session = runner.open_session(model, options=runner.session_options(optimize=False), label=model_path)
-    sums = [np.zeros((k, k), np.float64) for _, k, _ in groups]
-    for feeds in feeds_list:
-        results = runner.run(session, adapt_feeds(feeds, model), outputs, label=model_path)
-        for total, name in zip(sums, outputs):
-            total += np.nan_to_num(np.asarray(results[name], dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        del results
-    del session
-    release_weights(model)
-    for (_, _, readers), total in zip(groups, sums):
-        yield readers, total
 
 
 @dataclass
@@ -191,40 +101,6 @@ class ValueRange:
     low: float
     high: float
     elements: int  # largest element count seen
-
-
-def measure_ranges(
-    model_path: str | os.PathLike, feeds_list: list[dict[str, np.ndarray]], names: set[str]
-) -> dict[str, ValueRange]:
-    """Per value (by name): its min and max over every input set (the static activation scales' source)."""
-    model = _load(model_path)
-    build = _Builder(model)
-    values = {v.name: v for node in model.graph for v in node.outputs} | {v.name: v for v in model.graph.inputs}
-    outputs: dict[str, tuple[str, str, str]] = {}
-    for name in sorted(names & set(values)):
-        x = values[name]
-        block: list = []
-        low = build.node(block, "ReduceMin", [x], {"keepdims": 0})
-        high = build.node(block, "ReduceMax", [x], {"keepdims": 0})
-        size = build.node(block, "Size", [x])
-        build.place_after(x, block)
-        model.graph.outputs.extend([low, high, size])
-        outputs[name] = (low.name, high.name, size.name)
-    if not outputs:
-        return {}
-    session = runner.open_session(model, options=runner.session_options(optimize=False), label=model_path)
-    found: dict[str, ValueRange] = {}
-    for feeds in feeds_list:
-        results = runner.run(
-            session, adapt_feeds(feeds, model), [n for t in outputs.values() for n in t], label=model_path
-        )
-        for name, (low, high, size) in outputs.items():
-            seen = ValueRange(float(results[low]), float(results[high]), int(results[size]))
-            old = found.get(name, seen)
-            found[name] = ValueRange(min(old.low, seen.low), max(old.high, seen.high), max(old.elements, seen.elements))
-    del session
-    release_weights(model)
-    return found
 
 
 def measure_layer_errors(
@@ -235,8 +111,8 @@ def measure_layer_errors(
 ) -> dict[str, dict[object, float]]:
     """Per Linear (by name) in ``forms``: its int8 error for each form (label -> :class:`LinearPlan`), its
     activations quantized in one pass or ``two_pass`` (weights rounded to nearest)."""
-    model = _load(model_path)
-    build = _Builder(model)
+    model = load_probed(model_path)
+    build = ProbeBuilder(model)
     graph = model.graph
     int8 = Int8Builder(graph, build.names, Int8Form(two_pass=two_pass))
     wanted: dict[str, dict[float | None, str]] = {}
@@ -336,8 +212,8 @@ class SensitivityProbe:
     _stacked_reference: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        model = _load(self.model_path)
-        build = _Builder(model)
+        model = load_probed(self.model_path)
+        build = ProbeBuilder(model)
         graph = model.graph
         self.switches: dict[str, str] = {}
         int8 = Int8Builder(graph, build.names, self.form)
@@ -373,7 +249,7 @@ class SensitivityProbe:
         self.session = runner.open_session(model, label=self.model_path)
         self.reference = self.run(set())
 
-    def _switch(self, build: _Builder, name: str, y: ir.Value, nodes: list[ir.Node]) -> None:
+    def _switch(self, build: ProbeBuilder, name: str, y: ir.Value, nodes: list[ir.Node]) -> None:
         """After ``y``'s producer: ``nodes`` (computing y in int8), then Where(switch ``name``, int8, y)."""
         graph = build.graph
         if name not in self.switches:

@@ -425,7 +425,7 @@ def _build_on(recipe: Recipe, release: Path, progress, log, run_bench: bool, eng
         def step_progress(message: str, prefix: str = prefix) -> None:
             progress(prefix + message)
 
-        outcome = _make_variant(recipe, variant, release, feeds, task_run, step_progress)
+        outcome = _make_variant(recipe, variant, release, feeds, task_run, step_progress, engine)
         outcomes.append(outcome)
         if outcome.published:
             summary = ""
@@ -520,14 +520,22 @@ def _include(recipe: Recipe, release: Path, published: list) -> list[dict]:
 
 
 def _make_variant(
-    recipe: Recipe, variant: VariantSpec, release: Path, feeds, task_run: TaskRun | None, progress
+    recipe: Recipe,
+    variant: VariantSpec,
+    release: Path,
+    feeds,
+    task_run: TaskRun | None,
+    progress,
+    engine: Engine | None = None,
 ) -> VariantOutcome:
     """The variant ``variant`` asks for, made, judged by the one gate and the task's gates (one repair loop:
-    release/variant.py) and committed to the release only when both pass."""
+    release/variant.py) and committed to the release only when both pass; calibration statistics measured on
+    ``engine`` (the build's [execution])."""
     target = release / variant.file
     target.parent.mkdir(parents=True, exist_ok=True)
     steps = [(s.name, s.options) for s in variant.steps]
-    verification = Verification(feeds, gate=variant.gate, real_inputs=task_run is not None and task_run.real_inputs)
+    real = task_run is not None and task_run.real_inputs
+    verification = Verification(feeds, gate=variant.gate, real_inputs=real, engine=engine)
     gates = _task_gates(recipe, task_run, feeds, variant.name, progress)
     staged = make_variant(recipe.source, steps, verification, Staging(target), progress, acceptance=gates)
     report = staged.report

@@ -33,7 +33,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
-from onnxsmith.core.transform import Judge, Progress, StepReport, Transform, TransformContext
+from onnxsmith.core.transform import JobEngine, Judge, Progress, StepReport, Transform, TransformContext
 from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file, staging_dir
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
@@ -276,6 +276,8 @@ class Verification:
     range_feeds: list[dict[str, np.ndarray]] | None = None
     #: What each input was taken to be (analysis/input_roles.py), where onnxsmith made or converted the inputs.
     inputs: tuple[str, ...] = ()
+    #: Where calibration statistics are measured (``TransformContext.engine``; None: this process).
+    engine: JobEngine | None = None
 
     @property
     def judged_on(self) -> list[dict[str, np.ndarray]]:
@@ -294,6 +296,7 @@ class Verification:
             guessed_ranges=self.guessed_ranges,
             range_feeds=self.range_feeds,
             scratch=lambda: staging_dir(tempfile.gettempdir()),  # removed by a later run if this one is killed
+            engine=self.engine,
         )
 
 

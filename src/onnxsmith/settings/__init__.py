@@ -20,6 +20,8 @@ class TransformSettings:
     summary: str
     #: Its options dataclass: one flag, one recipe key and one API keyword per field.
     options: type
+    #: Whether it measures calibration statistics in shards on an engine (--engine, --ray, --workers).
+    on_engines: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from onnxsmith.core.options import POSITIVE, check_numbers, option
 
 EXECUTION_TITLE = "execution (samples run in shards, here or on a Ray cluster; the same numbers either way)"
+#: int8's: its calibration statistics in shards of 16 input sets (int8_engine/statistics.py).
+ENGINE_TITLE = "execution (calibration statistics measured in shards, here or on a Ray cluster; the same variant)"
 
 ENGINES = ["local", "ray"]
 
 
 @dataclass(frozen=True)
-class ExecutionOptions:
+class EngineOptions:
     """``engine``: this process (``local``) or a Ray cluster (``ray``: the one at ``address``, else one started
-    here); a recipe's ``[execution]`` table, ``validate``'s flags (``--ray ADDRESS`` gives the address and
-    the engine at once) and ``onnxsmith.validate``'s keywords."""
+    here). int8's flags and keywords (its calibration statistics, measured in shards)."""
 
     engine: str = option("local", "where the shards run: this process, or a Ray cluster", choices=ENGINES)
     address: str | None = option(
@@ -32,12 +33,6 @@ class ExecutionOptions:
     workers: int | None = option(
         None, "Ray workers, each holding warm sessions (default: one per CPU of the cluster)", number=POSITIVE
     )
-    shard_size: int = option(64, "samples per shard (a multiple of the batch size is used)", number=POSITIVE)
-    shard_dir: str | None = option(
-        None,
-        "keep each shard's outputs in this folder: a rerun with the same models, data and options resumes there",
-        metavar="DIR",
-    )
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -45,3 +40,16 @@ class ExecutionOptions:
     @property
     def on_ray(self) -> bool:
         return self.engine == "ray" or self.address is not None
+
+
+@dataclass(frozen=True)
+class ExecutionOptions(EngineOptions):
+    """Where a validation's samples run, in shards: a recipe's ``[execution]`` table, ``validate``'s and
+    ``build``'s flags (``--ray ADDRESS`` gives the address and the engine at once) and their keywords."""
+
+    shard_size: int = option(64, "samples per shard (a multiple of the batch size is used)", number=POSITIVE)
+    shard_dir: str | None = option(
+        None,
+        "keep each shard's outputs in this folder: a rerun with the same models, data and options resumes there",
+        metavar="DIR",
+    )

@@ -84,4 +84,5 @@ INT8 = TransformSettings(
     "int8",
     "Linear layers, embedding tables and Convs int8 where measured error allows, for onnxruntime on CPU",
     Int8Options,
+    on_engines=True,
 )
