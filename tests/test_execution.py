@@ -338,3 +338,23 @@ def test_int8_calibrated_on_ray_is_the_same_variant_byte_for_byte(cluster, tmp_p
     with RayEngine(made.address, workers=2) as engine:
         on_ray = statistics.measure_ranges(FIXTURE, feeds, names, engine=engine)
     assert on_ray == statistics.measure_ranges(FIXTURE, feeds, names) and on_ray.keys() == names
+
+
+@pytest.mark.slow
+def test_fp16_calibrated_on_ray_is_the_same_variant_byte_for_byte(cluster, tmp_path, faces):
+    from onnxsmith.probes.ranges import SHARD, measure_ranges
+
+    made, _ = cluster
+    calibration = _calibration(tmp_path / "calib", faces, 2 * SHARD + 3)
+    feeds = [dict(np.load(p)) for p in sorted(calibration.iterdir())]
+    with RayEngine(made.address, workers=2) as engine:
+        outputs_ray: dict = {}
+        on_ray = measure_ranges(FIXTURE, feeds, outputs=outputs_ray, derive_movement=True, engine=engine)
+    outputs_here: dict = {}
+    assert on_ray == measure_ranges(FIXTURE, feeds, outputs=outputs_here, derive_movement=True)
+    assert outputs_ray.keys() == outputs_here.keys()
+    for name, value in outputs_here.items():
+        np.testing.assert_array_equal(outputs_ray[name], value)
+    here = onnxsmith.fp16(FIXTURE, feeds=str(calibration)).save(tmp_path / "here.onnx")
+    spread = onnxsmith.fp16(FIXTURE, feeds=str(calibration), address=made.address).save(tmp_path / "ray.onnx")
+    assert [f.sha256 for f in spread] == [f.sha256 for f in here]

@@ -108,7 +108,7 @@ def measured(model: ir.Model, context: TransformContext) -> Iterator[Measurement
     for the gate."""
     outputs: dict[str, np.ndarray] = {}
     with context.model_file(model) as path:
-        ranges = measure_ranges(path, context.feeds, outputs=outputs, derive_movement=True)
+        ranges = measure_ranges(path, context.feeds, outputs=outputs, derive_movement=True, engine=context.engine)
         # After an edit the outputs are the edited model's, not the source's: not reused.
         if context.model_is_source:
             context.reference = ReferenceOutputs(outputs, FAITHFUL if has_fp16(model) else NATIVE)

@@ -9,7 +9,10 @@ values too small for fp16) whose scalar results are the only extra outputs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -17,6 +20,7 @@ import onnx_ir as ir
 from onnxsmith.analysis.measurements import TensorRange
 from onnxsmith.analysis.precision_policy import MOVEMENT_OPS
 from onnxsmith.core.limits import FP16_MIN_NORMAL
+from onnxsmith.core.transform import JobEngine
 from onnxsmith.io.load import load_model, release_weights
 from onnxsmith.irutil.casts import insert_after_producer
 from onnxsmith.irutil.names import node_label
@@ -82,6 +86,82 @@ def instrument(model: ir.Model, values: list[ir.Value]) -> list[str]:
     return added
 
 
+#: Input sets per shard where an engine runs them.
+SHARD = 16
+
+
+def _session_options(threads: int | None = None):
+    """Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip the measured
+    tensors anyway), and in priority order, so each measured tensor is reduced and freed as soon as it is made
+    rather than held until the whole graph has run."""
+    return runner.session_options(optimize=False, priority_order=True, threads=threads)
+
+
+def _measured(model: ir.Model, fp16_storage: bool, derive_movement: bool):
+    """``model`` made what is measured (fp16 storage emulated, or typed), and (its measured tensors with node and
+    order, those tensors in one group per session): the same in every process that measures it."""
+    # Instrumenting adds outputs and emulation keeps the interface: the inputs stay the model's own.
+    if fp16_storage:
+        emulate_fp16_storage(model)
+    else:
+        ensure_types(model)
+    targets = measurable_values(model, skip_movement=derive_movement)
+    return targets, _chunks([v for v, _, _ in targets], len(model.graph))
+
+
+def _add_up(each_set, own: list[str], stats: dict[str, dict[str, float]], collected: dict[str, list]) -> None:
+    """Each input set's results into ``stats`` (maxima and sums: the same in any order) and ``collected``."""
+    for results in each_set:
+        results = dict(results)
+        for name in own:
+            collected.setdefault(name, []).append(results.pop(name))
+        for name, array in results.items():
+            tensor, _, suffix = name.rpartition("::")
+            entry = stats.setdefault(
+                tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0}
+            )
+            value = float(array)
+            entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
+
+
+@dataclass
+class RangeWorker:
+    """What a worker holds: the session on the model instrumented for group ``chunk`` of its tensors; a shard of
+    input sets in, each set's results out (scalars per tensor, and the model's outputs where ``own``)."""
+
+    model_path: str
+    fp16_storage: bool
+    derive_movement: bool
+    chunk: int
+    own: bool
+    threads: int | None = None
+    _open: tuple[ir.Model, runner.Session, list[str]] | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": None}  # a session stays where it was opened
+
+    def with_threads(self, threads: int) -> RangeWorker:
+        return dataclasses.replace(self, threads=threads, _open=None)
+
+    def __call__(self, shard: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        if self._open is None:
+            model = load_model(self.model_path)
+            _, chunks = _measured(model, self.fp16_storage, self.derive_movement)
+            own = [v.name for v in model.graph.outputs] if self.own else []
+            names = instrument(model, chunks[self.chunk])
+            session = runner.open_session(model, options=_session_options(self.threads), label=self.model_path)
+            self._open = model, session, own + names
+        model, session, names = self._open
+        return [runner.run(session, adapt_feeds(f, model), names, label=self.model_path) for f in shard]
+
+    def close(self) -> None:
+        if self._open is not None:
+            model, session, _ = self._open
+            self._open = None
+            del session
+            release_weights(model)
+
+
 def _const(value: np.generic, name: str) -> ir.Value:
     node = ir.node("Constant", [], attributes={"value": ir.tensor(np.asarray(value))}, num_outputs=1)
     node.outputs[0].name = name
@@ -141,6 +221,7 @@ def measure_ranges(
     fp16_storage: bool | None = None,
     outputs: dict[str, np.ndarray] | None = None,
     derive_movement: bool = False,
+    engine: JobEngine | None = None,
 ) -> list[TensorRange]:
     """Run ``model_path`` on every input set and return each float tensor's range, in graph order.
 
@@ -151,38 +232,31 @@ def measure_ranges(
     ``derive_movement``: do not measure what pure data movement (Reshape, Transpose, Slice,
     Concat, ...) makes; give it its inputs' range instead, an upper bound (``elements`` 0).
     A third of a transformer's tensors are such copies: measuring is that much faster.
+    ``engine``: where the input sets run, in shards of :data:`SHARD` (None: here, one after another); each
+    set's results are added up here in the sets' order, so the ranges are the same on every engine.
     """
     model = load_model(model_path)
-    # Instrumenting adds outputs and emulation keeps the interface: the inputs stay the model's own.
-    own = [v.name for v in model.graph.outputs] if outputs is not None else []
     if fp16_storage is None:
         fp16_storage = has_fp16(model)
-    if fp16_storage:
-        emulate_fp16_storage(model)
-    else:
-        ensure_types(model)
-    targets = measurable_values(model, skip_movement=derive_movement)
-    # Unoptimised (the same arithmetic; the instrumented graph is large and fusions would skip
-    # the measured tensors anyway), and in priority order, so each measured tensor is reduced and
-    # freed as soon as it is made rather than held until the whole graph has run.
-    options = runner.session_options(optimize=False, priority_order=True)
+    targets, chunks = _measured(model, fp16_storage, derive_movement)
+    own = [v.name for v in model.graph.outputs] if outputs is not None else []
     stats: dict[str, dict[str, float]] = {}
     collected: dict[str, list[np.ndarray]] = {}
-    for chunk in _chunks([v for v, _, _ in targets], len(model.graph)):
-        with _instrumented(model, chunk) as names:
-            session = runner.open_session(model, options=options, label=model_path)
-        for feeds in feeds_list:
-            results = runner.run(session, adapt_feeds(feeds, model), own + names, label=model_path)
-            for name in own:
-                collected.setdefault(name, []).append(results.pop(name))
-            for name, array in results.items():
-                tensor, _, suffix = name.rpartition("::")
-                entry = stats.setdefault(
-                    tensor, {"absmax": 0.0, "nonfinite": 0.0, "tiny": 0.0, "nonzero": 0.0, "elements": 0.0}
-                )
-                value = float(array)
-                entry[suffix] = max(entry[suffix], value) if suffix in ("absmax", "elements") else entry[suffix] + value
-        del session  # it reads the weights' maps: free it before unmapping them (and before the next one)
+    for index, chunk in enumerate(chunks):
+        if engine is None:
+            with _instrumented(model, chunk) as names:
+                session = runner.open_session(model, options=_session_options(), label=model_path)
+            each = (runner.run(session, adapt_feeds(f, model), own + names, label=model_path) for f in feeds_list)
+            _add_up(each, own, stats, collected)
+            del session  # it reads the weights' maps: free it before unmapping them (and before the next one)
+        else:
+            worker = RangeWorker(os.fspath(model_path), fp16_storage, derive_movement, index, bool(own))
+            shards = [list(feeds_list[i : i + SHARD]) for i in range(0, len(feeds_list), SHARD)]
+            try:
+                results = engine.map(worker, shards)
+            finally:
+                engine.release(worker)
+            _add_up((r for shard in results for r in shard), own, stats, collected)
         own = []  # the model's own outputs: from the first session
     release_weights(model)
     if outputs is not None:

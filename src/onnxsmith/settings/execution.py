@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from onnxsmith.core.options import POSITIVE, check_numbers, option
 
 EXECUTION_TITLE = "execution (samples run in shards, here or on a Ray cluster; the same numbers either way)"
-#: int8's: its calibration statistics in shards of 16 input sets (int8_engine/statistics.py).
+#: fp16's and int8's: their calibration statistics in shards of 16 input sets (probes/ranges.py,
+#: int8_engine/statistics.py).
 ENGINE_TITLE = "execution (calibration statistics measured in shards, here or on a Ray cluster; the same variant)"
 
 ENGINES = ["local", "ray"]
@@ -20,7 +21,7 @@ ENGINES = ["local", "ray"]
 @dataclass(frozen=True)
 class EngineOptions:
     """``engine``: this process (``local``) or a Ray cluster (``ray``: the one at ``address``, else one started
-    here). int8's flags and keywords (its calibration statistics, measured in shards)."""
+    here). fp16's and int8's flags and keywords (their calibration statistics, measured in shards)."""
 
     engine: str = option("local", "where the shards run: this process, or a Ray cluster", choices=ENGINES)
     address: str | None = option(

@@ -44,4 +44,5 @@ FP16 = TransformSettings(
     "fp16",
     "weights and compute to fp16, with fp32 islands where measured ranges overflow (never NaN)",
     Fp16Options,
+    on_engines=True,
 )
