@@ -54,8 +54,9 @@ def variant(tmp_path_factory) -> Path:
 
 
 def _validate(variant: Path, faces: Path, **execution) -> dict:
+    """The validation's JSON but where it ran (which the engines say differently, and nothing else)."""
     validation = onnxsmith.validate(FIXTURE, variant, task="faceage", data=faces, **execution)
-    return validation.to_json()
+    return {k: v for k, v in validation.to_json().items() if k != "ran_on"}
 
 
 # ---- this process --------------------------------------------------------------------------------------------
@@ -197,7 +198,11 @@ def test_validation_on_ray_equals_this_process_even_when_a_worker_is_lost(cluste
         FIXTURE, variant, task="faceage", data=faces, address=made.address, workers=2, shard_size=100, progress=progress
     )
     assert removed, "the run ended before a worker could be lost"
-    assert validation.to_json() == here
+    assert {k: v for k, v in validation.to_json().items() if k != "ran_on"} == here
+    assert (
+        validation.ran_on
+        == "20 shard(s) of up to 104 samples (whole batches of 8) on 2 worker(s) on the Ray cluster at " + made.address
+    )
 
 
 def test_validate_help_lists_where_samples_run():
@@ -279,7 +284,7 @@ def test_build_of_a_folder_of_recipes_prints_what_became_of_each(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "alpha" in result.stdout and "beta" in result.stdout and "fp16-io" in result.stdout
+    assert "releases" in result.stdout and "not published" in result.stdout
     assert sorted(_releases(tmp_path / "out")) == ["alpha", "beta"]
 
 

@@ -110,7 +110,7 @@ def _run_many(args: argparse.Namespace, execution: dict) -> int:
         )
     table = Table(title="releases", title_justify="left")
     for column in ("recipe", "release", "published", "not published"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a path folded, not cut short: it is what a user looks for
     for r in results:
         refused = r.error or "; ".join(f"{name} ({why})" for name, why in r.failed) or "-"
         cells = (r.recipe, r.out, ", ".join(r.published) or "-")

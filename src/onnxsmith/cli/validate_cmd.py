@@ -16,6 +16,7 @@ from onnxsmith.cli.common import add_fp16_mode_option, err, out
 from onnxsmith.cli.release_tables import rows_table, validation_table, worst_table
 from onnxsmith.cli.task_args import add_task_arguments, parse_gates, task_options_from_args
 from onnxsmith.core import options as opts
+from onnxsmith.core.text import for_terminal
 from onnxsmith.io.files import write_text_atomic
 from onnxsmith.settings.execution import EXECUTION_TITLE, ExecutionOptions
 
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             **options,
         )
     out.print(validation_table([validation]))
+    out.print(Text(f"samples run in {for_terminal(validation.ran_on)}", style="dim"))
     if validation.worst:
         out.print(worst_table(validation))
     if args.details:

@@ -128,7 +128,13 @@ def _validation_section(spec: dict, variants: list[dict]) -> list[str]:
     faithful = any(v["validation"]["modes"]["candidate"] != "native" for v in validated)
     out = [
         "<h2>Validation</h2>",
-        f"<p>Against the source on {escape(spec['data'])} (task <code>{escape(spec['task'])}</code>). "
+        f"<p>Against the source on {escape(spec['data'])} (task <code>{escape(spec['task'])}</code>)"
+        + (
+            f", run in {escape(validated[0]['validation']['ran_on'])}"
+            if validated and validated[0]["validation"].get("ran_on")
+            else ""
+        )
+        + ". "
         + (escape(FAITHFUL_NOTE) if faithful else "")
         + "</p>",
     ]

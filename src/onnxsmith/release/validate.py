@@ -22,7 +22,7 @@ from onnxsmith.core.transform import Judge, Progress
 from onnxsmith.execution.engine import Engine, LocalEngine
 from onnxsmith.io.load import load_model
 from onnxsmith.release.confidence import metric_intervals, worst_metric, worst_samples
-from onnxsmith.release.shards import SampleRunner, run_sharded
+from onnxsmith.release.shards import SampleRunner, run_sharded, shards_of
 from onnxsmith.runtime.runner import run_mode
 from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.tasks.base import Evaluation, Sample, Task
@@ -60,6 +60,8 @@ class Validation:
     reasons: list[str] = field(default_factory=list)  # why a gate fails, beyond its metric (Evaluation.reasons)
     #: The samples that fare worst, worst first: {"sample": id, "value": float, "metric": name} (:func:`worst_of`).
     worst: list[dict] = field(default_factory=list)
+    #: Where the samples ran, e.g. "32 shards of up to 64 samples on 2 worker(s) on the Ray cluster at ...".
+    ran_on: str = ""
 
     @property
     def passed(self) -> bool:
@@ -86,6 +88,7 @@ class Validation:
             "errors": self.errors,
             "reasons": self.reasons,
             "worst": [_finite(w) for w in self.worst],
+            "ran_on": self.ran_on,
         }
 
 
@@ -240,7 +243,18 @@ class TaskRun:
             rows=evaluation.rows,
             reasons=evaluation.reasons,
             worst=worst_of(self.task, evaluation, self.samples),
+            ran_on=self._ran_on(),
         )
+
+    def _ran_on(self) -> str:
+        if self.task.judge is not None:  # the task runs both models itself
+            return "this process"
+        batch = self._runner.batch_size
+        shards = shards_of(self.samples, self.execution.shard_size, batch)
+        size = f"up to {len(shards[0]) if shards else 0} samples" + (
+            f" (whole batches of {batch})" if batch > 1 else ""
+        )
+        return f"{len(shards)} shard(s) of {size} on {self.engine.describe()}"
 
     def judge(self, gates: dict[str, float], count: int, candidate: str | os.PathLike) -> Judge | None:
         """The task's ``gates`` as a function of raw outputs on the first ``count`` samples (what
