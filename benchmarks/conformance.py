@@ -19,6 +19,11 @@ error line. Writes docs/conformance.md and a JSON of every measurement.
 
     .venv/bin/pip install -e '.[dev,bench]'       # the anchors (CPU only; torch installed first)
     flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/conformance.py [--models a,b] [--label baseline]
+
+``--engine ray`` (a Ray cluster started here) or ``--ray ADDRESS`` (``--workers N``) measures the models one job
+each on the cluster's workers (onnxsmith.execution: a model whose worker is lost is measured again), and the rows
+come back in corpus order, as one process writes them. Every worker needs this checkout and the corpus cache at
+the same path.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import resource
@@ -53,6 +59,9 @@ from tests.support.corpus import (  # noqa: E402
     run_model,
 )
 from tests.support.realmodels import CORPUS, MODELS, real_model  # noqa: E402
+
+from onnxsmith.execution.engine import make_engine  # noqa: E402
+from onnxsmith.settings.execution import EngineOptions  # noqa: E402
 
 ANCHORS = {
     "autocast": ("fp16", "ModelOpt AutoCast"),
@@ -214,6 +223,16 @@ def measure_model(name: str, work: Path, anchors: list[str]) -> dict:
     return row
 
 
+class ModelMeasurer:
+    """A job per model: what each worker of an execution engine runs (measure_model, with the run's settings)."""
+
+    def __init__(self, work: str, anchors: tuple[str, ...]) -> None:
+        self.work, self.anchors = work, anchors
+
+    def __call__(self, name: str) -> dict:
+        return measure_model(name, Path(self.work), list(self.anchors))
+
+
 def _judge_onnxsmith(observed: Observed, source: Path, feeds: Path, isolated: bool, share: float) -> dict:
     entry = {"kind": observed.kind, "seconds": observed.seconds, "message": observed.message}
     if observed.command == "inspect":
@@ -325,6 +344,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(REPO / "docs" / "conformance.md"))
     parser.add_argument("--json", default=str(REPO / "docs" / "conformance.json"))
     parser.add_argument("--label", default="", help="shown in the title, e.g. 'baseline, before the fixes'")
+    parser.add_argument("--engine", default="local", choices=["local", "ray"], help="where the models are measured")
+    parser.add_argument("--ray", metavar="ADDRESS", help="a Ray cluster's address (picks the ray engine)")
+    parser.add_argument("--workers", type=int, help="Ray workers (default: one per CPU of the cluster)")
     parser.add_argument(
         "--render",
         default="",
@@ -346,10 +368,19 @@ def main(argv=None) -> int:
     names = [n for n in args.models.split(",") if n] or sorted(CORPUS, key=lambda n: MODELS[n].heavy)
     anchors = [a for a in args.anchors.split(",") if a]
     started = time.perf_counter()
-    rows = []
-    for name in names:
-        rows.append(measure_model(name, Path(args.work), anchors))
+    done: dict[int, dict] = {}
+
+    def arrived(index: int, row: dict) -> None:
+        done[index] = row
+        rows = [done[i] for i in sorted(done)]
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")  # progress survives an interruption
+        print(f"measured {len(done)}/{len(names)} models", file=sys.stderr, flush=True)
+
+    where = EngineOptions(engine=args.engine, address=args.ray, workers=args.workers)
+    # A Ray cluster started here runs its workers in this environment: they import this checkout's tests/ too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    with make_engine(where) as engine:
+        rows = engine.map(ModelMeasurer(args.work, tuple(anchors)), names, on_result=arrived)
     write_markdown(rows, anchors, Path(args.out), args.label, argv or sys.argv[1:], time.perf_counter() - started)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
