@@ -141,12 +141,17 @@ def test_a_rerun_with_kept_shards_reads_them_back(tmp_path, toy, variant):
 # ---- a Ray cluster on 127.0.0.1 ------------------------------------------------------------------------------
 
 
+#: Ray's name for its workers' niceness (ray_constants.RAY_WORKER_NICENESS).
+WORKER_NICENESS = "RAY_worker_niceness"
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Ray's own test cluster, on the loopback address only: Ray takes a Linux machine's outward address
     unless told that clusters are not for this machine (its switch for Windows and macOS), which must be said
     before Ray is imported."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ[WORKER_NICENESS] = "0"  # Ray's workers niced would starve beside the suite's other worker
     import ray  # installed by the test setup (pyproject.toml's dev extra)
     from ray.cluster_utils import Cluster
 
@@ -157,7 +162,7 @@ def cluster():
     yield made, workers
     ray.shutdown()
     made.shutdown()
-    del os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+    del os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"], os.environ[WORKER_NICENESS]
 
 
 class _DiesOnce:

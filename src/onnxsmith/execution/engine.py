@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from onnxsmith.core.errors import OnnxsmithError, UsageError
 from onnxsmith.settings.execution import EngineOptions
 
+#: Ray's name for its workers' niceness (ray_constants.RAY_WORKER_NICENESS), read by the cluster it starts.
+WORKER_NICENESS = "RAY_worker_niceness"
 #: How often one job may lose its worker (a killed process, a node gone) before the run gives up.
 RETRIES = 3
 
@@ -100,6 +103,10 @@ class RayEngine(Engine):
         if self._started:
             # No address: start a cluster on this machine; else join the one there. Ray's own INFO lines
             # (and its workers' output) would be interleaved with onnxsmith's: warnings only.
+            if address is None:
+                # The workers of a cluster started for this run are its work: at the priority of the run, not
+                # Ray's default niceness, which starves them whenever anything else is busy.
+                os.environ.setdefault(WORKER_NICENESS, "0")
             ray.init(
                 # "local": always a new cluster here; None would join whatever RAY_ADDRESS or the last
                 # `ray start` on this machine names (a test's cluster, someone else's).
