@@ -185,6 +185,8 @@ def test_ray_engine_runs_a_lost_job_again_and_keeps_job_order(cluster, tmp_path)
         results = engine.map(_DiesOnce(tmp_path / "marker"), list(range(8)))
     assert [r for r, _ in results] == [j * j for j in range(8)]
     assert (tmp_path / "marker").read_text() == "died"
+    with RayEngine(made.address, workers=5) as engine:  # more than the cluster's CPUs would wait forever
+        assert engine.workers == 2
 
 
 @pytest.mark.slow
@@ -209,6 +211,7 @@ def test_validation_on_ray_equals_this_process_even_when_a_worker_is_lost(cluste
     validation = onnxsmith.validate(
         toy, variant, task="faceage", data=faces, address=made.address, workers=2, shard_size=100, progress=progress
     )
+    made.add_node(num_cpus=1)  # the cluster as it was, for the tests after this one
     assert removed, "the run ended before a worker could be lost"
     assert {k: v for k, v in validation.to_json().items() if k != "ran_on"} == here
     assert (

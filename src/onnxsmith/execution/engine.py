@@ -117,7 +117,10 @@ class RayEngine(Engine):
                 configure_logging=True,
             )
         self.address = address
-        self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # One CPU an actor: more workers than the cluster has CPUs would leave the rest waiting for CPUs that
+        # never free (each actor holds its own for good), and a job sent to one of them would never return.
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.workers = min(workers, cpus) if workers else cpus
         self._remote = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Actor)
         self._pools: dict[int, tuple[Worker, list[Any]]] = {}
 

@@ -32,7 +32,9 @@ class EngineOptions:
         flag="ray",
     )
     workers: int | None = option(
-        None, "Ray workers, each holding warm sessions (default: one per CPU of the cluster)", number=POSITIVE
+        None,
+        "Ray workers, each holding warm sessions and one CPU (default and most: one per CPU of the cluster)",
+        number=POSITIVE,
     )
 
     def __post_init__(self) -> None:
