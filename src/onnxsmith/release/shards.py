@@ -33,7 +33,8 @@ Outputs = list[dict[str, np.ndarray]]
 
 @dataclass
 class SampleRunner:
-    """What every worker holds: the task, its options and warm sessions (the two last models run, by path)."""
+    """What every worker holds: the task, its options and the session of the model it runs, warm across that
+    run's shards (released when the run ends: :func:`run_sharded`)."""
 
     task: Task
     options: Any
@@ -50,11 +51,14 @@ class SampleRunner:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_sessions": {}}  # sessions stay where they were opened
 
+    def close(self) -> None:
+        """Let the sessions go (a build goes on to make the next variant: a ViT-L's sessions are gigabytes)."""
+        self._sessions.clear()
+
     def __call__(self, job: tuple[str, list[Sample]]) -> ShardOutputs:
         path, shard = job
         if path not in self._sessions:
-            if len(self._sessions) >= 2:  # a source and its variant stay warm; a third model replaces the oldest
-                del self._sessions[next(iter(self._sessions))]
+            self._sessions.clear()  # one model at a time
             self._sessions[path] = prepare_session(path, self.fp16_mode, threads=self.threads)
         session, model, _ = self._sessions[path]
         loaded = self.task.load(model, shard, self.options)
@@ -97,7 +101,10 @@ def run_sharded(
             store.save(index, outputs)
         progress.add(len(shards[index]))
 
-    engine.map(runner, [(os.fspath(path), shards[i]) for i in todo], on_result=arrived)
+    try:
+        engine.map(runner, [(os.fspath(path), shards[i]) for i in todo], on_result=arrived)
+    finally:
+        engine.release(runner)  # the reference's outputs are kept, not its session; a variant is run once
     return [sample for shard in results if shard is not None for sample in shard]
 
 
