@@ -20,7 +20,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,10 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.fp16_vitl import measure  # noqa: E402
+
 EXAMPLE = REPO / "examples" / "faceage"
 SOURCE = REPO / "tests" / "fixtures" / "faceage_dynamo.onnx"
 ONNXSMITH = [sys.executable, "-m", "onnxsmith"]
@@ -74,27 +77,11 @@ def _vm_hwm_kb(pid: int) -> int:
 
 
 def run(command: list[str]) -> dict:
-    """Wall time and the process's own peak RSS (not its children's)."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _vm_hwm_kb(process.pid))
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    output = process.stdout.read().decode(errors="replace") if process.stdout else ""
-    code = process.wait()
-    done.set()
-    sampler.join()
-    if code != 0:
-        raise SystemExit(f"{' '.join(command)} exited {code}:\n{output}")
-    return {"wall_s": time.perf_counter() - start, "peak_mb": peak / 1024}
+    """Wall time and the process's own peak RSS (its VmHWM: not the Ray workers it starts)."""
+    measured = measure(command, rss=_vm_hwm_kb)
+    if measured["exit"] != 0:
+        raise SystemExit(f"{' '.join(command)} exited {measured['exit']}: {measured['tail']}")
+    return {"wall_s": measured["wall_s"], "peak_mb": measured["peak_rss_gb"] * 1024}
 
 
 def main(argv: list[str] | None = None) -> int:
