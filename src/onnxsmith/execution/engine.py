@@ -86,7 +86,8 @@ class RayEngine(Engine):
 
     A job whose actor dies (its process killed, its node gone) runs again on another actor, up to
     :data:`RETRIES` times; the lost actor's slot is dropped, so the survivors take its share and nothing waits
-    for CPUs the cluster no longer has (a fresh actor is started only when none is left). An exception the
+    for CPUs the cluster no longer has (a fresh actor is started only when none is left), and a later map's
+    pool is no larger than the survivors (the cluster may count a lost node's CPUs a while). An exception the
     worker raises (a file it cannot read) is raised here, as it would be locally.
     """
 
@@ -119,8 +120,9 @@ class RayEngine(Engine):
         self.address = address
         # One CPU an actor: more workers than the cluster has CPUs would leave the rest waiting for CPUs that
         # never free (each actor holds its own for good), and a job sent to one of them would never return.
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.workers = min(workers, cpus) if workers else cpus
+        self._asked = workers
+        self._survivors: int | None = None  # workers left after the last loss
+        self.workers = self._slots()
         self._remote = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Actor)
         self._pools: dict[int, tuple[Worker, list[Any]]] = {}
 
@@ -128,10 +130,17 @@ class RayEngine(Engine):
         where = "a Ray cluster started here" if self.address is None else f"the Ray cluster at {self.address}"
         return f"{self.workers} worker(s) on {where}"
 
+    def _slots(self) -> int:
+        """Workers a new pool gets: as many as asked (default: one per CPU of the cluster), no more than the
+        cluster's CPUs, nor than survived the last loss (a lost node's CPUs may still be counted for a while)."""
+        cpus = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+        slots = min(self._asked, cpus) if self._asked else cpus
+        return slots if self._survivors is None else min(slots, self._survivors)
+
     def _pool(self, worker: Worker) -> list[Any]:
         """The actors holding ``worker``: made on its first map, kept warm for the next."""
         if id(worker) not in self._pools:
-            self._pools[id(worker)] = (worker, [self._actor(worker) for _ in range(self.workers)])
+            self._pools[id(worker)] = (worker, [self._actor(worker) for _ in range(self._slots())])
         return self._pools[id(worker)][1]
 
     def _actor(self, worker: Worker) -> Any:
@@ -166,6 +175,7 @@ class RayEngine(Engine):
                     raise ExecutionError(f"shard {index} lost its worker {losses[index]} times; giving up") from None
                 if actor in actors:
                     actors.remove(actor)
+                    self._survivors = max(1, len(actors))  # the next pool no larger: its CPUs may be gone
                 pending.appendleft(index)
                 if not actors:  # every worker lost: start one again (the cluster may have recovered)
                     actors.append(self._actor(worker))

@@ -6,7 +6,7 @@ import numpy as np
 
 from onnxsmith.core.transform import TransformContext
 from onnxsmith.int8_engine.parts import MIN_CONV_DEPTH, MIN_CONV_SHARE, ConvFacts, Part
-from onnxsmith.int8_engine.statistics import measure_ranges
+from onnxsmith.int8_engine.statistics import announced, measure_ranges
 from onnxsmith.passes.quantize_convs import MIN_OPSET, Conv, ConvPlan, int8_rank_problem, uint8_params
 from onnxsmith.settings.int8 import Int8Options
 
@@ -43,10 +43,10 @@ def measure_convs(
     parts = {c.name: Part("conv", c.name, ConvFacts(c.shape, c.group, c.relu is not None), role[c.name]) for c in convs}
     if not convs:
         return parts
-    context.progress(f"int8: measuring the activation ranges of {len(convs)} Convs")
+    shards = announced(context.progress, f"int8: measuring the activation ranges of {len(convs)} Convs")
     feeds = context.range_feeds or context.feeds
     names = {v.name for conv in convs for v in (conv.input, conv.output)}
-    ranges = measure_ranges(path, feeds, names, engine=context.engine)
+    ranges = measure_ranges(path, feeds, names, engine=context.engine, progress=shards)
     for conv in convs:
         x, y = ranges.get(conv.input.name), ranges.get(conv.output.name)
         if x is not None and y is not None:

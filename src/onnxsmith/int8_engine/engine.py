@@ -42,7 +42,7 @@ from onnxsmith.int8_engine.report import (
 )
 from onnxsmith.int8_engine.search import SPEED_SECONDS, SearchSpace, check_speed, search_parts, without_search
 from onnxsmith.int8_engine.speed import Int8Timer
-from onnxsmith.int8_engine.statistics import measure_inputs
+from onnxsmith.int8_engine.statistics import announced, measure_inputs
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
 from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs
@@ -144,8 +144,8 @@ def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
 
 def _linear_parts(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
     """(the Linears' input statistics, a part per Linear with the reason of those that cannot go int8)."""
-    context.progress(f"int8: measuring the inputs of {len(linears)} Linears")
-    stats = measure_inputs(path, context.feeds, context.engine) if linears else {}
+    shards = announced(context.progress, f"int8: measuring the inputs of {len(linears)} Linears")
+    stats = measure_inputs(path, context.feeds, context.engine, shards) if linears else {}
     batch = vectors_per_sample(context.feeds[0])
     parts: dict[str, Part] = {}
     for linear in linears:

@@ -8,7 +8,7 @@ import numpy as np
 
 from onnxsmith.int8_engine.measure import measure_layer_errors
 from onnxsmith.int8_engine.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS, Part, Parts, replaced
-from onnxsmith.int8_engine.statistics import input_grams
+from onnxsmith.int8_engine.statistics import announced, input_grams
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import (
     LinearPlan,
@@ -111,8 +111,10 @@ def compensated_weights(path, context, candidates, shared: set, forms, parts: Pa
     rounded = {}
     if not by_name:
         return rounded
-    context.progress(f"int8: error-compensated rounding of {len(by_name)} Linears (XᵀX of their inputs)")
-    for readers, gram in input_grams(path, context.feeds, set(by_name), engine=context.engine):
+    shards = announced(
+        context.progress, f"int8: error-compensated rounding of {len(by_name)} Linears (XᵀX of their inputs)"
+    )
+    for readers, gram in input_grams(path, context.feeds, set(by_name), engine=context.engine, progress=shards):
         factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
         for name in readers:
             linear, facts = by_name[name], parts[name].facts

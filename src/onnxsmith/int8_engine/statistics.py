@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.core.transform import JobEngine
+from onnxsmith.core.transform import JobEngine, Progress
 from onnxsmith.execution.engine import LocalEngine
 from onnxsmith.int8_engine.measure import InputStats, ProbeBuilder, ValueRange, load_probed
 from onnxsmith.io.load import release_weights
@@ -31,6 +31,17 @@ from onnxsmith.runtime.inputs import adapt_feeds
 
 #: Input sets per shard: the unit a statistic is summed in, on every engine alike.
 SHARD = 16
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def announced(progress: Progress, what: str) -> Progress:
+    """``what`` said on ``progress``, and a callback that says each shard done after it."""
+    progress(what)
+    return lambda done: progress(f"{what}: {done}")
+
 
 Feeds = dict[str, np.ndarray]
 
@@ -82,9 +93,11 @@ class Statistic:
             release_weights(model)
 
 
-def gather(engine: JobEngine | None, statistic: Statistic, feeds_list: Sequence[Feeds]) -> Any:
+def gather(
+    engine: JobEngine | None, statistic: Statistic, feeds_list: Sequence[Feeds], progress: Progress = _quiet
+) -> Any:
     """``statistic`` over every input set: shards of :data:`SHARD` run on ``engine`` (None: this process),
-    their partials merged in shard order as they become mergeable."""
+    their partials merged in shard order as they become mergeable; ``progress`` hears of each shard done."""
     engine = engine or LocalEngine()
     shards = [list(feeds_list[i : i + SHARD]) for i in range(0, len(feeds_list), SHARD)]
     early: dict[int, Any] = {}
@@ -93,6 +106,8 @@ def gather(engine: JobEngine | None, statistic: Statistic, feeds_list: Sequence[
 
     def arrived(index: int, partial: Any) -> None:
         early[index] = partial
+        state["done"] = state.get("done", 0) + 1
+        progress(f"{state['done']}/{len(shards)} shards of {SHARD} input sets")
         while state["next"] in early:
             part = early.pop(state["next"])
             merged[:] = [part if not merged else statistic.merge(merged[0], part)]
@@ -153,7 +168,10 @@ class _InputPeaks(Statistic):
 
 
 def measure_inputs(
-    model_path: str | os.PathLike, feeds_list: Sequence[Feeds], engine: JobEngine | None = None
+    model_path: str | os.PathLike,
+    feeds_list: Sequence[Feeds],
+    engine: JobEngine | None = None,
+    progress: Progress = _quiet,
 ) -> dict[str, InputStats]:
     """Per Linear (by name): its input's per-channel max |x| and size, over every input set."""
     model = load_probed(model_path)
@@ -161,7 +179,7 @@ def measure_inputs(
     release_weights(model)
     if not users:
         return {}
-    peaks = gather(engine, _InputPeaks(os.fspath(model_path)), feeds_list) or {}
+    peaks = gather(engine, _InputPeaks(os.fspath(model_path)), feeds_list, progress) or {}
     found = {}
     for name, x in users.items():
         if x in peaks:
@@ -211,12 +229,16 @@ class _Ranges(Statistic):
 
 
 def measure_ranges(
-    model_path: str | os.PathLike, feeds_list: Sequence[Feeds], names: set[str], engine: JobEngine | None = None
+    model_path: str | os.PathLike,
+    feeds_list: Sequence[Feeds],
+    names: set[str],
+    engine: JobEngine | None = None,
+    progress: Progress = _quiet,
 ) -> dict[str, ValueRange]:
     """Per value (by name): its min and max over every input set (the static activation scales' source)."""
     if not names:
         return {}
-    return gather(engine, _Ranges(os.fspath(model_path), names=frozenset(names)), feeds_list) or {}
+    return gather(engine, _Ranges(os.fspath(model_path), names=frozenset(names)), feeds_list, progress) or {}
 
 
 @dataclass
@@ -259,6 +281,7 @@ def input_grams(
     linears: set[str],
     max_bytes: int = 512 << 20,
     engine: JobEngine | None = None,
+    progress: Progress = _quiet,
 ) -> Iterator[tuple[list[str], np.ndarray]]:
     """``XᵀX`` [K, K] of the input of the Linears named in ``linears`` (rows: every vector they multiply, over
     every input set), one input at a time: (the Linears reading it, its Gram matrix). What error-compensating
@@ -278,7 +301,7 @@ def input_grams(
             stop += 1
         chosen = groups[start:stop]
         statistic = _Grams(os.fspath(model_path), inputs=tuple((x, k) for x, k, _ in chosen))
-        sums = gather(engine, statistic, feeds_list) or [np.zeros((k, k)) for _, k, _ in chosen]
+        sums = gather(engine, statistic, feeds_list, progress) or [np.zeros((k, k)) for _, k, _ in chosen]
         for (_, _, readers), total in zip(chosen, sums):
             yield readers, total
         start = stop
