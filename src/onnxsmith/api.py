@@ -551,9 +551,9 @@ def build_all(
     progress: Progress = _quiet,
     **execution,
 ):
-    """Several recipes built at once (``onnxsmith build A.toml B.toml``, or a folder of them), one job each on
-    an execution engine (``engine="ray"``, ``address``, ``workers``: settings/execution.py; here by default);
-    returns a ``BuiltRecipe`` per recipe, in order. ``out``: the folder the releases go in, each named as
+    """Several recipes built at once (``onnxsmith build A.toml B.toml``, or a folder of them): a job per
+    (recipe, variant) and one per release on an execution engine (``engine="ray"``, ``address``, ``workers``:
+    settings/execution.py; here by default); returns a ``BuiltRecipe`` per recipe, in order. ``out``: the folder the releases go in, each named as
     ``build`` names it (default: release/). Every recipe is checked before any is built."""
     from onnxsmith.release.many import build_many, plan_builds, recipes_in
 

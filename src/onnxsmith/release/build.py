@@ -28,7 +28,7 @@ import platform
 import re
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
@@ -215,24 +215,47 @@ def build(
     no build made (a git checkout, notes), which are then kept: only the files of the
     earlier release are replaced, one by one instead of the folder as a whole.
     """
+    with staged_release(recipe, out, force) as staged:
+        result = _build_into(recipe, staged.release, progress, log, bench)
+        progress(f"moving the release into {staged.out}")
+        staged.install()
+    for note in recipe.notes:  # after the work: a refusal stays one line
+        log(note)
+    outcomes = [o.moved(staged.release, staged.out) for o in result.outcomes]  # their files where the release now is
+    return dataclasses.replace(result, out=staged.out, outcomes=outcomes)
+
+
+@dataclass(frozen=True)
+class StagedRelease:
+    """A release being made: ``release``, a staging folder beside ``out`` (in ``tmp``, which is removed
+    afterwards, with ``tmp``/parts for what is made before it is assembled), and how to move it into ``out``."""
+
+    out: Path
+    release: Path
+    tmp: Path
+    previous: _Previous
+
+    def install(self) -> None:
+        """The staged release moved into ``out``: swapped in whole, or file by file beside files no build made."""
+        if self.previous.foreign:
+            _replace_files(self.release, self.out, self.previous)
+        else:
+            if self.out.exists():
+                os.replace(self.out, self.tmp / "previous")
+            os.replace(self.release, self.out)
+
+
+@contextlib.contextmanager
+def staged_release(recipe: Recipe, out: str | os.PathLike, force: bool) -> Iterator[StagedRelease]:
+    """``out`` locked and checked for ``recipe`` (see :func:`build`), and a staging folder to make its release
+    in; nothing reaches ``out`` but by :meth:`StagedRelease.install`."""
     out = Path(out)
     with _exclusive(out):
         previous = _check_out(out, recipe, force)
         with staging_dir(out.parent) as tmp:
             release = tmp / "release"
             release.mkdir()
-            result = _build_into(recipe, release, progress, log, bench)
-            progress(f"moving the release into {out}")
-            if previous.foreign:
-                _replace_files(release, out, previous)
-            else:
-                if out.exists():
-                    os.replace(out, tmp / "previous")
-                os.replace(release, out)
-    for note in recipe.notes:  # after the work: a refusal stays one line
-        log(note)
-    outcomes = [o.moved(release, out) for o in result.outcomes]  # their files where the release now is
-    return dataclasses.replace(result, out=out, outcomes=outcomes)
+            yield StagedRelease(out, release, tmp, previous)
 
 
 @contextlib.contextmanager
@@ -405,38 +428,67 @@ def _build_into(recipe: Recipe, release: Path, progress, log, run_bench: bool) -
 
 
 def _build_on(recipe: Recipe, release: Path, progress, log, run_bench: bool, engine: Engine) -> BuildResult:
-    source = recipe.source
-    source_model = load_model(source)
-    task_run = None
-    if recipe.validation:
-        spec = recipe.validation
-        task_run = TaskRun(
-            spec.task, spec.options, source, progress=progress, execution=recipe.execution, engine=engine
-        )
-        log(f"validation data: {task_run.data}" + ("" if engine.name == "local" else f" (on {engine.describe()})"))
-        feeds = task_run.calibration_feeds(spec.calibration)
-    else:
-        feeds = inputs_that_run(source_model, samples=4)
-
+    prepared = prepare(recipe, progress, log, engine)
     outcomes = []
-    for i, variant in enumerate(recipe.variants, 1):
-        prefix = f"[{i}/{len(recipe.variants)}] {variant.name}: "
-
-        def step_progress(message: str, prefix: str = prefix) -> None:
-            progress(prefix + message)
-
-        outcome = _make_variant(recipe, variant, release, feeds, task_run, step_progress, engine)
+    for i in range(len(recipe.variants)):
+        outcome = make_one_variant(recipe, i, release, prepared, progress, engine)
         outcomes.append(outcome)
-        if outcome.published:
-            summary = ""
-            if outcome.validation is not None:
-                summary = "; " + ", ".join(
-                    f"{m.label} {m.display}" for m in outcome.validation.metrics if m.gate is not None
-                )
-            log(f"published {variant.name} ({variant.file}{summary})")
-        else:
-            log(f"not published {variant.name}: {outcome.reason}")
+        log(outcome_line(outcome))
+    return finish(recipe, release, prepared, outcomes, progress, run_bench)
 
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every variant of a recipe is made and judged with: the feeds its transforms measure the source on
+    (the task's first samples, or plausible ones without a task) and the task's run (None: no [validation])."""
+
+    feeds: list[dict[str, np.ndarray]]
+    task_run: TaskRun | None
+
+
+def prepare(recipe: Recipe, progress, log, engine: Engine) -> Prepared:
+    """The task's samples and the calibration feeds; the samples run on ``engine``."""
+    if not recipe.validation:
+        return Prepared(inputs_that_run(load_model(recipe.source), samples=4), None)
+    spec = recipe.validation
+    task_run = TaskRun(
+        spec.task, spec.options, recipe.source, progress=progress, execution=recipe.execution, engine=engine
+    )
+    log(f"validation data: {task_run.data}" + ("" if engine.name == "local" else f" (on {engine.describe()})"))
+    return Prepared(task_run.calibration_feeds(spec.calibration), task_run)
+
+
+def make_one_variant(
+    recipe: Recipe, index: int, release: Path, prepared: Prepared, progress, engine: Engine | None = None
+) -> VariantOutcome:
+    """The recipe's ``index``-th variant made, judged and (if it passes) committed into ``release``."""
+    variant = recipe.variants[index]
+    prefix = f"[{index + 1}/{len(recipe.variants)}] {variant.name}: "
+
+    def step_progress(message: str) -> None:
+        progress(prefix + message)
+
+    return _make_variant(recipe, variant, release, prepared.feeds, prepared.task_run, step_progress, engine)
+
+
+def outcome_line(outcome: VariantOutcome) -> str:
+    """What became of a variant, in a line: published (with its gated metrics) or not and why."""
+    variant = outcome.variant
+    if not outcome.published:
+        return f"not published {variant.name}: {outcome.reason}"
+    summary = ""
+    if outcome.validation is not None:
+        summary = "; " + ", ".join(f"{m.label} {m.display}" for m in outcome.validation.metrics if m.gate is not None)
+    return f"published {variant.name} ({variant.file}{summary})"
+
+
+def finish(
+    recipe: Recipe, release: Path, prepared: Prepared, outcomes: list[VariantOutcome], progress, run_bench: bool
+) -> BuildResult:
+    """The release completed around its variants' ``outcomes`` (their files in ``release``): the source's
+    ranges, the benchmark, the included files, SHA256SUMS, measurements.json, the card and the report."""
+    source, feeds, task_run = recipe.source, prepared.feeds, prepared.task_run
+    source_model = load_model(source)
     published = [o for o in outcomes if o.published]
     progress("measuring the source's activation ranges")
     ranges = _source_ranges(source, feeds[:2])
