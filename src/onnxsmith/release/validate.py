@@ -224,7 +224,16 @@ class TaskRun:
     def validate(self, candidate: str | os.PathLike, gates: dict[str, float], *, name: str | None = None) -> Validation:
         if self.task.judge is not None:
             self.progress(f"{self.task.name}: judging {Path(candidate).name} on {len(self.samples)} samples")
-            evaluation = self.task.judge(self.source, candidate, self.samples, self.options)
+            evaluation = self.task.judge(
+                self.source,
+                candidate,
+                self.samples,
+                self.options,
+                engine=self.engine,
+                shard_size=self.execution.shard_size,
+                shard_dir=self.execution.shard_dir,
+                progress=self.progress,
+            )
             ref_mode = cand_mode = "native"
         else:
             ref_outputs, ref_mode = self.reference
@@ -247,9 +256,8 @@ class TaskRun:
         )
 
     def _ran_on(self) -> str:
-        if self.task.judge is not None:  # the task runs both models itself
-            return "this process"
-        batch = self._runner.batch_size
+        # A task that runs both models itself shards its samples in whole batches of its own (the lm task's).
+        batch = self._runner.batch_size if self.task.judge is None else getattr(self.options, "batch", 1)
         shards = shards_of(self.samples, self.execution.shard_size, batch)
         size = f"up to {len(shards[0]) if shards else 0} samples" + (
             f" (whole batches of {batch})" if batch > 1 else ""

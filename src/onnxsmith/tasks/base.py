@@ -171,7 +171,8 @@ class Task:
         raise NotImplementedError
 
     #: Implemented by tasks that run both models themselves: (reference path, candidate path,
-    #: samples, options) -> Evaluation. None: run each with :meth:`run`, then :meth:`evaluate`.
+    #: samples, options, *, engine, shard_size, shard_dir, progress) -> Evaluation, the samples in shards of
+    #: about ``shard_size`` on ``engine``, kept in ``shard_dir`` (a rerun resumes). None: run each with :meth:`run`, then :meth:`evaluate`.
     judge = None
 
     def run(

@@ -15,6 +15,8 @@ The function API (what ``eval-lm``, the quantize benchmark and a build's ``lm`` 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import math
 import os
@@ -26,7 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from onnxsmith.core.errors import InputError, UsageError
+from onnxsmith.core.transform import JobEngine
+from onnxsmith.core.version import __version__
+from onnxsmith.execution.engine import LocalEngine
+from onnxsmith.execution.store import ShardStore, store_key
 from onnxsmith.io import paths
+from onnxsmith.io.files import sha256_file
+from onnxsmith.io.load import source_files
+from onnxsmith.runtime import runner
 from onnxsmith.settings.lm import DEFAULT_WINDOW
 from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
 from onnxsmith.tasks.lm.gate import Agreement
@@ -188,6 +197,10 @@ class LMScore:
         return data
 
 
+#: Windows a shard of :func:`score_models` holds (rounded up to whole batches).
+SHARD_WINDOWS = 64
+
+
 def score_models(
     paths: list[str | os.PathLike],
     windows: np.ndarray,
@@ -197,56 +210,166 @@ def score_models(
     threads: int | None = None,
     configs: list[dict[str, str] | None] | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    engine: JobEngine | None = None,
+    shard_size: int = SHARD_WINDOWS,
+    shard_dir: str | os.PathLike | None = None,
 ) -> list[LMScore]:
     """Loss and perplexity of each model on ``windows``; KL and top-1 against ``paths[reference]``.
 
     ``configs``: onnxruntime session options per model (e.g. session.disable_quant_qdq=1, to
-    score a q4 model with the arithmetic onnxruntime-web runs it with).
+    score a q4 model with the arithmetic onnxruntime-web runs it with). ``engine``: where the windows are
+    scored, in shards of about ``shard_size`` windows (whole batches; None: this process). The batches' sums
+    are added up in the windows' order on every engine, so the scores are the same digit for digit.
+    ``shard_dir``: each shard's sums kept there (execution/store.py), so a rerun resumes from what is done.
     """
-    runners = []
-    for path, config in zip(paths, configs or [None] * len(paths)):
-        lm = LMRunner(path, threads=threads, config=config)
-        if lm.sig.last_only and windows.shape[1] > 1:
-            raise InputError(
-                "returns logits for the last position only; evaluate its full-logits twin "
-                "(model_*_full.onnx, which `onnxsmith quantize` writes beside it)",
-                path,
-            )
-        runners.append(lm)
-    nll = [0.0] * len(paths)
-    window_nll: list[list[np.ndarray]] = [[] for _ in paths]  # per window: its mean NLL
-    parts: list[list[Agreement]] = [[] for _ in paths]
-    count = 0
-    for start in range(0, len(windows), batch):
-        chunk = windows[start : start + batch]
-        progress(f"windows {start + len(chunk)}/{len(windows)}")
+    scorer = WindowScorer(tuple(os.fspath(p) for p in paths), reference, batch, threads, configs)
+    per_shard = -(-max(1, shard_size) // batch) * batch  # rounded up to whole batches
+    shards = [windows[i : i + per_shard] for i in range(0, len(windows), per_shard)]
+    store = None if shard_dir is None else ShardStore(shard_dir, _store_key(scorer, windows, per_shard))
+    results: list[list[_Batch] | None] = [None] * len(shards)
+    if store is not None:
+        for i in range(len(shards)):
+            kept = store.load(i)
+            results[i] = None if kept is None else [_Batch.from_arrays(b) for b in kept]
+    todo = [i for i, kept in enumerate(results) if kept is None]
+    done = [sum(len(shards[i]) for i, kept in enumerate(results) if kept is not None)]
+
+    def arrived(position: int, batches: list[_Batch]) -> None:
+        index = todo[position]
+        results[index] = batches
+        if store is not None:
+            store.save(index, [b.to_arrays() for b in batches])
+        done[0] += len(shards[index])
+        progress(f"windows {done[0]}/{len(windows)}")
+
+    engine = engine or LocalEngine()
+    try:
+        engine.map(scorer, [shards[i] for i in todo], on_result=arrived)
+    finally:
+        engine.release(scorer)
+    return _scores(paths, [b for part in results if part is not None for b in part], reference, len(windows))
+
+
+def _store_key(scorer: WindowScorer, windows: np.ndarray, per_shard: int) -> str:
+    """What the scores depend on: every model's bytes, the windows, how the models are run, the shards."""
+    files = [[sha256_file(f) for f in sorted(source_files(runner.load_runnable(p), p))] for p in scorer.paths]
+    return store_key(
+        files=files,
+        windows=hashlib.sha256(np.ascontiguousarray(windows).tobytes()).hexdigest(),
+        shape=list(windows.shape),
+        reference=scorer.reference,
+        batch=scorer.batch,
+        configs=scorer.configs,
+        shard=per_shard,
+        onnxsmith=__version__,
+    )
+
+
+@dataclass
+class _Batch:
+    """A batch of windows scored by every model: what adds up over batches."""
+
+    nll: list[float]  # per model: the sum of its next-token log-likelihood over the batch's positions
+    window_nll: list[np.ndarray]  # per model: each window's mean NLL
+    agreements: list[Agreement | None]  # per model: against the reference's (None: the reference)
+    positions: int
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """As arrays only (a kept shard is an .npz that is read without pickle)."""
+        arrays = {"nll": np.asarray(self.nll, np.float64), "positions": np.asarray(self.positions)}
+        for i, (window, agreement) in enumerate(zip(self.window_nll, self.agreements)):
+            arrays[f"window_nll.{i}"] = window
+            if agreement is not None:
+                arrays |= {f"{what}.{i}": getattr(agreement, what) for what in ("kl", "top1", "entropy")}
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> _Batch:
+        models = range(len(arrays["nll"]))
+        agreements = [
+            Agreement(arrays[f"kl.{i}"], arrays[f"top1.{i}"], arrays[f"entropy.{i}"]) if f"kl.{i}" in arrays else None
+            for i in models
+        ]
+        window_nll = [arrays[f"window_nll.{i}"] for i in models]
+        return cls([float(v) for v in arrays["nll"]], window_nll, agreements, int(arrays["positions"]))
+
+
+@dataclass
+class WindowScorer:
+    """A worker: every model's session (opened on its first shard), a shard of windows in, its batches' sums out."""
+
+    paths: tuple[str, ...]
+    reference: int = 0
+    batch: int = 4
+    threads: int | None = None
+    configs: list[dict[str, str] | None] | None = None
+    _runners: list[LMRunner] | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_runners": None}  # sessions are opened where the scorer runs
+
+    def with_threads(self, threads: int) -> WindowScorer:
+        return dataclasses.replace(self, threads=threads, _runners=None)
+
+    def _opened(self) -> list[LMRunner]:
+        if self._runners is None:
+            runners = []
+            for path, config in zip(self.paths, self.configs or [None] * len(self.paths)):
+                lm = LMRunner(path, threads=self.threads, config=config)
+                if lm.sig.last_only:
+                    raise InputError(
+                        "returns logits for the last position only; evaluate its full-logits twin "
+                        "(model_*_full.onnx, which `onnxsmith quantize` writes beside it)",
+                        path,
+                    )
+                runners.append(lm)
+            self._runners = runners
+        return self._runners
+
+    def __call__(self, windows: np.ndarray) -> list[_Batch]:
+        runners = self._opened()
+        return [self._batch(runners, windows[i : i + self.batch]) for i in range(0, len(windows), self.batch)]
+
+    def _batch(self, runners: list[LMRunner], chunk: np.ndarray) -> _Batch:
         targets = chunk[:, 1:]
         logits = [lm.logits(chunk)[:, :-1] for lm in runners]
+        scored = _Batch([], [], [], int(targets.size))
         for i, value in enumerate(logits):
             if value.shape[-1] <= int(chunk.max()):
                 raise InputError(
                     f"the text has token id {int(chunk.max())}, past the model's vocabulary of "
                     f"{value.shape[-1]}; is this the model's tokenizer?",
-                    paths[i],
+                    self.paths[i],
                 )
-            logp = log_softmax(value)
-            logp_targets = np.take_along_axis(logp, targets[..., None], axis=-1)
-            nll[i] -= float(logp_targets.sum())
-            window_nll[i].append(-logp_targets.reshape(len(chunk), -1).mean(axis=1))
-            if i != reference:
-                parts[i].append(Agreement.of(logits[reference], value))
-        count += targets.size
+            logp_targets = np.take_along_axis(log_softmax(value), targets[..., None], axis=-1)
+            scored.nll.append(float(logp_targets.sum()))
+            scored.window_nll.append(-logp_targets.reshape(len(chunk), -1).mean(axis=1))
+            scored.agreements.append(None if i == self.reference else Agreement.of(logits[self.reference], value))
+        return scored
+
+    def close(self) -> None:
+        self._runners = None
+
+
+def _scores(paths: list[str | os.PathLike], batches: list[_Batch], reference: int, windows: int) -> list[LMScore]:
+    """Each model's score from its batches' sums, added up in the windows' order."""
+    nll = [0.0] * len(paths)
+    count = 0
+    for scored in batches:
+        for i, value in enumerate(scored.nll):
+            nll[i] -= value
+        count += scored.positions
     scores = []
     for i, label in enumerate(model_labels(paths)):
         loss = nll[i] / count
         score = LMScore(model=label, tokens=count, loss=loss, perplexity=math.exp(loss))
-        score.per_window["loss"] = [float(v) for v in np.concatenate(window_nll[i])]
+        score.per_window["loss"] = [float(v) for b in batches for v in b.window_nll[i]]
         if i != reference:
-            agreement = Agreement.concat(parts[i])
+            agreement = Agreement.concat([b.agreements[i] for b in batches if b.agreements[i] is not None])
             score.kl = float(agreement.kl.mean())
             score.top1 = float(agreement.top1.mean())
             for what in ("kl", "top1"):  # positions in window order, as many per window
-                per_window = getattr(agreement, what).reshape(len(windows), -1).mean(axis=1)
+                per_window = getattr(agreement, what).reshape(windows, -1).mean(axis=1)
                 score.per_window[what] = [float(v) for v in per_window]
             score.loss_increase = (loss - nll[reference] / count) / (nll[reference] / count)
         scores.append(score)

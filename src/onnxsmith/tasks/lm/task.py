@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core.errors import UsageError
+from onnxsmith.core.transform import JobEngine, Progress
 from onnxsmith.settings.lm import LM, LMOptions
 from onnxsmith.tasks.base import HIGHER, LOWER, MEAN, Evaluation, MetricSpec, Sample, Task, register_task
 from onnxsmith.tasks.lm import scoring as lm
@@ -65,9 +66,28 @@ class LanguageModel(Task, settings=LM):
         tokens = sum(len(s.target) for s in samples)
         return f"{len(samples)} window(s) of held-out text from {Path(options.text).name} ({tokens} tokens)"
 
-    def judge(self, reference, candidate, samples: list[Sample], options: LMOptions) -> Evaluation:
+    def judge(
+        self,
+        reference,
+        candidate,
+        samples: list[Sample],
+        options: LMOptions,
+        *,
+        engine: JobEngine | None = None,
+        shard_size: int = lm.SHARD_WINDOWS,
+        shard_dir: str | None = None,
+        progress: Progress = lambda _: None,
+    ) -> Evaluation:
         windows = np.stack([s.target for s in samples])
-        source, variant = lm.score_models([reference, candidate], windows, batch=options.batch)
+        source, variant = lm.score_models(
+            [reference, candidate],
+            windows,
+            batch=options.batch,
+            engine=engine,
+            shard_size=shard_size,
+            shard_dir=shard_dir,
+            progress=progress,
+        )
         values = {
             "kl": variant.kl,
             "top1": variant.top1,
