@@ -24,6 +24,7 @@ from onnxsmith.release.shards import shards_of
 from onnxsmith.settings.execution import ExecutionOptions
 from onnxsmith.tasks.base import Sample
 from tests.conftest import assert_one_line_error
+from tests.support.lm_models import TEXT, gpt2_folder
 from tests.support.release import face_images, recipe_text, save_toy_faceage, wider_annotations
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "faceage_dynamo.onnx"
@@ -211,7 +212,7 @@ def test_validation_on_ray_equals_this_process_even_when_a_worker_is_lost(cluste
     validation = onnxsmith.validate(
         toy, variant, task="faceage", data=faces, address=made.address, workers=2, shard_size=100, progress=progress
     )
-    made.add_node(num_cpus=1)  # the cluster as it was, for the tests after this one
+    workers[1] = made.add_node(num_cpus=1)  # the cluster as it was, for the tests after this one
     assert removed, "the run ended before a worker could be lost"
     assert {k: v for k, v in validation.to_json().items() if k != "ran_on"} == here
     assert (
@@ -258,13 +259,20 @@ def _releases(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_several_recipes_build_one_release_each_the_same_here_and_on_ray(cluster, tmp_path):
+def test_several_recipes_build_one_release_each_the_same_here_and_on_ray(cluster, tmp_path, monkeypatch):
     made, _ = cluster
     root = _recipes(tmp_path / "recipes", ("alpha", "beta", "gamma"))
     here = onnxsmith.build_all([root], tmp_path / "here", bench=False)
     assert [Path(r.out).name for r in here] == ["alpha", "beta", "gamma"]
     assert all(r.published and not r.error for r in here), here
-    spread = onnxsmith.build_all([root], tmp_path / "ray", bench=False, address=made.address, workers=2)
+    # A job per (recipe, variant), then per release; paths relative to here (a Ray worker works elsewhere).
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    spread = onnxsmith.build_all(
+        ["recipes"], "ray", bench=False, address=made.address, workers=2, progress=lines.append
+    )
+    assert sum(line.startswith("made ") for line in lines) == 6
+    assert sum(line.startswith("completed ") for line in lines) == 3
     assert [(r.published, r.failed, r.error) for r in spread] == [(r.published, r.failed, r.error) for r in here]
     assert _releases(tmp_path / "ray") == _releases(tmp_path / "here")  # the same files, byte for byte
     assert len(_releases(tmp_path / "here")) == 3
@@ -340,13 +348,26 @@ def test_statistics_in_shards_are_those_of_every_input_set_at_once(tmp_path, fac
 
 
 @pytest.mark.slow
-def test_int8_calibrated_on_ray_is_the_same_variant_byte_for_byte(cluster, tmp_path, faces):
-    made, _ = cluster
+def test_int8_calibrated_on_ray_is_the_same_variant_byte_for_byte_even_when_a_worker_is_lost(cluster, tmp_path, faces):
+    made, workers = cluster
     calibration = _calibration(tmp_path / "calib", faces, 40)
     options = {"feeds": str(calibration), "compensate_rounding": True, "speed": False}
     here = onnxsmith.int8(FIXTURE, **options).save(tmp_path / "here.onnx")
     spread = onnxsmith.int8(FIXTURE, **options, address=made.address, workers=2).save(tmp_path / "ray.onnx")
     assert [f.sha256 for f in spread] == [f.sha256 for f in here]
+
+    # A worker node is removed when the first shard of the first statistic is in: the same bytes still.
+    removed = []
+
+    def progress(line: str) -> None:
+        if line.endswith(" shards of 16 input sets") and not removed:
+            made.remove_node(workers[1])
+            removed.append(line)
+
+    lost = onnxsmith.int8(FIXTURE, **options, address=made.address, workers=2, progress=progress)
+    workers[1] = made.add_node(num_cpus=1)  # the cluster as it was, for the tests after this one
+    assert removed and removed[0].startswith("int8: measuring the inputs of ")
+    assert [f.sha256 for f in lost.save(tmp_path / "lost.onnx")] == [f.sha256 for f in here]
 
     # The Convs' ranges (this model's one Conv stays fp32, too small a share to be worth it): the same too.
     from onnxsmith.int8_engine import statistics
@@ -378,3 +399,60 @@ def test_fp16_calibrated_on_ray_is_the_same_variant_byte_for_byte(cluster, tmp_p
     here = onnxsmith.fp16(FIXTURE, feeds=str(calibration)).save(tmp_path / "here.onnx")
     spread = onnxsmith.fp16(FIXTURE, feeds=str(calibration), address=made.address).save(tmp_path / "ray.onnx")
     assert [f.sha256 for f in spread] == [f.sha256 for f in here]
+
+
+# ---- a language model on held-out text -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_fp16(tmp_path_factory) -> tuple[Path, Path]:
+    source = gpt2_folder(past=False) / "onnx" / "model.onnx"
+    variant = tmp_path_factory.mktemp("gpt2") / "fp16.onnx"
+    onnxsmith.fp16(source).save(variant)
+    return source, variant
+
+
+def _validate_lm(source: Path, variant: Path, **execution) -> dict:
+    validation = onnxsmith.validate(
+        source, variant, task="lm", text=TEXT, window=32, max_windows=24, batch=2, **execution
+    )
+    return validation.to_json()
+
+
+def test_lm_windows_kept_in_shards_are_read_back_on_a_rerun(tmp_path, gpt2_fp16):
+    source, variant = gpt2_fp16
+    whole = _validate_lm(source, variant)
+    kept = _validate_lm(source, variant, shard_size=5, shard_dir=tmp_path / "shards")
+    (store,) = (tmp_path / "shards").iterdir()
+    assert len(list(store.glob("shard-*.npz"))) == 4  # 24 windows in shards of 6 (whole batches of 2)
+    assert whole["ran_on"] == "1 shard(s) of up to 24 samples (whole batches of 2) on this process"
+    assert {k: v for k, v in kept.items() if k != "ran_on"} == {k: v for k, v in whole.items() if k != "ran_on"}
+    for shard in sorted(store.glob("shard-*.npz"))[1:]:
+        shard.unlink()  # an interrupted run: the first shard done
+    lines: list[str] = []
+    again = onnxsmith.validate(
+        source,
+        variant,
+        task="lm",
+        text=TEXT,
+        window=32,
+        max_windows=24,
+        batch=2,
+        shard_size=5,
+        shard_dir=tmp_path / "shards",
+        progress=lines.append,
+    )
+    assert again.to_json() == kept
+    assert "windows 12/24" in lines and "windows 6/24" not in lines  # the kept shard was not run again
+
+
+@pytest.mark.slow
+def test_lm_validation_on_ray_equals_this_process(cluster, gpt2_fp16):
+    made, _ = cluster
+    source, variant = gpt2_fp16
+    here = _validate_lm(source, variant, shard_size=6)
+    spread = _validate_lm(source, variant, shard_size=6, address=made.address, workers=2)
+    assert here["samples"] == 24 and here["metrics"]
+    assert spread.pop("ran_on").endswith("on 2 worker(s) on the Ray cluster at " + made.address)
+    here.pop("ran_on")
+    assert spread == here  # every metric, digit for digit
