@@ -20,10 +20,10 @@ error line. Writes docs/conformance.md and a JSON of every measurement.
     .venv/bin/pip install -e '.[dev,bench]'       # the anchors (CPU only; torch installed first)
     flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/conformance.py [--models a,b] [--label baseline]
 
-``--engine ray`` (a Ray cluster started here) or ``--ray ADDRESS`` (``--workers N``) measures the models one job
-each on the cluster's workers (onnxsmith.execution: a model whose worker is lost is measured again), and the rows
-come back in corpus order, as one process writes them. Every worker needs this checkout and the corpus cache at
-the same path.
+``--engine ray`` (a Ray cluster started here) or ``--ray ADDRESS`` (``--workers N``) measures the columns one job
+each, a job per (model, command or anchor), on the cluster's workers (onnxsmith.execution: a job whose worker is
+lost runs again), and a model's ``validate`` after its commands; the rows come back in corpus order, as one
+process writes them. Every worker needs this checkout and the corpus cache at the same path.
 """
 
 from __future__ import annotations
@@ -188,52 +188,115 @@ def verdict(command: str, judged: dict, size_ratio: float, share: float) -> tupl
     return not shortfall, shortfall
 
 
-def measure_model(name: str, work: Path, anchors: list[str]) -> dict:
-    model = MODELS[name]
-    source = real_model(name)
-    isolated = model.heavy
+#: The onnxsmith commands measured apart, each a job (``validate`` runs after them: it judges what they wrote).
+PARTS = tuple(c for c in COMMANDS if c != "validate")
+
+
+def prepare_model(name: str, work: Path) -> None:
+    """The model's folder emptied and its plausible feeds written (before any of its jobs)."""
     folder = work / name
     shutil.rmtree(folder, ignore_errors=True)
-    feeds = make_feeds(model.feeds, folder / "feeds")
-    row: dict = {"model": name, "bytes": model_bytes(source)}
-    print(f"[{name}] onnxsmith", file=sys.stderr, flush=True)
-    observed = run_model(source, folder / "onnxsmith", feeds, isolated=isolated)
-    share = fp32_share(observed["inspect"], source)
-    row["fp32_share"] = share
-    for command in COMMANDS:
-        row[command] = _judge_onnxsmith(observed[command], source, feeds, isolated, share)
-    for anchor in anchors:
-        command = ANCHORS[anchor][0]
-        print(f"[{name}] {anchor}", file=sys.stderr, flush=True)
-        out = folder / anchor / "model.onnx"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        error, seconds = run_anchor(anchor, source, out, big=model.heavy)
-        entry: dict = {"seconds": round(seconds, 1)}
-        if error:
-            entry.update(ok=False, result=error)
-        else:
-            entry["size_ratio"] = model_bytes(out) / row["bytes"]
-            entry.update(judge(source, out, feeds, isolated))
-            entry["ok"], entry["result"] = verdict(command, entry, entry["size_ratio"], share)
-        row[anchor] = entry
-        if model.heavy:
-            shutil.rmtree(out.parent, ignore_errors=True)
+    make_feeds(MODELS[name].feeds, folder / "feeds")
+
+
+def measure_part(name: str, work: Path, column: str) -> dict:
+    """One column of a model: an onnxsmith command (what it did, its variant judged) or an anchor (the same)."""
+    model, source, folder = MODELS[name], real_model(name), work / name
+    feeds = folder / "feeds"
+    print(f"[{name}] {column}", file=sys.stderr, flush=True)
+    if column in PARTS:
+        (observed,) = run_model(source, folder / "onnxsmith", feeds, isolated=model.heavy, commands=(column,)).values()
+        return {"observed": observed, **_judge_onnxsmith(observed, source, feeds, model.heavy)}
+    out = folder / column / "model.onnx"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    error, seconds = run_anchor(column, source, out, big=model.heavy)
+    entry: dict = {"seconds": round(seconds, 1)}
+    if error:
+        entry.update(ok=False, result=error)
+    else:
+        entry["size_ratio"] = model_bytes(out) / model_bytes(source)
+        entry.update(judge(source, out, feeds, model.heavy))
+    if model.heavy:
+        shutil.rmtree(out.parent, ignore_errors=True)
+    return entry
+
+
+def measure_validation(name: str, work: Path, observed: dict[str, Observed]) -> Observed:
+    """``validate`` of what the model's commands wrote (after its other jobs); a heavy model's folder removed."""
+    model, source, folder = MODELS[name], real_model(name), work / name
+    (validated,) = run_model(
+        source, folder / "onnxsmith", folder / "feeds", isolated=model.heavy, commands=("validate",), before=observed
+    ).values()
     if model.heavy:
         shutil.rmtree(folder, ignore_errors=True)
+    return validated
+
+
+def assemble_row(name: str, parts: dict, anchors: list[str]) -> dict:
+    """The model's row from its columns, each judged by issue 11's acceptance (which needs inspect's fp32 share)."""
+    source = real_model(name)
+    share = fp32_share(parts["inspect"]["observed"], source)
+    row: dict = {"model": name, "bytes": model_bytes(source), "fp32_share": share}
+    for command in COMMANDS:
+        if command == "validate":
+            row[command] = _judge_onnxsmith(parts["validate"], source, Path(), False)
+            continue
+        entry = {k: v for k, v in parts[command].items() if k != "observed"}
+        if "ok" not in entry:
+            entry["ok"], entry["result"] = verdict(command, entry, entry["size_ratio"], share)
+        row[command] = entry
+    for anchor in anchors:
+        entry = dict(parts[anchor])
+        if "ok" not in entry:
+            entry["ok"], entry["result"] = verdict(ANCHORS[anchor][0], entry, entry["size_ratio"], share)
+        row[anchor] = entry
     return row
 
 
-class ModelMeasurer:
-    """A job per model: what each worker of an execution engine runs (measure_model, with the run's settings)."""
+class PartMeasurer:
+    """What each worker of an execution engine runs: a job is (model, column), or (model, "validate", the
+    observations of its commands)."""
 
-    def __init__(self, work: str, anchors: tuple[str, ...]) -> None:
-        self.work, self.anchors = work, anchors
+    def __init__(self, work: str) -> None:
+        self.work = work
 
-    def __call__(self, name: str) -> dict:
-        return measure_model(name, Path(self.work), list(self.anchors))
+    def __call__(self, job: tuple) -> dict | Observed:
+        if job[1] == "validate":
+            return measure_validation(job[0], Path(self.work), job[2])
+        return measure_part(job[0], Path(self.work), job[1])
 
 
-def _judge_onnxsmith(observed: Observed, source: Path, feeds: Path, isolated: bool, share: float) -> dict:
+def measure_models(engine, names: list[str], work: Path, anchors: list[str], arrived) -> list[dict]:
+    """Every model's row, its columns measured a job each on ``engine`` (a model's ``validate`` after its
+    commands); ``arrived(index, row)`` as each model's row is complete. Rows in ``names``' order."""
+    for name in names:
+        prepare_model(name, work)
+    columns = PARTS + tuple(anchors)
+    jobs = [(name, column) for name in names for column in columns]
+    parts: dict[str, dict] = {name: {} for name in names}
+    measurer = PartMeasurer(str(work))
+    done: list[int] = []
+
+    def measured(index: int, _: object) -> None:
+        done.append(index)
+        print(f"measured {len(done)}/{len(jobs)} columns ({'/'.join(jobs[index])})", file=sys.stderr, flush=True)
+
+    def validated(index: int, observed: Observed) -> None:
+        parts[names[index]]["validate"] = observed
+        arrived(index, assemble_row(names[index], parts[names[index]], anchors))
+
+    try:
+        for (name, column), result in zip(jobs, engine.map(measurer, jobs, on_result=measured)):
+            parts[name][column] = result
+        validations = [(n, "validate", {c: parts[n][c]["observed"] for c in PARTS}) for n in names]
+        engine.map(measurer, validations, on_result=validated)
+    finally:
+        engine.release(measurer)
+    return [assemble_row(name, parts[name], anchors) for name in names]
+
+
+def _judge_onnxsmith(observed: Observed, source: Path, feeds: Path, isolated: bool) -> dict:
+    """What the command did; a variant it wrote judged (its verdict, which needs the row, comes later)."""
     entry = {"kind": observed.kind, "seconds": observed.seconds, "message": observed.message}
     if observed.command == "inspect":
         entry.update(ok=observed.kind == "ok", result="" if observed.kind == "ok" else observed.message)
@@ -245,7 +308,6 @@ def _judge_onnxsmith(observed: Observed, source: Path, feeds: Path, isolated: bo
     else:
         entry["size_ratio"] = observed.size_ratio
         entry.update(judge(source, Path(observed.output), feeds, isolated))
-        entry["ok"], entry["result"] = verdict(observed.command, entry, observed.size_ratio, share)
     return entry
 
 
@@ -380,7 +442,7 @@ def main(argv=None) -> int:
     # A Ray cluster started here runs its workers in this environment: they import this checkout's tests/ too.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     with make_engine(where) as engine:
-        rows = engine.map(ModelMeasurer(args.work, tuple(anchors)), names, on_result=arrived)
+        rows = measure_models(engine, names, Path(args.work), anchors, arrived)
     write_markdown(rows, anchors, Path(args.out), args.label, argv or sys.argv[1:], time.perf_counter() - started)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -254,8 +254,16 @@ def _photo(feed, rng):
     return _pixels(crops, feed, nhwc)
 
 
-def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, commands=COMMANDS) -> dict[str, Observed]:
-    """Every corpus command on ``source``; variants are written into ``work``.
+def run_model(
+    source: Path,
+    work: Path,
+    feeds: Path,
+    isolated: bool = False,
+    commands=COMMANDS,
+    before: dict[str, Observed] | None = None,
+) -> dict[str, Observed]:
+    """Every corpus command on ``source`` (``commands``: some of them); variants are written into ``work``.
+    ``before``: what earlier runs of the other commands observed (what ``validate`` judges).
 
     The transforms run as a user runs them (their own inputs); ``validate`` then judges every variant
     they wrote on ``feeds`` (a folder of .npz: inputs a user would feed), so a variant verified only at
@@ -263,7 +271,7 @@ def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, com
     """
     source = Path(source)
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Observed] = {}
+    results: dict[str, Observed] = dict(before or {})
     for command in commands:
         started = time.perf_counter()
         if command == "validate":
@@ -284,7 +292,7 @@ def run_model(source: Path, work: Path, feeds: Path, isolated: bool = False, com
         observed.stderr = [line.replace(str(source), "MODEL").replace(str(work), "WORK") for line in observed.stderr]
         observed.seconds = round(time.perf_counter() - started, 2)
         results[command] = observed
-    return results
+    return {c: results[c] for c in commands}
 
 
 def _validate_all(source: Path, work: Path, feeds: Path, results: dict[str, Observed], isolated: bool) -> Observed:
