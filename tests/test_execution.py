@@ -233,6 +233,28 @@ def test_validate_help_lists_where_samples_run():
         assert flag in result.stdout
 
 
+@pytest.mark.slow
+def test_a_folder_of_input_sets_is_read_where_its_shards_run_and_judged_the_same_on_ray(
+    cluster, tmp_path, toy, variant, faces
+):
+    from onnxsmith.io.load import load_model
+    from onnxsmith.tasks import get_task
+
+    made, _ = cluster
+    sets = _calibration(tmp_path / "sets", faces, 300, model=toy)
+    task = get_task("generic")
+    refs = task.sample_refs(load_model(toy), task.Options(data=str(sets)), toy)
+    assert len(refs) == 300 and all(not r.feeds for r in refs)  # the driver holds where each set is, not it
+
+    def judged(**execution) -> dict:
+        validation = onnxsmith.validate(toy, variant, task="generic", data=sets, shard_size=50, **execution)
+        return {k: v for k, v in validation.to_json().items() if k != "ran_on"}
+
+    here = judged()
+    assert here["samples"] == 300 and here["data"].startswith("300 input set(s) from sets")
+    assert judged(address=made.address, workers=2) == here
+
+
 # ---- several recipes -----------------------------------------------------------------------------------------
 
 
@@ -314,15 +336,16 @@ def test_build_of_a_folder_of_recipes_prints_what_became_of_each(tmp_path):
 # ---- calibration statistics in shards ------------------------------------------------------------------------
 
 
-def _calibration(folder: Path, faces: Path, count: int) -> Path:
-    """``count`` input sets of the face-age fixture as .npz files (`--calib DIR`): faces as the task feeds them."""
+def _calibration(folder: Path, faces: Path, count: int, model: Path = FIXTURE) -> Path:
+    """``count`` input sets of ``model`` (a face-age one) as .npz files (`--calib DIR`): faces as the task feeds
+    them."""
     from onnxsmith.io.load import load_model
     from onnxsmith.tasks import get_task
 
     task = get_task("faceage")
     options = task.Options(data=str(faces), limit=count)
     folder.mkdir()
-    for sample in task.samples(load_model(FIXTURE), options, FIXTURE):
+    for sample in task.samples(load_model(model), options, model):
         np.savez(folder / f"{sample.id}.npz", **sample.feeds)
     return folder
 

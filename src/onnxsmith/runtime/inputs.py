@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,6 +226,11 @@ def _type_name(model: ir.Model, spec: InputSpec) -> str:
 
 def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
     """Inputs from an .npz whose array names are the model's input names."""
+    return read_npz(path, input_specs(model))
+
+
+def read_npz(path: str | os.PathLike, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
+    """The inputs ``specs`` describe from an .npz naming its arrays as they do, each in its spec's dtype."""
     path = Path(path)
     try:
         with open_readable(path, ".npz") as f, np.load(f, allow_pickle=False) as data:
@@ -234,7 +240,7 @@ def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
     except Exception as err:
         raise InputError(f"not a readable .npz ({err})", path) from None
     feeds = {}
-    for spec in input_specs(model):
+    for spec in specs:
         if spec.name not in arrays:
             raise InputError(f"has no array named '{spec.name}' (it has: {', '.join(sorted(arrays)) or 'none'})", path)
         array = arrays[spec.name]

@@ -11,9 +11,11 @@ show what it measured.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, overload
 
 import numpy as np
 import onnx_ir as ir
@@ -23,7 +25,7 @@ from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.runtime.data_folder import data_files, load_data
 from onnxsmith.runtime.data_folder import describe_data as describe_folder
-from onnxsmith.runtime.inputs import parse_shape_options
+from onnxsmith.runtime.inputs import input_specs, load_npz, parse_shape_options, read_npz
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.settings import generic as settings
 from onnxsmith.tasks.base import HIGHER, LOWER, Evaluation, MetricSpec, Sample, Task, register_task
@@ -77,6 +79,20 @@ class Generic(Task, settings=settings.GENERIC):
         taken = tuple(describe_inputs(model, given))
         return [Sample(f"random#{options.seed + i}", f, random=True, inputs=taken) for i, f in enumerate(feeds)]
 
+    def sample_refs(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
+        """A folder of .npz: each file's path, read where its shard runs (the first read here: a folder whose
+        arrays do not fit the model is refused before any work). Other data are made into input sets here."""
+        if not options.data or data_files(Path(options.data))[0] != "npz":
+            return self.samples(model, options, source)
+        _, files = data_files(Path(options.data))
+        load_npz(files[0], model)
+        taken = describe_folder(Path(options.data), model, parse_role_options(options.input_role))
+        specs = tuple(input_specs(model))  # the source's: every model run reads the same values
+        return [Sample(f.name, {}, inputs=taken, ref=(f, specs)) for f in files]
+
+    def load(self, model: ir.Model, samples: list[Sample], options: GenericOptions) -> list[Sample]:
+        return [s if s.ref is None else dataclasses.replace(s, feeds=read_npz(*s.ref)) for s in samples]
+
     def describe_data(self, options: GenericOptions, samples: list[Sample]) -> str:
         taken = samples[0].inputs if samples else ()
         roles = f"; inputs taken to be: {'; '.join(taken)}" if taken else ""
@@ -95,7 +111,7 @@ class Generic(Task, settings=settings.GENERIC):
             raise InputError(f"the variant has no output '{missing[0]}'")
         stacked = {name: np.stack([r[name] for r in reference]) for name in reference[0]}
         tested = {name: np.stack([c[name] for c in candidate]) for name in reference[0]}
-        feeds = [s.feeds for s in samples]
+        feeds = _FeedsOf(samples)
         check_feeds(feeds)
         check_reference(feeds, stacked)  # refuses a comparison that exercised nothing
         diffs = judge_outputs(stacked, tested, bounds)
@@ -137,3 +153,26 @@ class Generic(Task, settings=settings.GENERIC):
             [f"the gate ({bounds.describe()}): {verdict(diffs, bounds)}"] if not all(d.passed for d in diffs) else []
         )
         return Evaluation(values, display, {"|Δ| (all output values)": [float(v) for v in flat]}, rows, reasons)
+
+
+class _FeedsOf(Sequence[dict[str, np.ndarray]]):
+    """The samples' input sets, each read from its file when asked for where a sample does not hold it: the
+    evidence checks read them one at a time, so a folder of many is never held whole."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]: ...
+    @overload
+    def __getitem__(self, index: slice) -> _FeedsOf: ...
+    def __getitem__(self, index: int | slice) -> dict[str, np.ndarray] | _FeedsOf:
+        if isinstance(index, slice):
+            return _FeedsOf(self.samples[index])
+        sample = self.samples[index]
+        if sample.ref is None:
+            return sample.feeds
+        return read_npz(*sample.ref)
