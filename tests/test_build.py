@@ -119,6 +119,11 @@ def test_a_variant_failing_its_gate_is_not_published(built, project):
     assert [f.path for f in result.outcomes[0].files] == [release / "same.onnx"]  # where the release now is
     assert result.failed[0].files == [] and result.failed[0].validation is not None
     assert [r["name"] for r in measured["bench"]["results"]] == ["source", "same"]  # not the failed one
+    timings = measured["bench"]["validation"]  # timed, beside the latencies: both variants were validated
+    assert [t["variant"] for t in timings] == ["same", "drifted"] and all(t["seconds"] > 0 for t in timings)
+    assert timings[0]["samples"] == measured["validation"]["samples"] and timings[0]["ran_on"].endswith("this process")
+    report = (release / "report.html").read_text()
+    assert report.index("Validation time") < report.index("<!-- /timed -->")
     massive = measured["ranges"]["massive"]
     assert massive["channel"] == 5 and massive["absmax"] == pytest.approx(1e5, rel=1e-3)
 

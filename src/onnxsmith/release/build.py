@@ -493,6 +493,8 @@ def finish(
     progress("measuring the source's activation ranges")
     ranges = _source_ranges(source, feeds[:2])
     bench = _bench(recipe, release, published, task_run, progress) if recipe.bench and published and run_bench else None
+    if bench is not None:  # how long validating took: timed too
+        bench["validation"] = [_validation_time(o) for o in outcomes if o.validation is not None]
     included = _include(recipe, release, published)
     measurements = {
         "onnxsmith": __version__,
@@ -555,6 +557,17 @@ def _bench(recipe: Recipe, release: Path, published: list, task_run: TaskRun | N
         "machine": _machine(),
     }
     return {"settings": settings, **run.to_json()}
+
+
+def _validation_time(outcome: VariantOutcome) -> dict[str, Any]:
+    validation = outcome.validation
+    assert validation is not None
+    return {
+        "variant": outcome.variant.name,
+        "samples": validation.samples,
+        "seconds": validation.seconds,
+        "ran_on": validation.ran_on,
+    }
 
 
 def _include(recipe: Recipe, release: Path, published: list) -> list[dict]:

@@ -259,5 +259,28 @@ def _bench_section(bench: dict) -> list[str]:
         _figure(plots.latency_figure(bench["results"]), "latency and throughput against batch size"),
         _table(["model", "batch", "median", "p90", "throughput", "session load", "peak RSS"], rows, {1, 2, 3, 4, 5, 6}),
         *(f"<p>{escape(line)}</p>" for line in notes(bench)),
+        *_validation_times(bench.get("validation") or []),
         TIMED_END,
+    ]
+
+
+def _validation_times(timings: list[dict]) -> list[str]:
+    """How long each variant's validation took, and its rate (the first also ran the source)."""
+    rows = [
+        [
+            escape(t["variant"]),
+            str(t["samples"]),
+            f"{t['seconds']:.1f} s",
+            f"{t['samples'] / t['seconds']:.1f}/s" if t["seconds"] else "",
+            escape(t["ran_on"]),
+        ]
+        for t in timings
+        if t.get("seconds") is not None
+    ]
+    if not rows:
+        return []
+    return [
+        "<h3>Validation time</h3>",
+        "<p>Wall time of each variant's validation, with the source's run on the samples where it was the first to need it.</p>",
+        _table(["variant", "samples", "wall", "samples/s", "where"], rows, {1, 2, 3}),
     ]

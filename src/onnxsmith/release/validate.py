@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ class Validation:
     worst: list[dict] = field(default_factory=list)
     #: Where the samples ran, e.g. "32 shards of up to 64 samples on 2 worker(s) on the Ray cluster at ...".
     ran_on: str = ""
+    #: Wall seconds the validation took (the source's run too where it ran in it): timed, so not in to_json.
+    seconds: float | None = field(default=None, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -222,6 +225,7 @@ class TaskRun:
         return self._reference
 
     def validate(self, candidate: str | os.PathLike, gates: dict[str, float], *, name: str | None = None) -> Validation:
+        started = time.perf_counter()
         if self.task.judge is not None:
             self.progress(f"{self.task.name}: judging {Path(candidate).name} on {len(self.samples)} samples")
             evaluation = self.task.judge(
@@ -253,6 +257,7 @@ class TaskRun:
             reasons=evaluation.reasons,
             worst=worst_of(self.task, evaluation, self.samples),
             ran_on=self._ran_on(),
+            seconds=time.perf_counter() - started,
         )
 
     def _ran_on(self) -> str:
