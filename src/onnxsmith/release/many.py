@@ -28,15 +28,14 @@ from onnxsmith.execution.engine import Engine, LocalEngine
 from onnxsmith.release.build import (
     BuildResult,
     Prepared,
-    StagedRelease,
     VariantOutcome,
     default_out,
     finish,
     make_one_variant,
     outcome_line,
     prepare,
-    staged_release,
 )
+from onnxsmith.release.out_folder import StagedRelease, staged_release
 from onnxsmith.release.recipe import Recipe, load_recipe
 
 
