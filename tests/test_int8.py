@@ -466,22 +466,24 @@ def test_int8_convs_calibrated_on_32_samples_or_more_get_no_clipping_note(tmp_pa
 
 
 def test_cli_convs_are_calibrated_on_inputs_in_a_known_value_range(tmp_path, cli):
-    """A CNN's Convs go int8 by default on real inputs (``--inputs``), or on made-up text lines once the image's value
-    range is known (here from ``--input-role``: the graph does not say it). Without either, made-up inputs in a
-    guessed range would fix every activation scale off by up to 100-fold: nothing goes int8, no variant is written,
-    and the one line says which option gives the range."""
+    """A CNN's Convs go int8 by default on real inputs (``--inputs``), or on made-up pictures once the image's value
+    range is known: given with ``--input-role``, or read from how its first Conv responds to photos (ppocr_cls's
+    BatchNormalization: the graph itself does not say it). Where nothing tells (ddddocr's detector slices its
+    input before any Conv), made-up inputs in a guessed range would fix every activation scale off by up to
+    100-fold: nothing goes int8, no variant is written, and the one line says which option gives the range."""
     source = real_model("ppocr_cls_mobile")
     arrays = tmp_path / "inputs.npz"
     np.savez(arrays, x=np.random.default_rng(0).uniform(-1, 1, (2, 3, 48, 192)).astype(np.float32))
     for given in ([], ["--inputs", arrays], ["--input-role", "x=normalized"]):
         out = tmp_path / f"given-{len(given) and given[0][2:]}.onnx"
         result = cli("int8", source, out, "--no-speed", *given)
-        if not given:
-            assert_one_line_error(result, "nothing went int8", "the value range of 'x' is a guess", code=1)
-            assert "--input-role x=0..255" in result.stderr and not out.exists()
-            continue
         assert result.returncode == 0, result.stderr
         assert op_count(load_model(out), "QuantizeLinear") > 0
+        if not given:
+            assert "its first Conv's response to photos matches its BatchNormalization's statistics" in result.stdout
+    guessed = cli("int8", real_model("ddddocr_det"), tmp_path / "det.onnx", "--no-speed")
+    assert_one_line_error(guessed, "the value range of 'images' is a guess", code=1)
+    assert "--input-role images=0..255" in guessed.stderr and not (tmp_path / "det.onnx").exists()
 
 
 def _layernorm_linears(path, *, residual):

@@ -100,6 +100,12 @@ class InputRole:
         return f"'{self.name}': {text}" + (f" ({self.why})" if self.why else "")
 
 
+#: ``model.meta`` key: {image input: (value range, why, evidence)} where running the model told what the graph
+#: does not say (runtime/image_range.py; ``{}`` once tried); :func:`input_roles` takes them for the guesses (still
+#: a guess where it is not evidence).
+INFERRED_RANGES = "onnxsmith.inferred_image_ranges"
+
+
 def input_roles(model: ir.Model) -> dict[str, InputRole]:
     """Each graph input's role (initializers listed as inputs are not inputs), in input order."""
     inputs = _inputs(model)
@@ -115,6 +121,10 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
             roles[value.name] = replace(
                 role, layout=layout, channels=channels, value_range=value_range, range_guessed=False, why=why
             )
+        inferred = model.meta.get(INFERRED_RANGES, {}).get(value.name)
+        if inferred is not None and roles[value.name].range_guessed:
+            value_range, why, evidence = inferred
+            roles[value.name] = replace(roles[value.name], value_range=value_range, range_guessed=not evidence, why=why)
     floats = [v.name for v in inputs if v.dtype is not None and v.dtype.is_floating_point()]
     if floats and all(roles[name].kind == STATE for name in floats):
         # A state is zeros beside the data a stream feeds; with no such data beside it, a tensor named like a

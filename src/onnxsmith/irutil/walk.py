@@ -35,6 +35,21 @@ def visit(values: Iterable[ir.Value], step: Callable[[ir.Value], Iterable[ir.Val
         pending.extend(step(value))
 
 
+def computing_model(model: ir.Model, outputs: list[ir.Value]) -> ir.Model:
+    """The part of ``model`` that computes ``outputs`` from its graph inputs, those as its outputs.
+
+    Shares tensors with ``model`` (nothing is read; its nodes are put in topological order);
+    the graph inputs are all kept so the same feeds fit.
+    """
+    graph = model.graph
+    graph.sort()  # extraction copies nodes in graph order, which must be topological
+    inputs = [v for v in graph.inputs if not v.is_initializer()]
+    piece = ir.convenience.extract(graph, inputs=inputs, outputs=outputs)
+    return ir.Model(
+        piece, ir_version=model.ir_version, functions=list(model.functions.values()), producer_name=model.producer_name
+    )
+
+
 def outputs_no_input_reaches(model: ir.Model) -> set[str]:
     """The graph outputs computed from constants alone: no graph input reaches them (a node whose subgraph reads a
     reached value counts as reached)."""

@@ -23,25 +23,11 @@ import onnx_ir as ir
 from onnxsmith.core.errors import OnnxsmithError
 from onnxsmith.io.files import copy_file, new_private_dir, remove_private_dir, write_file
 from onnxsmith.io.paths import data_file
+from onnxsmith.irutil.walk import computing_model
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import adapt_feeds
 
 _MODEL_NAME = "__exposed__.onnx"
-
-
-def computing_model(model: ir.Model, outputs: list[ir.Value]) -> ir.Model:
-    """The part of ``model`` that computes ``outputs`` from its graph inputs, those as its outputs.
-
-    Shares tensors with ``model`` (nothing is read; its nodes are put in topological order);
-    the graph inputs are all kept so the same feeds fit.
-    """
-    graph = model.graph
-    graph.sort()  # extraction copies nodes in graph order, which must be topological
-    inputs = [v for v in graph.inputs if not v.is_initializer()]
-    piece = ir.convenience.extract(graph, inputs=inputs, outputs=outputs)
-    return ir.Model(
-        piece, ir_version=model.ir_version, functions=list(model.functions.values()), producer_name=model.producer_name
-    )
 
 
 @contextlib.contextmanager

@@ -103,6 +103,7 @@ def load_data(
             leading = [d if isinstance(d, int) else symbolic_dim_size(d, dims) for d in spec.dims[:-1]]
             shapes[target.name] = (*leading, length)
     sized = _sizes(inputs_that_run(model, shapes=shapes, dims=dims, seed=seed, given=given))
+    target = with_given(input_roles(model), given)[target.name]  # its range as the model's first Conv said it
     sets = []
     for i, (f, content) in enumerate(zip(files, contents)):
         feeds = random_inputs(model, shapes=sized, dims=dims, seed=seed + i, given=given)

@@ -17,6 +17,9 @@ itself that they run:
   does not run (an unnamed one only on an input's last axis); a batch stays 1 and a past
   length 0.
 
+An image input whose value range nothing in the graph says is then read from how its first Conv responds to
+photos (:mod:`onnxsmith.runtime.image_range`), and its pictures made again in that range.
+
 The first assignment the model runs at wins; the old guess (1 for every side) is the last
 resort. When none runs, the one-line error names the dims that were guessed and says how
 to set them. (Values matter too: :func:`~onnxsmith.runtime.inputs.random_inputs` gives an
@@ -31,10 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.input_roles import LENGTH, SAMPLE_RATE, WAVEFORM, input_roles
+from onnxsmith.analysis.input_roles import INFERRED_RANGES, LENGTH, SAMPLE_RATE, WAVEFORM, input_roles
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
+from onnxsmith.runtime.image_range import infer_image_ranges
 from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape
 
 #: Image sides tried in turn, after the model's own (metadata).
@@ -76,6 +80,18 @@ def inputs_that_run(
     unsized dims are batches (or past lengths) is not run here: there is nothing to choose. ``given``: the
     user's corrections of what the inputs are (:func:`~onnxsmith.runtime.inputs.random_inputs`).
     """
+    fresh = INFERRED_RANGES not in model.meta
+    sets = _sized_inputs(model, shapes, dims, samples, seed, given)
+    if fresh and sets and infer_image_ranges(model, sets[0], given):  # the pictures again, in the range measured
+        sized = {name: tuple(array.shape) for name, array in sets[0].items()}
+        sets = [
+            random_inputs(model, shapes=sized, dims=dict(dims or {}), seed=seed + i, given=given)
+            for i in range(samples)
+        ]
+    return sets
+
+
+def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given) -> list[dict[str, np.ndarray]]:
     shapes, dims = dict(shapes or {}), dict(dims or {})
     guesses = unsized_dims(model, shapes, dims)
     choices = [g for g in guesses if len(g.sizes) > 1]

@@ -1,0 +1,149 @@
+"""runtime/image_range.py: an image input's value range, where the graph does not say it, read from its first Conv.
+
+The models here are built the way training leaves them: a first Conv whose BatchNormalization's running
+statistics (or, folded, whose scale) are those of photos in one convention. Photos in each convention then
+go through it, and the one it was "trained" on must be found; where nothing tells, the range stays a guess.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsmith.analysis.input_roles import INFERRED_RANGES, input_roles, parse_role_options, with_given
+from onnxsmith.io.load import load_model
+from onnxsmith.runtime import runner
+from onnxsmith.runtime.image_range import infer_image_ranges
+from onnxsmith.runtime.plausible import image
+from onnxsmith.runtime.sizing import inputs_that_run
+
+SHAPE = (1, 3, 64, 64)
+OPSET = [helper.make_opsetid("", 17)]
+
+
+def _weights() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), rng.normal(0, 0.1, 8).astype(np.float32)
+
+
+def _graph(nodes, consts, name="first_conv") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+def _conv_stats(convention: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and variance of the Conv's output on photos in ``convention`` (what training saw)."""
+    w, b = _weights()
+    conv = _graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"w": w, "b": b})
+    pictures = image((4, *SHAPE[1:]), "NCHW", convention, np.dtype(np.float32), np.random.default_rng(11))
+    out = runner.run(runner.open_session(ir.serde.deserialize_model(conv)), {"x": pictures}, ["y"])["y"]
+    return out.mean(axis=(0, 2, 3)), out.var(axis=(0, 2, 3))
+
+
+def _with_batch_norm(save_proto, convention: str):
+    mean, var = _conv_stats(convention)
+    w, b = _weights()
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "beta", "mean", "var"], ["n"]),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    consts = {"w": w, "b": b, "g": np.ones(8), "beta": np.zeros(8), "mean": mean, "var": var}
+    return load_model(save_proto(_graph(nodes, consts), f"bn_{convention}.onnx"))
+
+
+def _folded(save_proto, convention: str):
+    """The BatchNormalization folded into the Conv: its outputs unit-scale on photos in ``convention``."""
+    mean, var = _conv_stats(convention)
+    w, b = _weights()
+    scale = 1 / np.sqrt(var)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    consts = {"w": w * scale[:, None, None, None], "b": (b - mean) * scale}
+    return load_model(save_proto(_graph(nodes, consts), f"folded_{convention}.onnx"))
+
+
+def _taken(model) -> tuple[str, bool, str]:
+    inputs_that_run(model, shapes={"x": SHAPE})
+    role = input_roles(model)["x"]
+    return role.value_range, role.range_guessed, role.why
+
+
+@pytest.mark.parametrize("convention", ["0..255", "normalized"])
+def test_a_batch_norm_s_running_statistics_tell_the_range(save_proto, convention):
+    model = _with_batch_norm(save_proto, convention)
+    assert input_roles(model)["x"].range_guessed  # the graph alone does not say
+    value_range, guessed, why = _taken(model)
+    assert (value_range, guessed) == (convention, False)
+    assert "matches its BatchNormalization's statistics in " + convention in why
+
+
+@pytest.mark.parametrize("convention", ["0..255", "normalized"])
+def test_a_folded_first_conv_s_output_scale_tells_the_likely_range(save_proto, convention):
+    """Pictures are made in the range the output scale points to, but a trained layer's scale is not fixed: it
+    stays a guess for what would fix activation scales from made-up pictures (int8's Convs)."""
+    value_range, guessed, why = _taken(_folded(save_proto, convention))
+    assert (value_range, guessed) == (convention, True)
+    assert "near unit scale on photos in " + convention in why and "not a stated one" in why
+
+
+def test_pictures_are_made_again_in_the_range_read(save_proto):
+    model = _with_batch_norm(save_proto, "0..255")
+    (feeds,) = inputs_that_run(model, shapes={"x": SHAPE})
+    assert feeds["x"].max() > 100 and feeds["x"].min() >= 0  # 0..255 photos, not the normalized guess's
+
+
+def test_nothing_read_where_no_conv_comes_first_and_the_users_range_wins(save_proto):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"])]
+    relu_first = load_model(save_proto(_graph(nodes, {"w": _weights()[0]}), "relu.onnx"))
+    assert _taken(relu_first)[:2] == ("normalized", True)
+    assert relu_first.meta[INFERRED_RANGES] == {}  # tried once, not again
+
+    model = _with_batch_norm(save_proto, "0..255")
+    given = parse_role_options("x=0..1")
+    (feeds,) = inputs_that_run(model, shapes={"x": SHAPE}, given=given)
+    assert model.meta[INFERRED_RANGES] == {}  # the user said it: nothing measured
+    assert with_given(input_roles(model), given)["x"].value_range == "0..1" and feeds["x"].max() <= 1
+
+
+def test_pictures_of_a_few_pixels_tell_nothing(save_proto):
+    model = _with_batch_norm(save_proto, "0..255")
+    tiny = {"x": np.zeros((1, 3, 8, 8), np.float32)}
+    assert infer_image_ranges(model, tiny) == {} and input_roles(model)["x"].range_guessed
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("convention", ["0..255", "normalized"])
+def test_torch_exports_of_a_conv_bn_stem(tmp_path, dynamo, convention):
+    """A stem as torch writes it (the TorchScript exporter folds the BatchNormalization, the dynamo one keeps
+    it), its running statistics those of photos in ``convention``."""
+    import torch
+
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    stem.eval()
+    pictures = torch.from_numpy(
+        image((4, *SHAPE[1:]), "NCHW", convention, np.dtype(np.float32), np.random.default_rng(5))
+    )
+    with torch.no_grad():
+        out = stem[0](pictures)
+        stem[1].running_mean.copy_(out.mean(dim=(0, 2, 3)))
+        stem[1].running_var.copy_(out.var(dim=(0, 2, 3)))
+    path = tmp_path / "stem.onnx"
+    torch.onnx.export(stem, (pictures[:1],), str(path), input_names=["x"], output_names=["y"], dynamo=dynamo)
+    model = load_model(path)
+    x = model.graph.inputs[0].name
+    inputs_that_run(model)
+    role = input_roles(model)[x]
+    kept = any(node.op_type == "BatchNormalization" for node in model.graph)  # evidence: the range is known
+    assert (role.value_range, role.range_guessed) == (convention, not kept), role.why
