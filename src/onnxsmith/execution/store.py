@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,49 @@ class ShardStore:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             raise OutputError(f"cannot keep a shard's outputs ({describe_os_error(err)})", final) from None
+
+
+def whole_batches(shard_size: int, batch: int) -> int:
+    """A shard's length: ``shard_size`` rounded up to whole batches of ``batch``, so every item runs in the batch
+    it would run in on one process."""
+    batch = max(1, batch)
+    return -(-max(1, shard_size) // batch) * batch
+
+
+def map_kept(
+    engine: Any,
+    worker: Any,
+    jobs: list[Any],
+    store: ShardStore | None,
+    on_result: Callable[[int, Any], None],
+    *,
+    on_kept: Callable[[int], None] = lambda index: None,
+    encode: Callable[[Any], ShardOutputs] = lambda result: result,
+    decode: Callable[[ShardOutputs], Any] = lambda kept: kept,
+) -> list[Any]:
+    """``engine.map(worker, jobs)``, each result kept in ``store`` (``encode``: as arrays) as it arrives, and the
+    results a rerun finds there read back (``decode``) instead of run: ``on_kept(index)`` for each of those first,
+    then ``on_result(index, result)`` as each job run arrives. The results in job order; ``worker`` released
+    afterwards."""
+    results: list[Any] = [None] * len(jobs)
+    todo = []
+    for index in range(len(jobs)):
+        kept = store.load(index) if store is not None else None
+        if kept is None:
+            todo.append(index)
+            continue
+        results[index] = decode(kept)
+        on_kept(index)
+
+    def arrived(position: int, result: Any) -> None:
+        index = todo[position]
+        results[index] = result
+        if store is not None:
+            store.save(index, encode(result))
+        on_result(index, result)
+
+    try:
+        engine.map(worker, [jobs[i] for i in todo], on_result=arrived)
+    finally:
+        engine.release(worker)
+    return results

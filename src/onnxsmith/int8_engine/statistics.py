@@ -102,11 +102,11 @@ def gather(
     shards = [list(feeds_list[i : i + SHARD]) for i in range(0, len(feeds_list), SHARD)]
     early: dict[int, Any] = {}
     merged: list[Any] = []  # [the merge of shards 0 .. next - 1]
-    state = {"next": 0}
+    state = {"next": 0, "done": 0}
 
     def arrived(index: int, partial: Any) -> None:
         early[index] = partial
-        state["done"] = state.get("done", 0) + 1
+        state["done"] += 1
         progress(f"{state['done']}/{len(shards)} shards of {SHARD} input sets")
         while state["next"] in early:
             part = early.pop(state["next"])

@@ -22,7 +22,7 @@ from onnxsmith.core.options import to_json
 from onnxsmith.core.transform import Progress as Report
 from onnxsmith.core.version import __version__
 from onnxsmith.execution.engine import Engine, Progress
-from onnxsmith.execution.store import ShardOutputs, ShardStore, store_key
+from onnxsmith.execution.store import ShardOutputs, ShardStore, map_kept, store_key, whole_batches
 from onnxsmith.io.files import sha256_file
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.runtime.runner import prepare_session
@@ -67,8 +67,7 @@ class SampleRunner:
 
 def shards_of(samples: list[Sample], shard_size: int, batch_size: int) -> list[list[Sample]]:
     """``samples`` in shards of ``shard_size`` rounded up to whole batches."""
-    batch = max(1, batch_size)
-    size = -(-max(1, shard_size) // batch) * batch
+    size = whole_batches(shard_size, batch_size)
     return [samples[i : i + size] for i in range(0, len(samples), size)]
 
 
@@ -87,25 +86,15 @@ def run_sharded(
     store = None
     if shard_dir is not None:
         store = ShardStore(shard_dir, _key(runner, path, samples, shard_size))
-    results: list[ShardOutputs | None] = [store.load(i) if store else None for i in range(len(shards))]
-    todo = [i for i, done in enumerate(results) if done is None]
     progress = Progress(len(samples), report, f"{runner.task.name}: running {Path(path).name}")
-    resumed = sum(len(shards[i]) for i, done in enumerate(results) if done is not None)
-    if resumed:
-        progress.add(resumed)
+    jobs = [(os.fspath(path), shard) for shard in shards]
 
-    def arrived(position: int, outputs: ShardOutputs) -> None:
-        index = todo[position]
-        results[index] = outputs
-        if store is not None:
-            store.save(index, outputs)
+    def done(index: int, _: object = None) -> None:
         progress.add(len(shards[index]))
 
-    try:
-        engine.map(runner, [(os.fspath(path), shards[i]) for i in todo], on_result=arrived)
-    finally:
-        engine.release(runner)  # the reference's outputs are kept, not its session; a variant is run once
-    return [sample for shard in results if shard is not None for sample in shard]
+    # The runner's session is released after the run: the reference's outputs are kept, a variant is run once.
+    results = map_kept(engine, runner, jobs, store, done, on_kept=done)
+    return [sample for shard in results for sample in shard]
 
 
 def _key(runner: SampleRunner, path: str | os.PathLike, samples: list[Sample], shard_size: int) -> str:

@@ -84,10 +84,7 @@ def inputs_that_run(
     sets = _sized_inputs(model, shapes, dims, samples, seed, given)
     if fresh and sets and infer_image_ranges(model, sets[0], given):  # the pictures again, in the range measured
         sized = {name: tuple(array.shape) for name, array in sets[0].items()}
-        sets = [
-            random_inputs(model, shapes=sized, dims=dict(dims or {}), seed=seed + i, given=given)
-            for i in range(samples)
-        ]
+        sets = _seeded(model, sized, dict(dims or {}), range(samples), seed, given)
     return sets
 
 
@@ -96,7 +93,7 @@ def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given)
     guesses = unsized_dims(model, shapes, dims)
     choices = [g for g in guesses if len(g.sizes) > 1]
     if not choices:
-        return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + i, given=given) for i in range(samples)]
+        return _seeded(model, shapes, dims, range(samples), seed, given)
     label = model.meta.get(SOURCE_PATH)
     session = runner.open_session(model, label=label)
     tried: list[str] = []
@@ -114,14 +111,17 @@ def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given)
         except InputError as err:
             problem = err.problem.removeprefix(_FAILED)
             continue
-        return [feeds] + [
-            random_inputs(model, shapes=sized, dims=dims, seed=seed + i, given=given) for i in range(1, samples)
-        ]
+        return [feeds] + _seeded(model, sized, dims, range(1, samples), seed, given)
     raise InputError(
         f"onnxruntime failed to run the model at every size tried for its unsized dims ({'; '.join(tried)}): "
         f"{problem}; give the sizes it runs at with --shape, e.g. --shape {_example(model, shapes, guesses)}",
         label,
     )
+
+
+def _seeded(model: ir.Model, shapes, dims, numbers: range, seed: int, given) -> list[dict[str, np.ndarray]]:
+    """Input sets ``numbers`` (seeds ``seed + n``) at ``shapes``."""
+    return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + n, given=given) for n in numbers]
 
 
 def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> list[Guess]:

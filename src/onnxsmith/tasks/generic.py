@@ -82,9 +82,9 @@ class Generic(Task, settings=settings.GENERIC):
     def sample_refs(self, model: ir.Model, options: GenericOptions, source: Path | None = None) -> list[Sample]:
         """A folder of .npz: each file's path, read where its shard runs (the first read here: a folder whose
         arrays do not fit the model is refused before any work). Other data are made into input sets here."""
-        if not options.data or data_files(Path(options.data))[0] != "npz":
+        kind, files = data_files(Path(options.data)) if options.data else ("", [])
+        if kind != "npz":
             return self.samples(model, options, source)
-        _, files = data_files(Path(options.data))
         load_npz(files[0], model)
         taken = describe_folder(Path(options.data), model, parse_role_options(options.input_role))
         specs = tuple(input_specs(model))  # the source's: every model run reads the same values

@@ -31,7 +31,7 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.core.transform import JobEngine
 from onnxsmith.core.version import __version__
 from onnxsmith.execution.engine import LocalEngine
-from onnxsmith.execution.store import ShardStore, store_key
+from onnxsmith.execution.store import ShardStore, map_kept, store_key, whole_batches
 from onnxsmith.io import paths
 from onnxsmith.io.files import sha256_file
 from onnxsmith.io.load import source_files
@@ -223,31 +223,29 @@ def score_models(
     ``shard_dir``: each shard's sums kept there (execution/store.py), so a rerun resumes from what is done.
     """
     scorer = WindowScorer(tuple(os.fspath(p) for p in paths), reference, batch, threads, configs)
-    per_shard = -(-max(1, shard_size) // batch) * batch  # rounded up to whole batches
+    per_shard = whole_batches(shard_size, batch)
     shards = [windows[i : i + per_shard] for i in range(0, len(windows), per_shard)]
     store = None if shard_dir is None else ShardStore(shard_dir, _store_key(scorer, windows, per_shard))
-    results: list[list[_Batch] | None] = [None] * len(shards)
-    if store is not None:
-        for i in range(len(shards)):
-            kept = store.load(i)
-            results[i] = None if kept is None else [_Batch.from_arrays(b) for b in kept]
-    todo = [i for i, kept in enumerate(results) if kept is None]
-    done = [sum(len(shards[i]) for i, kept in enumerate(results) if kept is not None)]
+    done = [0]
 
-    def arrived(position: int, batches: list[_Batch]) -> None:
-        index = todo[position]
-        results[index] = batches
-        if store is not None:
-            store.save(index, [b.to_arrays() for b in batches])
+    def kept(index: int) -> None:
         done[0] += len(shards[index])
+
+    def arrived(index: int, _: list[_Batch]) -> None:
+        kept(index)
         progress(f"windows {done[0]}/{len(windows)}")
 
-    engine = engine or LocalEngine()
-    try:
-        engine.map(scorer, [shards[i] for i in todo], on_result=arrived)
-    finally:
-        engine.release(scorer)
-    return _scores(paths, [b for part in results if part is not None for b in part], reference, len(windows))
+    results = map_kept(
+        engine or LocalEngine(),
+        scorer,
+        shards,
+        store,
+        arrived,
+        on_kept=kept,
+        encode=lambda batches: [b.to_arrays() for b in batches],
+        decode=lambda kept: [_Batch.from_arrays(b) for b in kept],
+    )
+    return _scores(paths, [b for part in results for b in part], reference, len(windows))
 
 
 def _store_key(scorer: WindowScorer, windows: np.ndarray, per_shard: int) -> str:
