@@ -267,11 +267,12 @@ def variants(name: str, folder: Path) -> dict[str, dict]:
     }
 
 
-def node_timings(models: dict[str, Path], extra: dict[str, str]) -> dict:
+def node_timings(models: dict[str, Path], extra: dict[str, str], repeats: int = 21) -> dict:
+    """clients/web/bench.mjs on ``models`` (folded at load) and ``extra`` (not folded): its results by label."""
     specs = [f"{label}={path}" for label, path in models.items()]
     specs += [f"{label}={path}:nofold" for label, path in extra.items()]
     result = subprocess.run(
-        ["node", "bench.mjs", "--prompt", "64", "--decode", "32", "--repeats", "21", *specs],
+        ["node", "bench.mjs", "--prompt", "64", "--decode", "32", "--repeats", str(repeats), *specs],
         cwd=ROOT / "clients" / "web",
         capture_output=True,
         text=True,

@@ -91,13 +91,16 @@ def decode_feeds(session) -> dict[str, np.ndarray]:
     return feeds
 
 
-def time_decode(models: dict[str, Path]) -> dict[str, float]:
+def time_decode(models: dict[str, Path], configs: dict[str, dict[str, str]] | None = None) -> dict[str, float]:
+    """Each model's median decode step in ms, interleaved; ``configs``: session config entries by label."""
     import onnxruntime as ort
 
     sessions = {}
     for label, path in models.items():
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+        for key, value in (configs or {}).get(label, {}).items():
+            options.add_session_config_entry(key, value)
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         feeds = decode_feeds(session)
         session.run(["logits"], feeds)

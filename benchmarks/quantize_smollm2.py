@@ -9,13 +9,16 @@ source:
 
 * ``onnxsmith quantize --format nbits`` (native CPU): its body found on 4-bit grids and stored exactly; and
   with ``--accuracy-level 4`` (the body's activations int8, as onnxruntime's QDQ fusion defaults to);
-* ``onnxsmith quantize`` (the web format ``qdq``): its integer zero points cannot hold the grids, and its gate
-  says so (the row records the refusal);
+* ``onnxsmith quantize`` (the web format ``qdq``, q4 and ``--scheme q8``): the grids stored exactly as levels
+  behind a DequantizeLinear plus float block offsets, all folded at load (``session.disable_quant_qdq=1``, the
+  setting the card names for it, which every measurement of these rows uses);
 * onnxruntime's ``MatMulNBitsQuantizer``: round-to-nearest (block 32, asymmetric, accuracy level 4) and HQQ.
 
 Quality: mean KL / top-1 / loss on tools/fixture_text.txt (8 windows of 128 tokens, the model's own
 tokenizer), every position. Speed: one decode step after 64 cached tokens, batch 1, 2 threads, native
-onnxruntime CPU, interleaved rounds (benchmarks/quantize_native.py's timing).
+onnxruntime CPU, interleaved rounds (benchmarks/quantize_native.py's timing); and for the source and the web
+rows, onnxruntime-web WASM in Node.js (clients/web/bench.mjs: one thread, a 64-token prompt then 32 decode
+steps, median wall time of a decode step and of the prefill; needs ``npm ci`` in clients/web).
 
     flock /tmp/onnxsmith-heavy.lock .venv/bin/python benchmarks/quantize_smollm2.py [--out docs/quantize_smollm2.json]
 """
@@ -33,11 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quantize_lm import node_timings  # noqa: E402
 from benchmarks.quantize_native import time_decode  # noqa: E402
 from tests.support.realmodels import real_model  # noqa: E402
 
 CACHE = REPO / ".cache" / "benchmarks" / "quantize_smollm2"
 TEXT = REPO / "tools" / "fixture_text.txt"
+FOLD = {"session.disable_quant_qdq": "1"}  # how a web page (and the card) loads the qdq format
 
 
 def source_folder() -> Path:
@@ -98,7 +103,9 @@ def onnxsmith_quantize(folder: Path, label: str, args: list[str]) -> dict:
     if done.returncode:
         row["refusal"] = ([line for line in done.stderr.splitlines() if line.strip()] or [""])[-1]
         return row
-    row["published"], row["full"] = out / "onnx" / "model_q4.onnx", out / "onnx" / "model_q4_full.onnx"
+    full = next((out / "onnx").glob("*_full.onnx"))
+    row["published"], row["full"] = full.with_name(full.name.replace("_full", "")), full
+    row["config"] = FOLD if "nbits" not in args else None
     return row
 
 
@@ -134,18 +141,24 @@ def main() -> None:
 
     folder = source_folder()
     source = folder / "onnx" / "model.onnx"
-    rows = {"fp32 source": {"exit": 0, "published": source, "full": source}}
+    rows: dict[str, dict] = {"fp32 source": {"exit": 0, "published": source, "full": source}}
     rows["onnxsmith quantize --format nbits"] = onnxsmith_quantize(folder, "nbits", ["--format", "nbits"])
     rows["onnxsmith quantize --format nbits --accuracy-level 4"] = onnxsmith_quantize(
         folder, "nbits_acc4", ["--format", "nbits", "--accuracy-level", "4"]
     )
     rows["onnxsmith quantize (qdq)"] = onnxsmith_quantize(folder, "qdq", [])
+    rows["onnxsmith quantize --scheme q8 (qdq)"] = onnxsmith_quantize(folder, "qdq_q8", ["--scheme", "q8"])
     rows["onnxruntime MatMulNBitsQuantizer RTN"] = onnxruntime_quantizer(source, "ort_rtn", "RTN")
     rows["onnxruntime MatMulNBitsQuantizer HQQ"] = onnxruntime_quantizer(source, "ort_hqq", "HQQ")
     made = {label: row for label, row in rows.items() if row["exit"] == 0}
     windows = lm.text_windows(lm.load_tokenizer(folder), TEXT.read_text(), window=128, max_windows=8)
-    scores = lm.score_models([row["full"] for row in made.values()], windows)
-    ms = time_decode({label: row["published"] for label, row in made.items()})
+    configs = {label: row["config"] for label, row in made.items() if row.get("config")}
+    scores = lm.score_models(
+        [row["full"] for row in made.values()], windows, configs=[row.get("config") for row in made.values()]
+    )
+    ms = time_decode({label: row["published"] for label, row in made.items()}, configs)
+    web = ["fp32 source", *configs]
+    wasm = node_timings({label: made[label]["published"] for label in web}, {}, repeats=9)
     for (label, row), score in zip(made.items(), scores):
         files = [row["published"], *row["published"].parent.glob(row["published"].name + "*data*")]
         row.update(
@@ -158,8 +171,12 @@ def main() -> None:
                 "speed": ms["fp32 source"] / ms[label],
             }
         )
+        if label in wasm:
+            row["wasm_decode_ms"] = wasm[label]["decode_wall_ms"]
+            row["wasm_prefill_ms"] = wasm[label]["prefill_wall_ms"]
+            row["wasm_decode_vs_source"] = wasm[label]["decode_wall_ms"] / wasm["fp32 source"]["decode_wall_ms"]
     for label, row in rows.items():
-        row.pop("published", None), row.pop("full", None)
+        row.pop("published", None), row.pop("full", None), row.pop("config", None)
         if row["exit"]:
             print(f"{label:40s} refused: {row['refusal'][:160]}")
         else:
@@ -167,6 +184,7 @@ def main() -> None:
             print(
                 f"{label:40s} {row['bytes'] / 2**20:7.1f} MB loss {row['loss']:.4f} KL {kl} "
                 f"top-1 {row['top1'] if row['top1'] is not None else '-'} {row['decode_ms']:7.2f} ms {row['speed']:.2f}x"
+                + (f" wasm {row['wasm_decode_ms']:.1f} ms" if "wasm_decode_ms" in row else "")
             )
     args.out.write_text(json.dumps(rows, indent=1, default=str) + "\n")
 

@@ -486,3 +486,15 @@ def test_real_images_ranges_known_and_guessed():
     assert image("nudenet_320n") == image("isbnx_yolo_e2e") == ("0..1", False)  # Ultralytics exports
     assert image("captcha_crnn") == ("0..255", False)  # the graph multiplies by 1/255
     assert image("ppocr_det") == ("normalized", True)  # PaddleOCR normalizes outside: a guess
+
+
+def test_a_run_of_inputs_taken_to_be_the_same_is_one_line():
+    """A decoder's cache tensors (4 here, 60 on SmolLM2) are one line naming the first and the last, not one each."""
+    from tests.support.lm_models import gpt2_folder
+
+    model = load_model(gpt2_folder() / "onnx" / "model.onnx")
+    lines = describe_inputs(model)
+    past = [name for name in input_roles(model) if name.startswith("past_key_values")]
+    assert len(past) >= 4 and len(lines) == len(input_roles(model)) - len(past) + 1
+    grouped = f"'{past[0]}' ... '{past[-1]}' ({len(past)} inputs): kv cache, past axis 2"
+    assert any(line.startswith(grouped) for line in lines), lines

@@ -389,11 +389,15 @@ def test_quantize_is_judged_by_the_lm_gate_with_its_defaults():
     assert quantize.gate_settings(QuantizeOptions(format="nbits"))["candidate_config"] is None
 
 
-def test_a_refusal_of_weights_on_gguf_grids_names_the_format_that_stores_them_exactly(tmp_path, cli):
-    """qdq rounds weights that sit on 4-bit grids (a model dequantized from a GGUF file); when its gate refuses,
-    the one-line refusal says that --format nbits stores them exactly, and nbits passes the same gate."""
+@pytest.mark.parametrize("fmt", ["qdq", "nbits"])
+def test_weights_on_gguf_grids_pass_a_gate_only_exact_weights_pass(tmp_path, cli, fmt):
+    """Weights that sit on 4-bit grids (a model dequantized from a GGUF file) are stored exactly in either format:
+    with the head kept, the folder passes a gate of KL 1e-6 that rounding them to integer zero points fails."""
     folder = gpt2_on_gguf_grids(tmp_path / "gguf")
-    refused = cli("quantize", folder, tmp_path / "qdq", "--max-kl", "0.00001")
-    assert_one_line_error(refused, "8 weight(s) sit on 4-bit grids", "--format nbits stores exactly", code=1)
-    made = cli("quantize", folder, tmp_path / "nbits", "--format", "nbits", "--max-kl", "0.01")
+    made = cli("quantize", folder, tmp_path / fmt, "--format", fmt, "--head", "keep", "--max-kl", "0.000001")
     assert made.returncode == 0, made.stderr
+    report = json.loads((tmp_path / fmt / "quantize_report.json").read_text())
+    assert "8 weight(s) already on a 4-bit grid" in json.dumps(report)
+    off_grid = gpt2_folder()  # the same command on weights that are not on grids: rounded, refused by the gate
+    refused = cli("quantize", off_grid, tmp_path / "rounded", "--format", fmt, "--head", "keep", "--max-kl", "0.000001")
+    assert_one_line_error(refused, "mean KL", code=1)

@@ -79,3 +79,37 @@ def test_when_no_size_runs_the_error_names_the_dims_to_set(save_proto, cli, tmp_
     # and with the sizes given, it runs
     result = cli("fp16", path, tmp_path / "out.onnx", "--shape", "x:1,1,7,143")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_dim_named_as_a_sum_is_its_terms_sizes_added(save_proto):
+    """optimum's attention mask is [batch, past_sequence_length + sequence_length]: with an empty cache it is as long
+    as the ids, whatever length the ids grow to (a real decoder's export failed at every size when the sum was taken
+    for a past length and sized 0)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["input_ids", "rows"], ["y"]),  # runs at 64 tokens only
+            helper.make_node("Gather", ["attention_mask", "last"], ["z"], axis=1),
+        ],
+        "decoder",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info(
+                "past_key_values.0.key", TensorProto.FLOAT, ["batch_size", 2, "past_sequence_length", 4]
+            ),
+            helper.make_tensor_value_info(
+                "attention_mask", TensorProto.INT64, ["batch_size", "past_sequence_length + sequence_length"]
+            ),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.INT64, None),
+            helper.make_tensor_value_info("z", TensorProto.INT64, None),
+        ],
+        [
+            onnx.numpy_helper.from_array(np.array([-1, 64], np.int64), "rows"),
+            onnx.numpy_helper.from_array(np.array([63], np.int64), "last"),
+        ],
+    )
+    model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    (feeds,) = inputs_that_run(model)
+    assert feeds["input_ids"].shape == (1, 64) and feeds["attention_mask"].shape == (1, 64)
+    assert feeds["past_key_values.0.key"].shape == (1, 2, 0, 4) and feeds["attention_mask"].all()

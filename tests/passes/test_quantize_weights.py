@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -14,10 +16,10 @@ from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_weights import QuantizeWeightsPass
 from onnxsmith.passes.tied_head import find_lm_head
 from onnxsmith.runtime import runner
-from onnxsmith.verify.compare import compare_models
-from tests.support.check import save_ir
+from tests.support.check import ops_onnxruntime_runs, save_ir
 from tests.support.lm_models import gpt2_on_gguf_grids, lm_gate_feeds, on_q4_1_grid
 
+FOLD = {"session.disable_quant_qdq": "1"}
 CONFIGS = [(4, False), (4, True), (8, False), (8, True)]
 
 
@@ -108,9 +110,13 @@ def _matmul_model(k: int, n: int = 64, seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
-def _run(path, x, config=None):
+def _outputs(path, feeds, config=None):
     session = runner.open_session(path, options=runner.session_options(config=config))
-    return runner.run(session, {"x": x})["y"]
+    return runner.run(session, feeds)
+
+
+def _run(path, x, config=None):
+    return _outputs(path, {"x": x}, config)["y"]
 
 
 def _expected(model: onnx.ModelProto, x: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
@@ -224,10 +230,13 @@ def test_error_compensated_rounding_weighs_errors_by_the_inputs():
     assert 0 < error(compensated) < 0.7 * error(plain)
 
 
-def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly_in_matmulnbits(tmp_path):
-    """A GPT-2 whose body weights are snapped to Q4_1 grids (a model loaded from a GGUF file): ``nbits`` stores
-    them with float zero points, exactly (relative error ~1e-7, logits as the source's); ``qdq`` cannot (an
-    integer zero point) and says so; a weight not on a grid is never taken for one."""
+@pytest.mark.parametrize("fmt", ["nbits", "qdq"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly(tmp_path, fmt, symmetric):
+    """A GPT-2 whose body weights are snapped to Q4_1 grids (a model loaded from a GGUF file): each format stores
+    them exactly (relative error ~1e-7, logits as the source's), as levels and float block offsets, which need
+    no zero point (so --symmetric too); a weight not on a grid is never taken for one. ``nbits`` at the integer
+    kernels' speed; ``qdq`` as constants onnxruntime folds at load into one fp32 weight each."""
     rng = np.random.default_rng(0)
     plain = rng.standard_normal((64, 48)).astype(np.float32)
     assert qz.on_grid(plain, 4, 32) is None
@@ -239,25 +248,29 @@ def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly_in_matmulnbits(tmp_
     assert qz.relative_error(snapped, rounded) > 100 * qz.relative_error(snapped, qz.dequantize_blocked(grid))
 
     gguf = gpt2_on_gguf_grids(tmp_path / "gguf") / "onnx" / "model.onnx"
-    for fmt in ("nbits", "qdq"):
-        model = load_model(gguf)
-        if fmt == "qdq":  # blocked DequantizeLinear is opset 21 (quantize_engine/engine.py converts first)
-            ConvertVersionPass(21, fallback=True)(model)
-            model.ir_version = 10
-        result = QuantizeWeightsPass(format=fmt, exclude={find_lm_head(model).matmul})(model)
-        after = save_ir(model, tmp_path / f"{fmt}.onnx")
-        comparison = compare_models(gguf, after, lm_gate_feeds(gguf), atol=1e9, rtol=0)
-        logits = next(o for o in comparison.outputs if o.name == "logits")
-        if fmt == "nbits":
-            assert all("on its grid (exact" in row["stored as"] for row in result.rows)
-            # at the integer kernels' speed: no float zero points (onnxruntime runs those ~20-40x slower)
-            nbits = [n for n in model.graph if n.op_type == "MatMulNBits"]
-            assert nbits and all(len(n.inputs) == 3 for n in nbits)
-            sums = [n for n in model.graph if n.op_type == "ReduceSum" and n.name.endswith("_block_sums")]
-            assert len(sums) == len({n.inputs[0] for n in nbits})  # one per input, shared by its readers
-            assert max(row["rel. error"] for row in result.rows) < 1e-5
-            assert "stored exactly" in result.notes[-1]
-            assert logits.cosine > 0.99999
-        else:
-            assert "--format nbits stores them exactly" in result.notes[-1]
-            assert min(row["rel. error"] for row in result.rows) > 1e-3
+    model = load_model(gguf)
+    if fmt == "qdq":  # blocked DequantizeLinear is opset 21 (quantize_engine/engine.py converts first)
+        ConvertVersionPass(21, fallback=True)(model)
+        model.ir_version = 10
+    result = QuantizeWeightsPass(format=fmt, symmetric=symmetric, exclude={find_lm_head(model).matmul})(model)
+    after = save_ir(model, tmp_path / f"{fmt}.onnx")
+    assert result.quantized == 8 and all("on its grid (exact" in row["stored as"] for row in result.rows)
+    assert max(row["rel. error"] for row in result.rows) < 1e-5
+    assert "stored exactly" in result.notes[-1]
+    if fmt == "nbits":
+        # at the integer kernels' speed: no float zero points (onnxruntime runs those ~20-40x slower)
+        nbits = [n for n in model.graph if n.op_type == "MatMulNBits"]
+        assert nbits and all(len(n.inputs) == 3 for n in nbits)
+        sums = [n for n in model.graph if n.op_type == "ReduceSum" and n.name.endswith("_block_sums")]
+        assert len(sums) == len({n.inputs[0] for n in nbits})  # one per input, shared by its readers
+    else:
+        dq = [n for n in model.graph if n.op_type == "DequantizeLinear" and n.attributes.get_int("block_size")]
+        assert len(dq) == 8 and all(n.inputs[0].const_value.dtype == ir.DataType.INT4 for n in dq)
+        # folded at load as a web page loads it: onnxruntime runs the source's ops, one fp32 weight each
+        ops = {path: Counter(ops_onnxruntime_runs(path, tmp_path / "optimized.onnx", FOLD)) for path in (gguf, after)}
+        assert ops[after] == ops[gguf] and "DequantizeLinear" not in ops[after]
+    feeds = lm_gate_feeds(gguf)[0]
+    want = _outputs(gguf, feeds)["logits"]
+    got = _outputs(after, feeds, FOLD if fmt == "qdq" else None)["logits"]
+    cosine = float(np.dot(want.ravel(), got.ravel()) / (np.linalg.norm(want) * np.linalg.norm(got)))
+    assert cosine > 0.99999

@@ -84,13 +84,15 @@ def assert_same_outputs(
                 np.testing.assert_array_equal(actual, expected, err_msg=where)
 
 
-def ops_onnxruntime_runs(path: Path, optimized: Path) -> list[str]:
+def ops_onnxruntime_runs(path: Path, optimized: Path, config: dict[str, str] | None = None) -> list[str]:
     """The op types of the graph onnxruntime runs after its own load-time fusions (CPU, every optimisation
-    on), written to ``optimized``."""
+    on, the session ``config`` entries), written to ``optimized``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(optimized)
     options.log_severity_level = 3
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return [n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node]

@@ -80,6 +80,10 @@ class InputRole:
 
     def describe(self) -> str:
         """One line for a report: ``'waveforms_lens': length of 'waveforms' (axis 1), full length (...)``."""
+        return f"'{self.name}': {self.what()}"
+
+    def what(self) -> str:
+        """What the input is taken to be, and why, without its name."""
         text = {
             IMAGE: f"image {self.layout}, {self.channels or '?'} channel(s), values {self.value_range}",
             WAVEFORM: f"audio waveform, a spoken sentence at speech level, {SAMPLE_RATE} Hz",
@@ -97,7 +101,7 @@ class InputRole:
             SCALAR: f"scalar {self.value:g}" if self.value is not None else "scalar",
             GENERIC: "random values",
         }[self.kind]
-        return f"'{self.name}': {text}" + (f" ({self.why})" if self.why else "")
+        return text + (f" ({self.why})" if self.why else "")
 
 
 #: ``model.meta`` key: {image input: (value range, why, evidence)} where running the model told what the graph
@@ -141,9 +145,22 @@ def guessed_ranges(model: ir.Model, given: dict[str, dict[str, str]] | None = No
 
 
 def describe_inputs(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> list[str]:
-    """What each input was taken to be, one line each (for the reports of made-up and converted inputs);
+    """What each input was taken to be, one line each (for the reports of made-up and converted inputs); a run
+    of inputs taken to be the same thing (a decoder's 60 cache tensors) is one line naming the first and last.
     ``given``: the user's corrections (:func:`parse_role_options`)."""
-    return [role.describe() for role in with_given(input_roles(model), given).values()]
+    lines: list[str] = []
+    roles = list(with_given(input_roles(model), given).values())
+    start = 0
+    for end in range(1, len(roles) + 1):
+        if end < len(roles) and roles[end].what() == roles[start].what():
+            continue
+        run = roles[start:end]
+        if len(run) < 3:
+            lines += [role.describe() for role in run]
+        else:
+            lines.append(f"'{run[0].name}' ... '{run[-1].name}' ({len(run)} inputs): {run[0].what()}")
+        start = end
+    return lines
 
 
 #: What ``--input-role NAME=WORD,...`` may say of an input: what it is, an image's layout, its value range.

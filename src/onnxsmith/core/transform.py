@@ -139,9 +139,6 @@ class StepReport:
     stats: dict[str, Any] = field(default_factory=dict)
     #: Named tables (lists of rows) such as the fp32 islands with their measured ranges.
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    #: What would pass where the gate refuses this variant, in the transform's words: the refusal's last clause
-    #: (e.g. "210 weights sit on 4-bit grids that --format nbits stores exactly").
-    if_refused: list[str] = field(default_factory=list)
     #: Session options the variant needs at run time, e.g. {"session.disable_quant_qdq": "1"}.
     runtime: dict[str, str] = field(default_factory=dict)
     #: Tables shown only on ``--explain``: each change and why, before/after breakdowns.

@@ -356,13 +356,8 @@ def grid_matmul_nodes(
     block's rows (:func:`block_sums_nodes`). Float zero points say the same thing to MatMulNBits itself, but
     onnxruntime runs them far slower (docs/quantize.md has the measurement).
     The last node's output is ``x @ w``."""
-    middle = 1 << (b.bits - 1)
-    assert b.zero_point is not None  # a weight on a grid has its offsets
-    zero_point = b.zero_point.astype(np.float64)
-    offsets = ((middle - zero_point) * b.scale.astype(np.float64)).astype(b.scale.dtype)  # [blocks, N]
-    levels = Blocked(b.q, b.scale, None, b.bits, b.block_size)  # unsigned levels: MatMulNBits' default zero point
-    product = matmul_nbits_node(graph, names, name, x, _as_signed(levels), accuracy_level)
-    weights = add_initializer(graph, names(f"{name}_offsets"), offsets)
+    product = matmul_nbits_node(graph, names, name, x, _grid_levels(b), accuracy_level)
+    weights = add_initializer(graph, names(f"{name}_offsets"), _grid_offsets(b))
     offset = ir.node("MatMul", [sums, weights], name=f"{name}_block_offsets")
     total = ir.node("Add", [product.outputs[0], offset.outputs[0]], name=f"{name}_on_grid")
     for node in (product, offset, total):
@@ -370,11 +365,41 @@ def grid_matmul_nodes(
     return [product, offset, total]
 
 
-def _as_signed(b: Blocked) -> Blocked:
-    """Unsigned levels 0..2^bits-1 as :func:`pack_matmul_nbits` reads a symmetric weight (offset by 2^(bits-1))."""
+def grid_dequantize_nodes(graph: ir.Graph, names: FreshNames, name: str, b: Blocked) -> list[ir.Node]:
+    """The weight ``b`` :func:`on_grid` (each block ``low + step * q``), exactly, in standard ops: its levels behind
+    a blocked DequantizeLinear (signed, no zero point: ``step * (q - 2^(bits-1))``) plus each block's offset
+    ``low + step * 2^(bits-1)``, added over [blocks, block, N]. Every input is a constant, so onnxruntime folds
+    the four nodes into the fp32 weight at load (``session.disable_quant_qdq=1``, as for any ``qdq`` weight).
+    The last node's output is the weight; unnamed."""
+    k, n = b.q.shape
+    blocks = k // b.block_size
+    dq = blocked_dequantize_node(graph, names, name, _grid_levels(b))
+    grouped_shape = add_initializer(graph, names(f"{name}_blocks_shape"), np.array([blocks, b.block_size, n], np.int64))
+    offsets = add_initializer(graph, names(f"{name}_offsets"), _grid_offsets(b)[:, None, :])
+    weight_shape = add_initializer(graph, names(f"{name}_shape"), np.array([k, n], np.int64))
+    grouped = ir.node("Reshape", [dq.outputs[0], grouped_shape], name=f"{name}_blocks")
+    total = ir.node("Add", [grouped.outputs[0], offsets], name=f"{name}_block_offsets")
+    weight = ir.node("Reshape", [total.outputs[0], weight_shape], name=f"{name}_on_grid")
+    for node, shape in ((grouped, [blocks, b.block_size, n]), (total, [blocks, b.block_size, n]), (weight, [k, n])):
+        set_dtype(node.outputs[0], ir.DataType.from_numpy(b.scale.dtype))
+        node.outputs[0].shape = ir.Shape(shape)
+    return [dq, grouped, total, weight]
+
+
+def _grid_levels(b: Blocked) -> Blocked:
+    """A grid's levels alone, signed (``q - 2^(bits-1)``, no zero point): what MatMulNBits runs at its integer
+    kernels' speed with its default zero point, and what a DequantizeLinear restores without one."""
     middle = 1 << (b.bits - 1)
     signed = {4: np.dtype(ml_dtypes.int4), 8: np.dtype(np.int8)}[b.bits]
     return Blocked((b.q.astype(np.int32) - middle).astype(signed), b.scale, None, b.bits, b.block_size)
+
+
+def _grid_offsets(b: Blocked) -> np.ndarray:
+    """[blocks, N] what each block of a grid adds to its levels (:func:`_grid_levels`): ``low + step * 2^(bits-1)``."""
+    assert b.zero_point is not None  # a weight on a grid has its offsets
+    middle = 1 << (b.bits - 1)
+    zero_point = b.zero_point.astype(np.float64)
+    return ((middle - zero_point) * b.scale.astype(np.float64)).astype(b.scale.dtype)
 
 
 def matmul_nbits_node(

@@ -11,11 +11,12 @@ kernels run); a weight also read by something else keeps the DequantizeLinear.
 
 A weight already on a grid of 2^bits evenly spaced values in each block (a model dequantized
 from a GGUF Q4_1 file: each block of 32 is ``min + d * q``; :func:`~onnxsmith.passes.quantization.on_grid`)
-is stored exactly: MatMulNBits runs its levels at its integer kernels' speed and each block's
-offset is added as the input's block sums times the offsets
-(:func:`~onnxsmith.passes.quantization.grid_matmul_nodes`); round-to-nearest with an integer zero
-point moves each block by up to half a step (SmolLM2's: ~9 % weight error).
-DequantizeLinear cannot hold a fractional offset, so ``qdq`` rounds them, and says so.
+is stored exactly, as its levels and one float offset per block, in either format: MatMulNBits runs
+the levels at its integer kernels' speed and adds the input's block sums times the offsets
+(:func:`~onnxsmith.passes.quantization.grid_matmul_nodes`); ``qdq`` restores the levels with a
+DequantizeLinear and adds the offsets, constants that onnxruntime folds at load
+(:func:`~onnxsmith.passes.quantization.grid_dequantize_nodes`). Round-to-nearest with an integer
+zero point would move each block by up to half a step (SmolLM2's: ~9 % weight error).
 
 A weight whose K is not a multiple of the block is not block-quantized: it is
 stored int8 with one scale per output column (a per-axis DequantizeLinear,
@@ -64,7 +65,6 @@ class QuantizeWeightsResult(ir.passes.PassResult):
     notes: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     quantized: int = 0
-    grids_rounded: int = 0  # weights on a grid that the format could not hold (qdq), rounded
 
 
 class QuantizeWeightsPass(ir.passes.InPlacePass):
@@ -100,8 +100,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         names = FreshNames(graph)
         order = {node: i for i, node in enumerate(graph)}
         uneven: list[str] = []
-        on_grids, on_grids_lost = 0, []  # weights already on a grid: stored exactly; or not, in DequantizeLinear
+        on_grids = 0  # weights already on a grid: stored exactly
         weights = quantizable_weights(model, self.exclude)
+        scheme = "symmetric" if self.symmetric else "asymmetric"
         block_sums: dict[ir.Value, ir.Value] = {}  # an input's block sums, shared by the grids that read it
         if self.format == "nbits" and any(_data(m).shape is None for _, matmuls in weights for m in matmuls):
             infer_types(model)  # a grid's block sums reshape the input: its rank
@@ -116,31 +117,32 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 continue
             only_matmuls = all(user in matmuls and index == 1 for user, index in weight.uses())
             nbits = self.format == "nbits" and only_matmuls and weight not in graph.outputs
-            grid = None if self.symmetric else qz.on_grid(w, self.bits, self.block_size)
-            if grid is not None and not nbits:
-                on_grids_lost.append(name)
-            b = (
-                grid
-                if grid is not None and nbits
-                else qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
-            )
+            # On a grid, levels and offsets need no zero point: --symmetric stores them exactly too.
+            grid = qz.on_grid(w, self.bits, self.block_size)
+            b = grid or qz.quantize_blocked(w, self.bits, self.block_size, self.symmetric)
+            on_grids += grid is not None
             if nbits:
                 stored = self._store_nbits(model, names, weight, matmuls, b, block_sums)
-                on_grids += int(b.float_zero_point)
             else:
-                self._replace_by_dequantize(graph, order, weight, qz.blocked_dequantize_node(graph, names, name, b))
+                dequantized = (
+                    qz.grid_dequantize_nodes(graph, names, name, b)
+                    if grid is not None
+                    else [qz.blocked_dequantize_node(graph, names, name, b)]
+                )
+                self._replace_by_dequantize(graph, order, weight, dequantized)
                 stored = f"{self.bits}-bit blocks of {self.block_size}"
+                stored += ", on its grid (exact: levels + block offsets, folded at load)" if grid is not None else ""
             self._result.rows.append(
                 {
                     "weight": name,
                     "shape": f"{k}x{n}",
-                    "stored as": f"{stored}, {'symmetric' if self.symmetric else 'asymmetric'}",
+                    # a grid's zero is its float offsets, said in ``stored``
+                    "stored as": stored if grid is not None else f"{stored}, {scheme}",
                     "rel. error": qz.relative_error(w, qz.dequantize_blocked(b)),
                 }
             )
             self._result.quantized += 1
-        self._result.notes.extend(self._notes(uneven, on_grids, on_grids_lost))
-        self._result.grids_rounded = len(on_grids_lost)
+        self._result.notes.extend(self._notes(uneven, on_grids))
         self._result.modified = bool(self._result.quantized)
         return self._result
 
@@ -157,7 +159,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             )
             return
         p = qz.quantize_per_channel_int8(w, axis=1)
-        self._replace_by_dequantize(graph, order, weight, qz.per_channel_dequantize_node(graph, names, weight.name, p))
+        self._replace_by_dequantize(
+            graph, order, weight, [qz.per_channel_dequantize_node(graph, names, weight.name, p)]
+        )
         self._result.rows.append(
             {
                 **row,
@@ -198,7 +202,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         stored = f"MatMulNBits {self.bits}-bit, block {self.block_size}"
         return stored + (", on its grid (exact: levels + block offsets)" if on_grid else "")
 
-    def _notes(self, uneven: list[str], on_grids: int, on_grids_lost: list[str]) -> list[str]:
+    def _notes(self, uneven: list[str], on_grids: int) -> list[str]:
         notes = []
         if uneven:
             kept = (
@@ -211,14 +215,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         if on_grids:
             notes.append(
                 f"{on_grids} weight(s) already on a {self.bits}-bit grid in each block of {self.block_size} (a model "
-                "dequantized from a GGUF file): stored exactly, its levels run by MatMulNBits and each block's offset "
-                "added as the input's block sums times the offsets"
-            )
-        if on_grids_lost:
-            notes.append(
-                f"{len(on_grids_lost)} weight(s) are already on a {self.bits}-bit grid in each block of "
-                f"{self.block_size} with float offsets (a model dequantized from a GGUF file), which DequantizeLinear's "
-                "integer zero point cannot hold: rounded to the nearest grid it can; --format nbits stores them exactly"
+                "dequantized from a GGUF file): stored exactly, as their levels and one float offset per block"
             )
         return notes
 
@@ -240,14 +237,18 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         return cache[x]
 
     @staticmethod
-    def _replace_by_dequantize(graph: ir.Graph, order: dict[ir.Node, int], weight: ir.Value, dq: ir.Node) -> None:
-        """The DequantizeLinear's output takes the weight's place and its name; it runs before its first reader."""
-        graph.insert_before(min((user for user, _ in weight.uses()), key=order.__getitem__), dq)
-        ir.convenience.replace_all_uses_with(weight, dq.outputs[0], replace_graph_outputs=True)
+    def _replace_by_dequantize(
+        graph: ir.Graph, order: dict[ir.Node, int], weight: ir.Value, nodes: list[ir.Node]
+    ) -> None:
+        """The last node's output (the restored weight) takes the weight's place and its name; the nodes run
+        before its first reader."""
+        graph.insert_before(min((user for user, _ in weight.uses()), key=order.__getitem__), nodes)
+        restored = nodes[-1].outputs[0]
+        ir.convenience.replace_all_uses_with(weight, restored, replace_graph_outputs=True)
         name = weight.name
         assert name is not None  # an initializer
         graph.initializers.pop(name)
-        dq.outputs[0].name = name
+        restored.name = name
 
 
 def _data(matmul: ir.Node) -> ir.Value:

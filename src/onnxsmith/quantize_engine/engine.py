@@ -59,7 +59,6 @@ from onnxsmith.quantize_engine.report import (
     LAST_TOKEN_NOTE,
     describe,
     gemv_note,
-    grids_line,
     opset_note,
     prepared_notes,
     refuse_headless,
@@ -106,8 +105,6 @@ def make_quantized(
     report.notes.insert(0, weights_note(weights.quantized, len(body), options))
     report.notes.extend(weights.notes)
     rows.extend(weights.rows)
-    if weights.grids_rounded:
-        report.if_refused.append(grids_line(weights.grids_rounded, options.bits))
 
     if options.gemv_head and head is not None and options.head != "keep" and not nbits_head:
         gemv = GemvHeadPass(head.matmul)(model)

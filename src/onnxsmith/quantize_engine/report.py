@@ -88,14 +88,6 @@ def weights_note(quantized: int, found: int, options: QuantizeOptions) -> str:
     )
 
 
-def grids_line(grids_rounded: int, bits: int) -> str:
-    """The refusal's last clause when weights sit on grids this format rounds (``if_refused``)."""
-    return (
-        f"{grids_rounded} weight(s) sit on {bits}-bit grids (a model dequantized from a GGUF "
-        "file) that this format rounds and --format nbits stores exactly"
-    )
-
-
 def gemv_note(skipped: str, how: str, hidden: int, vocab: int) -> str:
     """The head laid out for a GEMV, or why not."""
     if skipped:

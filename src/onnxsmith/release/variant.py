@@ -425,9 +425,7 @@ def make_variant(
             progress("verifying against the source")
             comparison = _judge(task_gate, context, source.path, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
-            failure = (
-                None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on, reports)
-            )
+            failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
             variant = staged_variant(
                 info, reports, nodes, comparison, failure, staged, folder, what=what, inputs=verification.inputs
             )
@@ -538,13 +536,12 @@ def _judge(
     )
 
 
-def _gate_message(comparison: Comparison, staged_path: Path, feeds, reports: list[StepReport]) -> str:
-    """The refusal's one line: the verdict, the first non-finite tensor, and what the steps say would pass."""
+def _gate_message(comparison: Comparison, staged_path: Path, feeds) -> str:
+    """The refusal's one line: the verdict and the first non-finite tensor."""
     reasons = comparison.verdict()
     culprit = ""
     if any(o.nonfinite_test > o.nonfinite_ref for o in comparison.outputs):
         found = first_nonfinite(staged_path, feeds[0])
         if found is not None:
             culprit = f"; the first non-finite tensor is '{found.tensor}' (from {found.node})"
-    hints = "".join(f"; {hint}" for report in reports for hint in report.if_refused)
-    return f"verification failed, variant not written: {reasons}{culprit}{hints}"
+    return f"verification failed, variant not written: {reasons}{culprit}"

@@ -137,9 +137,17 @@ def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict
             if isinstance(dim, int) or (dim is not None and dim in dims):
                 continue
             utterance = roles[spec.name].kind == WAVEFORM and measured.get(spec.name) == axis
-            guess = _guess(spec, axis, dim, image, utterance=utterance)
-            found.setdefault(guess.label, guess)  # a named dim is one size everywhere it appears
+            # a sum (optimum's attention mask: "past_sequence_length + sequence_length") is its terms' sizes added
+            terms = [t for t in _sum_terms(dim) if not t.isdigit() and t not in dims] if dim else [dim]
+            for term in terms:
+                guess = _guess(spec, axis, term, image, utterance=utterance)
+                found.setdefault(guess.label, guess)  # a named dim is one size everywhere it appears
     return list(found.values())
+
+
+def _sum_terms(dim: str) -> list[str]:
+    """The terms of a dim named as a sum (``past_sequence_length + sequence_length``); else the dim itself."""
+    return [t.strip() for t in dim.split("+")] if "+" in dim else [dim]
 
 
 def _guess(
