@@ -489,7 +489,8 @@ def test_real_images_ranges_known_and_guessed():
 
 
 def test_a_run_of_inputs_taken_to_be_the_same_is_one_line():
-    """A decoder's cache tensors (4 here, 60 on SmolLM2) are one line naming the first and the last, not one each."""
+    """A decoder's cache tensors (4 here, 60 on SmolLM2) are one line naming the first and the last, not one each;
+    its ids are read as ids over the embedding table although the TorchScript export reshapes them first."""
     from tests.support.lm_models import gpt2_folder
 
     model = load_model(gpt2_folder() / "onnx" / "model.onnx")
@@ -498,3 +499,5 @@ def test_a_run_of_inputs_taken_to_be_the_same_is_one_line():
     assert len(past) >= 4 and len(lines) == len(input_roles(model)) - len(past) + 1
     grouped = f"'{past[0]}' ... '{past[-1]}' ({len(past)} inputs): kv cache, past axis 2"
     assert any(line.startswith(grouped) for line in lines), lines
+    # its ids are flattened before the lookup: still ids over the table's rows
+    assert lines[0].startswith("'input_ids': token ids spread over 0..") and "indexes a table of" in lines[0]

@@ -314,9 +314,14 @@ def _fixed_above(dim, limit: int, *, below: bool = False) -> bool:
     return dim <= limit if below else dim > limit
 
 
+#: Ops that pass their input's values on (a Cast; shapes changed, not values).
+_SAME_VALUES = frozenset({"Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
 def _table_rows(value: ir.Value) -> int | None:
-    """The rows of the constant table ``value`` indexes (a Gather's indices, through a Cast), else None."""
-    for user, index in _uses_through(value, {"Cast"}):
+    """The rows of the constant table ``value`` indexes (a Gather's indices, through a Cast or a change of shape:
+    the TorchScript GPT-2 flattens its ids first), else None."""
+    for user, index in _uses_through(value, _SAME_VALUES):
         if user.op_type == "Gather" and index == 1:
             table = user.inputs[0]
             axis = user.attributes.get_int("axis", 0)
