@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from itertools import groupby
 
 import numpy as np
 import onnx_ir as ir
@@ -149,17 +150,12 @@ def describe_inputs(model: ir.Model, given: dict[str, dict[str, str]] | None = N
     of inputs taken to be the same thing (a decoder's 60 cache tensors) is one line naming the first and last.
     ``given``: the user's corrections (:func:`parse_role_options`)."""
     lines: list[str] = []
-    roles = list(with_given(input_roles(model), given).values())
-    start = 0
-    for end in range(1, len(roles) + 1):
-        if end < len(roles) and roles[end].what() == roles[start].what():
-            continue
-        run = roles[start:end]
+    for what, grouped in groupby(with_given(input_roles(model), given).values(), key=InputRole.what):
+        run = list(grouped)
         if len(run) < 3:
             lines += [role.describe() for role in run]
         else:
-            lines.append(f"'{run[0].name}' ... '{run[-1].name}' ({len(run)} inputs): {run[0].what()}")
-        start = end
+            lines.append(f"'{run[0].name}' ... '{run[-1].name}' ({len(run)} inputs): {what}")
     return lines
 
 
@@ -314,14 +310,10 @@ def _fixed_above(dim, limit: int, *, below: bool = False) -> bool:
     return dim <= limit if below else dim > limit
 
 
-#: Ops that pass their input's values on (a Cast; shapes changed, not values).
-_SAME_VALUES = frozenset({"Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-
-
 def _table_rows(value: ir.Value) -> int | None:
     """The rows of the constant table ``value`` indexes (a Gather's indices, through a Cast or a change of shape:
     the TorchScript GPT-2 flattens its ids first), else None."""
-    for user, index in _uses_through(value, _SAME_VALUES):
+    for user, index in _uses_through(value, _PASS_THROUGH):
         if user.op_type == "Gather" and index == 1:
             table = user.inputs[0]
             axis = user.attributes.get_int("axis", 0)

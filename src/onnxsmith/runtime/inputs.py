@@ -153,9 +153,13 @@ def symbolic_dim_size(name: str | None, dims: dict[str, int]) -> int:
     if name is not None and name in dims:
         return dims[name]
     if name is not None and "+" in name:
-        terms = [t.strip() for t in name.split("+")]
-        return sum(int(t) if t.isdigit() else symbolic_dim_size(t, dims) for t in terms)
+        return sum(int(t) if t.isdigit() else symbolic_dim_size(t, dims) for t in sum_terms(name))
     return default_dim(name)
+
+
+def sum_terms(name: str) -> list[str]:
+    """The terms of a dim named as a sum (optimum's ``past_sequence_length + sequence_length``); else the name."""
+    return [t.strip() for t in name.split("+")]
 
 
 def default_dim(name: str | None) -> int:

@@ -39,7 +39,7 @@ from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.image_range import infer_image_ranges
-from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape
+from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape, sum_terms
 
 #: Image sides tried in turn, after the model's own (metadata).
 IMAGE_SIDES = (224, 320, 640)
@@ -138,16 +138,11 @@ def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict
                 continue
             utterance = roles[spec.name].kind == WAVEFORM and measured.get(spec.name) == axis
             # a sum (optimum's attention mask: "past_sequence_length + sequence_length") is its terms' sizes added
-            terms = [t for t in _sum_terms(dim) if not t.isdigit() and t not in dims] if dim else [dim]
+            terms = [t for t in sum_terms(dim) if not t.isdigit() and t not in dims] if dim else [dim]
             for term in terms:
                 guess = _guess(spec, axis, term, image, utterance=utterance)
                 found.setdefault(guess.label, guess)  # a named dim is one size everywhere it appears
     return list(found.values())
-
-
-def _sum_terms(dim: str) -> list[str]:
-    """The terms of a dim named as a sum (``past_sequence_length + sequence_length``); else the dim itself."""
-    return [t.strip() for t in dim.split("+")] if "+" in dim else [dim]
 
 
 def _guess(
