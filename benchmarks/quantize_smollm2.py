@@ -8,10 +8,12 @@ cached under .cache/benchmarks/quantize_smollm2). Side by side in one run, each 
 source:
 
 * ``onnxsmith quantize --format nbits`` (native CPU): its body found on 4-bit grids and stored exactly; and
-  with ``--accuracy-level 4`` (the body's activations int8, as onnxruntime's QDQ fusion defaults to);
+  ``--target cpu`` (the same with the body's activations int8, accuracy level 4);
 * ``onnxsmith quantize`` (the web format ``qdq``, q4 and ``--scheme q8``): the grids stored exactly as levels
   behind a DequantizeLinear plus float block offsets, all folded at load (``session.disable_quant_qdq=1``, the
   setting the card names for it, which every measurement of these rows uses);
+* ``onnxsmith int8`` with no options (a decoder: 8-bit weight blocks as MatMulNBits, int8 activations) beside
+  onnxruntime's ``quantize_dynamic`` (int8 per tensor, MatMulInteger);
 * onnxruntime's ``MatMulNBitsQuantizer``: round-to-nearest (block 32, asymmetric, accuracy level 4) and HQQ.
 
 Quality: mean KL / top-1 / loss on tools/fixture_text.txt (8 windows of 128 tokens, the model's own
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -105,8 +108,39 @@ def onnxsmith_quantize(folder: Path, label: str, args: list[str]) -> dict:
         return row
     full = next((out / "onnx").glob("*_full.onnx"))
     row["published"], row["full"] = full.with_name(full.name.replace("_full", "")), full
-    row["config"] = FOLD if "nbits" not in args else None
+    row["config"] = FOLD if "nbits" not in args and "cpu" not in args else None
     return row
+
+
+def onnxsmith_int8(source: Path) -> dict:
+    """``onnxsmith int8`` with no options: a decoder's 8-bit weight blocks, every position's logits."""
+    out = CACHE / "int8"
+    if out.exists():
+        shutil.rmtree(out)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxsmith", "int8", str(source), str(out / "model_int8.onnx")],
+        capture_output=True,
+        text=True,
+    )
+    row = {"seconds to make": round(time.perf_counter() - started, 1), "exit": done.returncode}
+    if done.returncode:
+        row["refusal"] = ([line for line in done.stderr.splitlines() if line.strip()] or [""])[-1]
+        return row
+    return {**row, "published": out / "model_int8.onnx", "full": out / "model_int8.onnx", "config": None}
+
+
+def onnxruntime_dynamic_int8(source: Path) -> dict:
+    """onnxruntime's ``quantize_dynamic`` (int8 weights per tensor, MatMulInteger), what a user picks for int8."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.WARNING)
+    path = CACHE / "ort_dynamic_int8.onnx"
+    for old in CACHE.glob("ort_dynamic_int8.onnx*"):
+        old.unlink()
+    started = time.perf_counter()
+    quantize_dynamic(source, path, weight_type=QuantType.QInt8, use_external_data_format=True)
+    return {"seconds to make": round(time.perf_counter() - started, 1), "exit": 0, "published": path, "full": path}
 
 
 def onnxruntime_quantizer(source: Path, label: str, algorithm: str) -> dict:
@@ -143,11 +177,11 @@ def main() -> None:
     source = folder / "onnx" / "model.onnx"
     rows: dict[str, dict] = {"fp32 source": {"exit": 0, "published": source, "full": source}}
     rows["onnxsmith quantize --format nbits"] = onnxsmith_quantize(folder, "nbits", ["--format", "nbits"])
-    rows["onnxsmith quantize --format nbits --accuracy-level 4"] = onnxsmith_quantize(
-        folder, "nbits_acc4", ["--format", "nbits", "--accuracy-level", "4"]
-    )
+    rows["onnxsmith quantize --target cpu"] = onnxsmith_quantize(folder, "nbits_acc4", ["--target", "cpu"])
     rows["onnxsmith quantize (qdq)"] = onnxsmith_quantize(folder, "qdq", [])
     rows["onnxsmith quantize --scheme q8 (qdq)"] = onnxsmith_quantize(folder, "qdq_q8", ["--scheme", "q8"])
+    rows["onnxsmith int8"] = onnxsmith_int8(source)
+    rows["onnxruntime quantize_dynamic (int8)"] = onnxruntime_dynamic_int8(source)
     rows["onnxruntime MatMulNBitsQuantizer RTN"] = onnxruntime_quantizer(source, "ort_rtn", "RTN")
     rows["onnxruntime MatMulNBitsQuantizer HQQ"] = onnxruntime_quantizer(source, "ort_hqq", "HQQ")
     made = {label: row for label, row in rows.items() if row["exit"] == 0}

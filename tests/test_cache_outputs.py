@@ -7,6 +7,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+from onnxsmith.analysis.lm_signature import CacheLayout, cache_layout
 from onnxsmith.analysis.number_formats import FP32
 from onnxsmith.io.load import load_model
 from onnxsmith.release.variant import produce_variant
@@ -58,12 +59,12 @@ def _run(path, feeds):
 
 
 def test_the_cached_decoder_signature_is_recognised():
-    layout = cache.cache_layout(load_model(SOURCE))
+    layout = cache_layout(load_model(SOURCE))
     assert layout is not None and layout.logits == "logits" and layout.family == "present.*"
     assert layout.presents == PRESENTS
     assert dict(layout.pairs)["past_key_values.1.value"] == "present.1.value"
     # Without a cache (the same model exported without past) there is nothing to step: tensors as before.
-    assert cache.cache_layout(load_model(gpt2_folder(past=False) / "onnx" / "model.onnx")) is None
+    assert cache_layout(load_model(gpt2_folder(past=False) / "onnx" / "model.onnx")) is None
 
 
 def test_a_cache_that_differs_in_its_last_digits_is_accepted(tmp_path, feeds):
@@ -124,7 +125,7 @@ def test_a_decode_step_on_a_filled_cache_is_stepped_once_more(tmp_path):
 
 
 def test_nan_in_the_cache_is_refused_whatever_the_next_step_says():
-    layout = cache.CacheLayout("logits", (("past_key_values.0.key", "present.0.key"),))
+    layout = CacheLayout("logits", (("past_key_values.0.key", "present.0.key"),))
     rng = np.random.default_rng(0)
     ref = {"present.0.key": rng.standard_normal((1, 2, 4, 8, 16))}
     test = {"present.0.key": ref["present.0.key"].copy()}

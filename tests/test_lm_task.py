@@ -132,3 +132,33 @@ def test_the_gate_judges_a_kv_cache_by_the_steps_through_it_not_by_its_cosine(tm
     assert not comparison.passed and comparison.cache_steps["mean_kl"] > 0.01
     assert any("through the KV cache" in p for p in comparison.problems)
     assert not any("cosine" in p for p in comparison.problems)
+
+
+def test_generation_counts_the_tokens_before_the_first_divergence():
+    source = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    variant = np.array([[1, 2, 0, 4], [5, 6, 7, 8], [0, 9, 9, 9]])
+    generation = lm.Generation.of(source, variant)
+    assert generation.agreed == (2, 4, 0)  # what follows a divergence does not count, even where equal again
+    assert generation.share == pytest.approx(6 / 12)
+    assert generation.describe() == (
+        "greedy generation from 3 prompts: 2, 4, 0 of 4 tokens the source's before the first divergence"
+    )
+
+
+def test_the_gate_refuses_a_variant_whose_generation_diverges_early_on_its_own_bound(tmp_path):
+    """Real exporter output (the GPT-2 fixture): a cache scaled by 0.999 generates what the source does; one scaled
+    by 0.2 leaves one run's logits exact and is refused by its greedy generation even with the KL and top-1
+    bounds opened wide: what a user sees of a decoder is what it generates."""
+    source = gpt2_folder() / "onnx" / "model.onnx"
+    feeds = [lm.lm_feeds(lm.lm_signature(load_model(source)), lm.sample_sequences(source, count=4, length=16))]
+    close = lm.compare_lm(source, _with_present_scaled(source, tmp_path / "close.onnx", 0.999), feeds)
+    assert close.passed and close.generation is not None
+    assert close.generation.agreed == (lm.GENERATED_TOKENS,) * 4
+    assert "greedy generation from 4 prompts: 16, 16, 16, 16 of 16 tokens" in close.summary()
+    assert close.to_json()["generation"]["share"] == 1.0
+    broken = _with_present_scaled(source, tmp_path / "broken.onnx", 0.2)
+    loose = lm.compare_lm(source, broken, feeds, max_kl=100, min_top1=0)
+    assert loose.generation is not None and loose.generation.share < 0.5
+    assert not loose.passed
+    assert [p for p in loose.problems if "greedy generation repeats" in p] == loose.problems
+    assert lm.compare_lm(source, broken, feeds, max_kl=100, min_top1=0, min_generation=0).passed

@@ -183,6 +183,24 @@ def test_nbits_format_keeps_the_opset_and_runs_matmulnbits(tmp_path):
     assert results[0][1].comparison.passed
 
 
+def test_a_target_picks_the_format_and_a_format_it_does_not_run_is_refused(cli, tmp_path):
+    assert (QuantizeOptions().format, QuantizeOptions().accuracy_level) == ("qdq", None)  # web-wasm
+    assert (QuantizeOptions(target="cpu").format, QuantizeOptions(target="cpu").accuracy_level) == ("nbits", 4)
+    assert QuantizeOptions(target="cpu", accuracy_level=0).accuracy_level == 0  # given: kept
+    assert QuantizeOptions(format="nbits").accuracy_level is None  # a format without a target: as before
+    made = cli("quantize", gpt2_folder(), tmp_path / "cpu", "--target", "cpu", "--no-last-token")
+    assert made.returncode == 0, made.stderr
+    model = onnx.load(tmp_path / "cpu" / "onnx" / "model_q4.onnx")
+    fused = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(fused) == 9 and {a.i for n in fused for a in n.attribute if a.name == "accuracy_level"} == {4}
+    report = json.loads((tmp_path / "cpu" / "quantize_report.json").read_text())
+    assert (report["options"]["target"], report["options"]["format"]) == ("cpu", "nbits")
+    assert report["session_options"] == {}  # native onnxruntime runs it as it is
+    refused = cli("quantize", gpt2_folder(), tmp_path / "no", "--target", "cpu", "--format", "qdq")
+    assert_one_line_error(refused, "--format qdq is not what --target cpu runs (nbits)")
+    assert not (tmp_path / "no").exists()
+
+
 @pytest.mark.parametrize("head", ["q4", "keep"])
 def test_head_ablations(tmp_path, head):
     _, results, report = quantize_folder(gpt2_folder(), tmp_path / head, QuantizeOptions(head=head, last_token=False))
@@ -382,11 +400,12 @@ def test_quantize_is_judged_by_the_lm_gate_with_its_defaults():
     from onnxsmith.transforms import get_transform
 
     quantize = get_transform("quantize")
-    assert quantize.gate_task == "lm"
-    settings = quantize.gate_settings(QuantizeOptions())
-    assert (settings["max_kl"], settings["min_top1"]) == (task.DEFAULT_MAX_KL, task.DEFAULT_MIN_TOP1)
+    assert quantize.gate_task == "lm" and quantize.gate_task_for(None, QuantizeOptions()) == "lm"
+    settings = quantize.task_gate_settings(QuantizeOptions())
+    defaults = (task.DEFAULT_MAX_KL, task.DEFAULT_MIN_TOP1, task.DEFAULT_MIN_GENERATION)
+    assert (settings["max_kl"], settings["min_top1"], settings["min_generation"]) == defaults
     assert settings["candidate_config"] == {"session.disable_quant_qdq": "1"}
-    assert quantize.gate_settings(QuantizeOptions(format="nbits"))["candidate_config"] is None
+    assert quantize.task_gate_settings(QuantizeOptions(format="nbits"))["candidate_config"] is None
 
 
 @pytest.mark.parametrize("fmt", ["qdq", "nbits"])

@@ -1,4 +1,5 @@
-"""A causal language model's interface as onnxsmith feeds it: ids, mask, positions, a KV cache, logits.
+"""A causal language model's interface as onnxsmith feeds it: ids, mask, positions, a KV cache, logits; and
+which output of a cached decoder feeds which input on the next step (:func:`cache_layout`).
 
 Static: read from the graph's inputs and outputs, never by running it.
 """
@@ -99,3 +100,64 @@ def _dims(value: ir.Value) -> list:
 def _dim_name(value: ir.Value, index: int):
     dims = _dims(value)
     return dims[index] if len(dims) > index else None
+
+
+#: past input prefix -> the prefixes its present output may have (optimum, transformers.js, older exports).
+_PRESENT_OF = (
+    ("past_key_values.", ("present.", "present_key_values.")),
+    ("past_key_values_", ("present_", "present_key_values_")),
+    ("past.", ("present.",)),
+    ("past_", ("present_",)),
+)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Which input each ``present.*`` output feeds on the next step, and the logits they are judged by."""
+
+    logits: str
+    pairs: tuple[tuple[str, str], ...]  # (past input, present output)
+
+    @property
+    def presents(self) -> tuple[str, ...]:
+        return tuple(present for _, present in self.pairs)
+
+    @property
+    def family(self) -> str:
+        """How a line names the cache outputs: ``present.*`` (their common prefix)."""
+        first = self.pairs[0][1]
+        for _, prefixes in _PRESENT_OF:
+            for prefix in prefixes:
+                if first.startswith(prefix):
+                    return prefix + "*"
+        return "the cache outputs"
+
+
+def cache_layout(model: ir.Model) -> CacheLayout | None:
+    """The KV-cache layout of a causal LM, or None when ``model`` is not clearly one (read, not run)."""
+    try:
+        sig = lm_signature(model)
+    except InputError:  # inputs onnxsmith cannot feed a decoder with: not a cached decoder
+        return None
+    if not sig.past:
+        return None
+    outputs = {value.name: value for value in model.graph.outputs}
+    logits = outputs.get(sig.logits)
+    if logits is None or logits.shape is None or len(logits.shape) != 3:
+        return None
+    pairs = []
+    for past in sig.past:
+        names = [
+            prefix + past.name[len(source) :]
+            for source, prefixes in _PRESENT_OF
+            if past.name.startswith(source)
+            for prefix in prefixes
+        ]
+        found = [name for name in names if name in outputs]
+        if len(found) != 1:
+            return None
+        present = outputs[found[0]]
+        if present.shape is None or len(present.shape) != len(past.dims) or "past" not in past.dims:
+            return None
+        pairs.append((past.name, present.name))
+    return CacheLayout(sig.logits, tuple(pairs))

@@ -178,13 +178,19 @@ class Transform:
         this step keeps more of the model exact (fp16's conversions, :mod:`onnxsmith.precision.repair`)."""
         return False
 
-    def gate_settings(self, options: Any) -> dict[str, Any]:
-        """Keyword arguments for the :attr:`gate_task`'s gate (its bounds, how to run the variant).
+    def gate_task_for(self, model: Any, options: Any) -> str | None:
+        """The task whose gate judges this step's variant of ``model`` (read before the step runs):
+        :attr:`gate_task`, unless what the model is decides (int8 judges a decoder as a language model)."""
+        return self.gate_task
 
-        Without a ``gate_task``: bounds for the one gate (``min_cosine``, ``rtol``, ``atol``; None
-        derives it from the number format), for a transform whose variants legitimately move more
-        than their format's rounding. The bounds a user sets win.
-        """
+    def task_gate_settings(self, options: Any) -> dict[str, Any]:
+        """Keyword arguments for that task's gate (its bounds, how to run the variant)."""
+        return {}
+
+    def gate_settings(self, options: Any) -> dict[str, Any]:
+        """Bounds for the one gate (``min_cosine``, ``rtol``, ``atol``; None derives it from the number
+        format), for a transform whose variants legitimately move more than their format's rounding.
+        The bounds a user sets win."""
         return {}
 
 

@@ -29,13 +29,14 @@ What a runtime does with the ``qdq`` format depends on its session options:
 * onnxruntime without it keeps the DequantizeLinear+MatMul pairs and fuses them into
   MatMulNBits (native CPU: fast, int8 activations at ``session.qdq_matmulnbits_accuracy_level``
   4, its default; WASM: about 10x slower than fp32);
-* ``--format nbits`` writes MatMulNBits directly, for native CPU and WebGPU.
+* ``--format nbits`` (``--target cpu``: with int8 activations) writes MatMulNBits directly, for native CPU and WebGPU.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
@@ -56,7 +57,9 @@ from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from onnxsmith.passes.tied_head import LMHead, StoreHeadPass, find_lm_head
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
 from onnxsmith.quantize_engine.report import (
+    DECODER_INT8_NOTE,
     LAST_TOKEN_NOTE,
+    decode_speed,
     describe,
     gemv_note,
     opset_note,
@@ -66,6 +69,8 @@ from onnxsmith.quantize_engine.report import (
     refuse_opset,
     weights_note,
 )
+from onnxsmith.runtime.lm_feeds import decode_step_feeds
+from onnxsmith.runtime.speed import seconds_per_run
 from onnxsmith.settings.quantize import QuantizeOptions
 
 #: Blocked DequantizeLinear (block_size, 4-bit types) is opset 21, which needs IR version 10.
@@ -73,6 +78,9 @@ BLOCKED_DQ_OPSET = 21
 BLOCKED_DQ_IR_VERSION = 10
 #: Per-axis DequantizeLinear (the int8 head) is opset 13.
 PER_AXIS_DQ_OPSET = 13
+#: ``int8`` of a causal LM with a KV cache: 8-bit blocks as MatMulNBits with int8 activations (onnxruntime's
+#: int8 GEMM), the head 8-bit too; every position's logits, as the source returns them (a drop-in file).
+DECODER_INT8 = QuantizeOptions(scheme="q8", target="cpu", last_token=False)
 
 
 def make_quantized(
@@ -126,6 +134,24 @@ def make_quantized(
         weight_bytes=(weight_bytes_before, weight_bytes(model)),
         quantized=weights.quantized,
     )
+    return report
+
+
+def make_decoder_int8(
+    model: ir.Model, context: TransformContext, name: str = "int8", given: Path | None = None
+) -> StepReport:
+    """``int8`` of a causal LM with a KV cache (transforms/int8.py): :data:`DECODER_INT8`, said why first;
+    ``given``: the model as given, whose decode step the variant's is timed against (None: not timed)."""
+    report = make_quantized(model, DECODER_INT8, context, name)
+    report.notes.insert(0, DECODER_INT8_NOTE)
+    if given is not None:
+        context.progress("int8: timing a decode step against the model given")
+        feeds = decode_step_feeds(lm_signature(model))
+        with context.scratch() as folder:
+            variant = Path(folder) / "variant.onnx"
+            context.save(model, variant)
+            times = seconds_per_run({"given": given, "variant": variant}, feeds)
+        decode_speed(report, times["given"], times["variant"])
     return report
 
 

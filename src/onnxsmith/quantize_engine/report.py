@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.transform import StepReport
+from onnxsmith.runtime.lm_feeds import DECODE_PAST
 from onnxsmith.settings.quantize import QuantizeOptions
 
 #: The session options onnxruntime-web (WASM) needs to run the ``qdq`` format at fp32 speed.
@@ -26,7 +27,7 @@ TARGETS = {
             "session_options": {},
             "why": "runs, but not fast: it fuses the body's DequantizeLinear+MatMul into MatMulNBits, while the "
             "int8 head's DequantizeLinear (shared with the lookups) runs on every call, the whole table (decode "
-            "several times slower than the source on a 50k vocabulary); for native CPU make --format nbits",
+            "several times slower than the source on a 50k vocabulary); for native CPU make --target cpu",
         },
     },
     "nbits": {
@@ -38,8 +39,29 @@ TARGETS = {
     },
 }
 
+#: Why int8 takes a causal LM with a KV cache this way (quantize_engine/engine.make_decoder_int8).
+DECODER_INT8_NOTE = (
+    "a causal LM with a KV cache: its MatMul weights int8 in blocks of 32 along K as MatMulNBits (int8 activations, "
+    "accuracy level 4) and its tied embedding/head int8 per token, stored once; per-column int8 with one activation "
+    "scale per tensor, what int8 does elsewhere, keeps an LLM's Linears fp32 (its outlier channels exceed the "
+    "error budget). Judged as a language model, on text the source writes; --no-decoder: as any model"
+)
 #: The note of ``--last-token``.
 LAST_TOKEN_NOTE = "logits for the last position only ([batch, 1, vocab]); generation reads nothing else"
+
+
+def decode_speed(report: StepReport, given: float, variant: float) -> None:
+    """The measured decode step (seconds per run of the model given and of the variant) in the report."""
+    where = f"one token after {DECODE_PAST} cached, batch 1, onnxruntime CPU, {os.cpu_count() or 1} threads"
+    speedup = given / variant
+    report.notes.append(
+        f"measured decode step ({where}): {given * 1e3:.2f} ms -> {variant * 1e3:.2f} ms, {speedup:.2f}x the model given"
+    )
+    if speedup < 1.0:
+        report.why_not_more.insert(
+            0, f"a decode step measured no faster than the model given here: {speedup:.2f}x ({where})"
+        )
+    report.stats["measured_speedup"] = speedup
 
 
 def opset_note(current: int, target: int, blocked: bool) -> str:
@@ -123,7 +145,7 @@ def describe(
     if options.format == "qdq" and head_quantized:
         report.why_not_more.append(
             "made for onnxruntime-web (WASM, DequantizeLinear folded at load); native onnxruntime would "
-            "dequantize the whole head on every call (slower than the source): for native CPU make --format nbits"
+            "dequantize the whole head on every call (slower than the source): for native CPU make --target cpu"
         )
     report.stats["targets"] = TARGETS[options.format]
     if options.format == "qdq":

@@ -5,7 +5,7 @@ transforms (:mod:`onnxsmith.transforms`) in order, stage the result in a private
 folder (beside its destination when that is known), judge it against the source —
 every output by the one gate (:mod:`onnxsmith.verify.gate`: bounds scaled by the number
 format the variant differs from its source in; storage-faithfully for fp16), or by the
-gate of the task a transform names (:attr:`~onnxsmith.core.transform.Transform.gate_task`)
+gate of the task a transform names for it (:meth:`~onnxsmith.core.transform.Transform.gate_task_for`)
 — and only then move it into place. When the one gate refuses a variant that a step can
 make more exact (``fp16``, ``fuse --precision fp16``: :mod:`onnxsmith.precision.repair`), the
 chain is made once more with the gate handed to the steps (``TransformContext.judge``), which
@@ -33,7 +33,7 @@ import onnx_ir as ir
 
 from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
-from onnxsmith.core.transform import JobEngine, Judge, Progress, StepReport, Transform, TransformContext
+from onnxsmith.core.transform import JobEngine, Judge, Progress, StepReport, TransformContext
 from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file, staging_dir
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
@@ -426,8 +426,11 @@ def make_variant(
             comparison = _judge(task_gate, context, source.path, staged.path, verification, bounds, source_formats)
             comparison = dataclasses.replace(comparison, candidate=name)
             failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
+            # A task's gate says in its summary what it judged on: the made-up inputs' line would describe
+            # inputs it did not use (int8 judges a decoder on text the source writes).
+            inputs = verification.inputs if task_gate is None else ()
             variant = staged_variant(
-                info, reports, nodes, comparison, failure, staged, folder, what=what, inputs=verification.inputs
+                info, reports, nodes, comparison, failure, staged, folder, what=what, inputs=inputs
             )
         variant, repair = _accepted(variant, acceptance, "acceptance" not in remakes, remade_after)
         if variant.passed or task_gate is not None or not repairable(steps):
@@ -467,17 +470,19 @@ def _accepted(
 
 def _apply_steps(
     model: ir.Model, steps: list[tuple[str, Any]], context: TransformContext, progress: Progress
-) -> tuple[list[StepReport], list[dict[str, Any]], tuple[Transform, Any] | None]:
+) -> tuple[list[StepReport], list[dict[str, Any]], tuple[str, dict[str, Any]] | None]:
     """Apply ``steps`` to ``model`` in place: their reports, what the steps judged by the one gate ask of
-    it, and the last step whose variants a task's gate judges (None: the one gate)."""
+    it, and the task whose gate judges the variant, with its settings (the last step's that names one; None:
+    the one gate)."""
     reports: list[StepReport] = []
     settings: list[dict[str, Any]] = []
-    judge: tuple[Transform, Any] | None = None
+    judge: tuple[str, dict[str, Any]] | None = None
     for index, (name, options) in enumerate(steps):
         context.model_is_source = index == 0
         transform = get_transform(name)
-        if transform.gate_task is not None:
-            judge = (transform, options)
+        task = transform.gate_task_for(model, options)
+        if task is not None:
+            judge = (task, transform.task_gate_settings(options))
         else:
             settings.append(transform.gate_settings(options))
         progress(f"{name}: {transform.summary or 'running'}")
@@ -504,7 +509,7 @@ def _gate_options(settings: list[dict[str, Any]], given: GateOptions) -> GateOpt
 
 
 def _judge(
-    judge: tuple[Transform, Any] | None,
+    judge: tuple[str, dict[str, Any]] | None,
     context: TransformContext,
     source: Path,
     candidate: Path,
@@ -512,15 +517,14 @@ def _judge(
     bounds: GateOptions,
     source_formats: frozenset[NumberFormat],
 ) -> Comparison:
-    """The gate: the named task's (``Transform.gate_task``), else the one gate on every output.
+    """The gate: the named task's (``Transform.gate_task_for``) with its settings, else the one gate on every output.
 
     The source is not run again when a step computed its outputs on the calibration
     feeds and the gate runs on those same feeds (no ``gate_feeds``).
     """
     if judge is not None:
-        transform, options = judge
-        task = get_task(transform.gate_task)
-        return task.gate(source, candidate, verification.judged_on, **transform.gate_settings(options))
+        task, settings = judge
+        return get_task(task).gate(source, candidate, verification.judged_on, **settings)
     reference = context.reference if verification.gate_feeds is None else None
     return compare_models(
         source,

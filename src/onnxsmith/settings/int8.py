@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from onnxsmith.core.options import option
 from onnxsmith.settings import TransformSettings
+from onnxsmith.settings.lm import lm_gate_bound
 
 #: The default error budget's share of the relative output error the cosine gate allows.
 GATE_SHARE = 0.3
@@ -60,6 +61,17 @@ class Int8Options:
         "keep fp32 the int8 parts (the Convs, the Linears of a role, the tables) that --speed measures not to make "
         "the variant faster by 5%: the variant then depends on this machine's timing (not the same bytes everywhere)",
     )
+
+    # A causal LM with a KV cache (transforms/int8.py): block-wise 8-bit weights, judged as a language model.
+    decoder: bool | None = option(
+        None,
+        "a causal LM with a KV cache: every MatMul weight int8 in blocks of 32 (MatMulNBits, int8 activations) "
+        "and the tied embedding/head int8 per token, judged by next-token KL, top-1 and greedy generation on "
+        "text the source writes (default: when the model is one; --no-decoder: as any model)",
+    )
+    max_kl: float = lm_gate_bound("max_kl", 0.02, "a decoder's gate")
+    min_top1: float = lm_gate_bound("min_top1", 0.9, "a decoder's gate")
+    min_generation: float = lm_gate_bound("min_generation", 0.5, "a decoder's gate")
 
     def validate(self) -> None:
         if self.error_budget is not None and not self.error_budget > 0:

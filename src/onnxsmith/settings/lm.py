@@ -4,12 +4,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from onnxsmith.core.options import option
+from onnxsmith.core.options import SHARE, TOLERANCE, option
 from onnxsmith.settings import TaskSettings
 
 #: Tokens per scored window of held-out text.
 DEFAULT_WINDOW = 128
+
+#: The LM gate's bounds (tasks/lm/gate.py compare_lm's keywords): what each means and the numbers it takes.
+_LM_GATE_BOUNDS = {
+    "max_kl": ("mean KL(source || variant) of next-token distributions at most this, nats", TOLERANCE),
+    "min_top1": ("top-1 agreement with the source at least this", SHARE),
+    "min_generation": (
+        "the mean share of the source's greedy tokens the variant repeats before it first differs, at least this",
+        SHARE,
+    ),
+}
+
+
+def lm_gate_bound(name: str, default: float, where: str = "gate") -> Any:
+    """A field for one of the LM gate's bounds, declared once for every transform it judges (each with its
+    own default); ``where`` begins the help: which variants it bounds."""
+    words, number = _LM_GATE_BOUNDS[name]
+    return option(default, f"{where}: {words}", number=number)
 
 
 @dataclass

@@ -6,9 +6,15 @@ from dataclasses import dataclass
 
 from onnxsmith.core.options import option
 from onnxsmith.settings import TransformSettings
+from onnxsmith.settings.lm import lm_gate_bound
 
 #: How 4-bit blocks are stored: blocked DequantizeLinear (web/WASM) or com.microsoft MatMulNBits.
 FORMATS = ("qdq", "nbits")
+#: Where the model runs, and what quantize makes for there unless told: (format, MatMulNBits accuracy level).
+#: web-wasm: DequantizeLinear that onnxruntime-web folds at load; cpu: MatMulNBits with int8 activations, what
+#: native onnxruntime runs fastest. Each is measured on its runtime (benchmarks/quantize_smollm2.py).
+TARGETS: dict[str, tuple[str, int | None]] = {"web-wasm": ("qdq", None), "cpu": ("nbits", 4)}
+DEFAULT_TARGET = "web-wasm"
 #: What becomes of a weight whose K is not a multiple of the block.
 UNEVEN = ("int8", "keep")
 #: How the LM head (and the embedding it shares) is stored.
@@ -22,13 +28,24 @@ class QuantizeOptions:
     scheme: str = option("q4", "weight bits of the body", choices=["q4", "q8"])
     block_size: int = option(32, "weights per quantization block along K (power of two, >= 16)")
     symmetric: bool = option(False, "symmetric blocks (no zero points)")
+    target: str | None = option(
+        None,
+        "where the model runs: web-wasm (blocked DequantizeLinear that onnxruntime-web folds at load), cpu "
+        "(MatMulNBits with int8 activations, for native onnxruntime); it picks --format and --accuracy-level "
+        f"(default: {DEFAULT_TARGET})",
+        choices=list(TARGETS),
+    )
+    # None until __post_init__: then the target's (a str); given, it must be what the target runs.
     format: str = option(
-        "qdq",
-        "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU)",
+        None,
+        "qdq: blocked DequantizeLinear (web/WASM); nbits: com.microsoft MatMulNBits (native CPU, WebGPU) "
+        "(default: the target's)",
         choices=list(FORMATS),
     )
     accuracy_level: int | None = option(
-        None, "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8", choices=[0, 1, 2, 3, 4]
+        None,
+        "MatMulNBits accuracy_level (nbits format): 0 fp32 activations, 4 int8 (default: the target's)",
+        choices=[0, 1, 2, 3, 4],
     )
     head: str = option(
         "int8", "LM head (and embedding): int8 per token, q4 blocks (ablation), keep", choices=list(HEAD_MODES)
@@ -51,9 +68,17 @@ class QuantizeOptions:
     gemv_head: bool = option(
         True, "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
     )
-    # The defaults are the lm gate's (tasks/lm/gate.py DEFAULT_MAX_KL, DEFAULT_MIN_TOP1).
-    max_kl: float = option(0.1, "gate: mean KL(source || variant) of next-token distributions, nats")
-    min_top1: float = option(0.8, "gate: top-1 agreement with the source")
+    # The defaults are the lm gate's (tasks/lm/gate.py DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, DEFAULT_MIN_GENERATION).
+    max_kl: float = lm_gate_bound("max_kl", 0.1)
+    min_top1: float = lm_gate_bound("min_top1", 0.8)
+    min_generation: float = lm_gate_bound("min_generation", 0.5)
+
+    def __post_init__(self) -> None:
+        fmt, level = TARGETS[self.target or DEFAULT_TARGET]
+        if self.format is None:
+            self.format = fmt
+        if self.accuracy_level is None and self.format == fmt:
+            self.accuracy_level = level
 
     @property
     def bits(self) -> int:
@@ -62,12 +87,15 @@ class QuantizeOptions:
     def validate(self) -> None:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two, at least 16")
+        if self.target is not None and self.format != TARGETS[self.target][0]:
+            raise ValueError(
+                f"--format {self.format} is not what --target {self.target} runs ({TARGETS[self.target][0]}): "
+                "give one of them"
+            )
         if self.accuracy_level is not None and self.format != "nbits":
             raise ValueError("accuracy_level applies to --format nbits only")
         if not self.max_kl > 0:
             raise ValueError("max_kl must be > 0")
-        if not 0 <= self.min_top1 <= 1:
-            raise ValueError("min_top1 must be between 0 and 1")
 
 
 QUANTIZE = TransformSettings(

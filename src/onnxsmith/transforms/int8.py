@@ -34,6 +34,14 @@ the calibration inputs; ``--no-compensate-rounding``: to nearest). Opt-in: ``--t
 Linear's activation quantized twice, ``x ≈ Q(x) + Q(x - Q(x))``: ~100x less activation rounding error for a
 second int8 GEMM). Both are the forms the search measures and the rewrite makes (docs/int8.md).
 
+A causal LM with a KV cache (a decoder as optimum and transformers.js export it: verify/cache.py) is taken as
+decoders are (``--no-decoder``: as any model): per-column int8 with one activation scale per tensor keeps an LLM's
+Linears fp32 (its outlier channels exceed any budget), so every MatMul weight goes int8 in blocks of 32 as
+MatMulNBits with int8 activations and the tied embedding/head int8 per token, once
+(quantize_engine.make_decoder_int8); the variant is judged as a language model (tasks/lm/gate.py: next-token KL,
+top-1 agreement and greedy generation on text the source writes itself, ``--max-kl``, ``--min-top1``,
+``--min-generation``).
+
 The budget defaults to 0.3 of what the gate allows (relative error sqrt(2 (1 - min_cosine)):
 0.03 for cosine 0.995): room for inputs the calibration did not see (calibrated on random
 inputs, the face-age fixture's ages move ~0.9 years at 0.03 and ~1.4 at 0.05 on real crops). The variant is verified against the source by the one gate
@@ -46,8 +54,11 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from onnxsmith.analysis.lm_signature import cache_layout
+from onnxsmith.core.errors import UsageError
 from onnxsmith.core.transform import StepReport, Transform, TransformContext, register
 from onnxsmith.int8_engine.engine import make_int8
+from onnxsmith.quantize_engine.engine import make_decoder_int8
 from onnxsmith.settings.int8 import INT8, Int8Options
 
 #: The options by their short name.
@@ -61,12 +72,36 @@ class Int8(Transform, settings=INT8):
     def repairs(self, options: Options) -> bool:
         return not options.two_pass_activations  # two passes leave ~100x less activation rounding error
 
+    def gate_task_for(self, model: ir.Model, options: Options) -> str | None:
+        return "lm" if as_decoder(model, options) else None
+
+    def task_gate_settings(self, options: Options) -> dict:
+        # A decoder's: on text the source writes, not the made-up inputs that calibrate int8 elsewhere.
+        bounds = {"max_kl": options.max_kl, "min_top1": options.min_top1, "min_generation": options.min_generation}
+        return {**bounds, "sample_from_source": True}
+
     def gate_settings(self, options: Options) -> dict:
         # The one gate (verify/gate.py) at int8's bounds, with the direction bound this transform promises.
         return {"min_cosine": options.min_cosine}
 
     def apply(self, model: ir.Model, options: Options, context: TransformContext) -> StepReport:
+        if as_decoder(model, options):
+            if not options.speed:
+                return make_decoder_int8(model, context, self.name)
+            with context.model_file(model) as given:
+                return make_decoder_int8(model, context, self.name, Path(given))
         if not options.speed:
             return make_int8(model, options, context, None, self.name)
         with context.model_file(model) as given:  # the model as given: what the variant's speed is measured against
             return make_int8(model, options, context, Path(given), self.name)
+
+
+def as_decoder(model: ir.Model, options: Options) -> bool:
+    """Whether ``model`` is taken as a causal LM with a KV cache (``--decoder``: it must be one)."""
+    if options.decoder is False:
+        return False
+    if cache_layout(model) is not None:
+        return True
+    if options.decoder:
+        raise UsageError("--decoder: the model is not a causal LM with a KV cache (ids and past in, logits out)")
+    return False

@@ -25,10 +25,11 @@ class Quantize(Transform, settings=QUANTIZE):
     def apply(self, model: ir.Model, options: QuantizeOptions, context: TransformContext) -> StepReport:
         return make_quantized(model, options, context, self.name)
 
-    def gate_settings(self, options: QuantizeOptions) -> dict:
+    def task_gate_settings(self, options: QuantizeOptions) -> dict:
         """The LM gate's bounds, and the variant run as its target runs it (session options)."""
         return {
             "max_kl": options.max_kl,
             "min_top1": options.min_top1,
+            "min_generation": options.min_generation,
             "candidate_config": WASM_CONFIG if options.format == "qdq" else None,
         }

@@ -8,7 +8,7 @@ that: a key scaled by 1.001 moves the softmax's temperature by 0.1 % (the next l
 1e-8 of their magnitude, within the fp32 gate) while its RMS moves past the fp32 bound; a key
 whose outlier channel is rounded differently moves nothing at all.
 
-So when both models have that signature (:func:`cache_layout`), each is run one more step on its
+So when both models have that signature (:func:`~onnxsmith.analysis.lm_signature.cache_layout`), each is run one more step on its
 own ``present.*`` as past (:func:`step_feeds`: the source's greedy next token, the mask extended
 by one, the positions advanced), and the gate judges the next step's logits
 (:func:`judge_cache`); the ``present.*`` outputs themselves are checked only for their shape and
@@ -19,75 +19,14 @@ each have a present output of the same rank, keeps every output judged as a tens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
-import onnx_ir as ir
 
-from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, lm_signature
+from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, CacheLayout
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.text import format_cosine
 from onnxsmith.verify.gate import Bounds, OutputDiff, judge_output
-
-#: past input prefix -> the prefixes its present output may have (optimum, transformers.js, older exports).
-_PRESENT_OF = (
-    ("past_key_values.", ("present.", "present_key_values.")),
-    ("past_key_values_", ("present_", "present_key_values_")),
-    ("past.", ("present.",)),
-    ("past_", ("present_",)),
-)
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """Which input each ``present.*`` output feeds on the next step, and the logits they are judged by."""
-
-    logits: str
-    pairs: tuple[tuple[str, str], ...]  # (past input, present output)
-
-    @property
-    def presents(self) -> tuple[str, ...]:
-        return tuple(present for _, present in self.pairs)
-
-    @property
-    def family(self) -> str:
-        """How a line names the cache outputs: ``present.*`` (their common prefix)."""
-        first = self.pairs[0][1]
-        for _, prefixes in _PRESENT_OF:
-            for prefix in prefixes:
-                if first.startswith(prefix):
-                    return prefix + "*"
-        return "the cache outputs"
-
-
-def cache_layout(model: ir.Model) -> CacheLayout | None:
-    """The KV-cache layout of a causal LM, or None when ``model`` is not clearly one (read, not run)."""
-    try:
-        sig = lm_signature(model)
-    except InputError:  # inputs onnxsmith cannot feed a decoder with: not a cached decoder
-        return None
-    if not sig.past:
-        return None
-    outputs = {value.name: value for value in model.graph.outputs}
-    logits = outputs.get(sig.logits)
-    if logits is None or logits.shape is None or len(logits.shape) != 3:
-        return None
-    pairs = []
-    for past in sig.past:
-        names = [
-            prefix + past.name[len(source) :]
-            for source, prefixes in _PRESENT_OF
-            if past.name.startswith(source)
-            for prefix in prefixes
-        ]
-        found = [name for name in names if name in outputs]
-        if len(found) != 1:
-            return None
-        present = outputs[found[0]]
-        if present.shape is None or len(present.shape) != len(past.dims) or "past" not in past.dims:
-            return None
-        pairs.append((past.name, present.name))
-    return CacheLayout(sig.logits, tuple(pairs))
 
 
 def applies(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.number_formats import NumberFormat, compared_format, formats_of
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.text import format_cosine
@@ -136,7 +137,7 @@ def compare_models(
     evidence = check_reference(feeds_list, ref_out, reference, constant_outputs=outputs_no_input_reaches(cand_model))
     fmt = compared_format(reference_formats, formats_of(cand_model))
     cand_out = run_all(cand_session, cand_model, feeds_list, candidate)
-    layout = cache.cache_layout(cand_model)
+    layout = cache_layout(cand_model)
     if not cache.applies(layout, feeds_list, ref_out):
         layout = None
     steps = None
@@ -146,7 +147,7 @@ def compare_models(
         # run as the source's outputs were: storage-faithful fp16 or natively
         mode = fp16_mode if reference_outputs is None else ("native" if ref_mode == NATIVE else "auto")
         ref_session, ref_model, _ = prepare_session(reference, mode)
-        if cache.cache_layout(ref_model) == layout:
+        if cache_layout(ref_model) == layout:
             steps = (_next_step(layout, ref_session, ref_model, feeds_list, ref_out, ref_out, reference), cand_next)
         del ref_session, ref_model
     else:

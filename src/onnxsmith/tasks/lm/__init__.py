@@ -5,7 +5,8 @@
 * :mod:`.scoring`: held-out text in windows, loss / perplexity / KL / top-1 of models on it,
   greedy generation (``eval-lm``, the quantize benchmark);
 * :mod:`.gate`: the gate ``quantize`` names (:func:`compare_lm`: next-token KL and top-1
-  agreement on sequences sampled from the source, in one run and step by step through the KV cache);
+  agreement on sequences sampled from the source, in one run, step by step through the KV cache and
+  in greedy generation);
 * :mod:`.task`: the ``lm`` task of ``validate`` and a recipe's ``[validation]``.
 
 What a decoder takes and returns is read statically (:mod:`onnxsmith.analysis.lm_signature`).
@@ -15,8 +16,11 @@ from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, P
 from onnxsmith.tasks.lm.feeding import LMRunner, lm_feeds, lm_feeds_at, log_softmax, present_names
 from onnxsmith.tasks.lm.gate import (
     DEFAULT_MAX_KL,
+    DEFAULT_MIN_GENERATION,
     DEFAULT_MIN_TOP1,
+    GENERATED_TOKENS,
     Agreement,
+    Generation,
     LMComparison,
     compare_lm,
     sample_sequences,
@@ -42,14 +46,17 @@ from onnxsmith.tasks.lm.task import LanguageModel, LMOptions
 
 __all__ = [
     "DEFAULT_MAX_KL",
+    "DEFAULT_MIN_GENERATION",
     "DEFAULT_MIN_TOP1",
     "DEFAULT_WINDOW",
     "FOLDER_FILES",
+    "GENERATED_TOKENS",
     "IDS",
     "MASK",
     "POSITIONS",
     "TOKENIZER_FILE",
     "Agreement",
+    "Generation",
     "LMComparison",
     "LMOptions",
     "LMRunner",

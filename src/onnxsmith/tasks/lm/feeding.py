@@ -1,5 +1,5 @@
-"""Feeding a causal language model: inputs for token ids from an empty cache or after a KV cache, and a runner
-for logits."""
+"""Feeding a causal language model: a runner for logits, steps through its KV cache and greedy generation (the
+inputs themselves: runtime/lm_feeds.py)."""
 
 from __future__ import annotations
 
@@ -8,38 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxsmith.analysis.lm_signature import IDS, MASK, POSITIONS, LMSignature, lm_signature
+from onnxsmith.analysis.lm_signature import lm_signature
 from onnxsmith.core.errors import InputError
 from onnxsmith.runtime import runner
+from onnxsmith.runtime.lm_feeds import lm_feeds, lm_feeds_at
 
-
-def lm_feeds(sig: LMSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Feeds for running ``ids`` [batch, seq] from an empty cache."""
-    batch, seq = ids.shape
-    feeds = {IDS: ids.astype(sig.ids)}
-    if sig.mask is not None:
-        feeds[MASK] = np.ones((batch, seq), dtype=sig.mask)
-    if sig.positions is not None:
-        feeds[POSITIONS] = np.tile(np.arange(seq, dtype=sig.positions), (batch, 1))
-    for p in sig.past:
-        shape = [batch if d == "batch" else 0 if d == "past" else d for d in p.dims]
-        feeds[p.name] = np.zeros(shape, dtype=p.dtype)
-    return feeds
-
-
-def lm_feeds_at(sig, ids: np.ndarray, past: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Feeds for ``ids`` following ``past`` (a KV cache from the previous run; None: empty)."""
-    if past is None:
-        return lm_feeds(sig, ids)
-    batch, seq = ids.shape
-    first = sig.past[0]
-    done = past[first.name].shape[first.dims.index("past")]
-    feeds = {IDS: ids.astype(sig.ids), **past}
-    if sig.mask is not None:
-        feeds[MASK] = np.ones((batch, done + seq), dtype=sig.mask)
-    if sig.positions is not None:
-        feeds[POSITIONS] = np.tile(np.arange(done, done + seq, dtype=sig.positions), (batch, 1))
-    return feeds
+__all__ = ["LMRunner", "lm_feeds", "lm_feeds_at", "log_softmax", "present_names"]
 
 
 def present_names(lm: LMRunner) -> dict[str, str]:
@@ -84,6 +58,21 @@ class LMRunner:
             self._present_of = present_names(self)
         out = runner.run(self.session, lm_feeds_at(self.sig, ids, past), self._outputs, label=self.path)
         return out, {p.name: out[self._present_of[p.name]] for p in self.sig.past}
+
+    def greedy(self, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+        """Greedy decoding of every prompt [batch, seq]: the prompts in one run, then one token per run through
+        the KV cache (or the whole sequence again for a model without one). The new ids, [batch, new_tokens]."""
+        sequence = np.asarray(prompts, dtype=np.int64)
+        ids, past = sequence, None
+        for _ in range(new_tokens):
+            if self.sig.past:
+                out, past = self.step(ids, past)
+                logits = out[self.sig.logits]
+            else:
+                logits = self.logits(sequence)
+            ids = logits[:, -1].argmax(axis=-1).astype(np.int64)[:, None]
+            sequence = np.concatenate([sequence, ids], axis=1)
+        return sequence[:, sequence.shape[1] - new_tokens :]
 
     def all_logits(self, ids: np.ndarray, first: int = 1) -> np.ndarray:
         """Logits at positions ``first - 1`` .. end: one run, or one run per prefix for a last-position model."""

@@ -21,6 +21,12 @@ steps' next-token distributions are held to the same bounds against the source's
 sequence. The cache outputs themselves must have the source's shape and stay finite; their own
 cosine is no measure (a 4-bit key cache has 0.98 while its next steps agree to the last token).
 
+What a user sees of a decoder is what it generates: from the first tokens of each sequence, both models
+generate greedily (:meth:`LMRunner.greedy`, through their own caches) and the gate holds the share of the
+source's tokens the variant repeats before its first divergence to ``min_generation``. One divergence
+ends the comparison (after it the two continue different texts), so this measures how long the variant
+stays on the source's path, where a KL or top-1 mean does not see whether errors come early.
+
 A variant that returns only the last position's logits is run on every prefix of
 the sequences, so it is judged at as many positions as the source.
 """
@@ -42,8 +48,15 @@ from onnxsmith.verify.gate import Bounds, judge_output
 #: Defaults of the gate: see the module doc and docs/quantize.md.
 DEFAULT_MAX_KL = 0.1
 DEFAULT_MIN_TOP1 = 0.8
+DEFAULT_MIN_GENERATION = 0.5
 #: Sequences shorter than this are not also decoded step by step through the cache.
 MIN_CACHE_SEQUENCE = 4
+#: The sequences the gate samples from the source when it is given none (quantize's defaults too).
+GATE_SAMPLES = 4
+GATE_LENGTH = 32
+#: Greedy generation: from the first PROMPT_TOKENS of each sequence, GENERATED_TOKENS new ones.
+PROMPT_TOKENS = 4
+GENERATED_TOKENS = 16
 
 
 @dataclass
@@ -87,6 +100,50 @@ def sample_sequences(
     return ids.astype(np.int64)
 
 
+@dataclass(frozen=True)
+class Generation:
+    """Greedy generation of the variant against the source's from the same prompts."""
+
+    agreed: tuple[int, ...]  # per prompt, the new tokens equal to the source's before the first divergence
+    new_tokens: int
+
+    @classmethod
+    def of(cls, source: np.ndarray, variant: np.ndarray) -> Generation:
+        """From both models' new ids [prompts, new_tokens]."""
+        differs = source != variant
+        agreed = np.where(differs.any(axis=1), differs.argmax(axis=1), source.shape[1])
+        return cls(tuple(int(a) for a in agreed), int(source.shape[1]))
+
+    @property
+    def share(self) -> float:
+        """The mean share of the source's tokens repeated before the first divergence."""
+        return float(np.mean(self.agreed)) / self.new_tokens
+
+    def describe(self) -> str:
+        return (
+            f"greedy generation from {len(self.agreed)} prompts: {', '.join(map(str, self.agreed))} of "
+            f"{self.new_tokens} tokens the source's before the first divergence"
+        )
+
+    def problems(self, min_share: float) -> list[str]:
+        """The bound on :attr:`share`: a problem when it fails."""
+        if self.share >= min_share:
+            return []
+        return [
+            f"greedy generation repeats {self.share:.0%} of the source's tokens before the first divergence "
+            f"< gate {min_share:.0%} ({', '.join(map(str, self.agreed))} of {self.new_tokens} "
+            f"from {len(self.agreed)} prompts)"
+        ]
+
+    def to_json(self) -> dict:
+        return {"agreed": list(self.agreed), "new_tokens": self.new_tokens, "share": self.share}
+
+
+def generate_both(ref: LMRunner, cand: LMRunner, prompts: np.ndarray) -> Generation:
+    """Both models' greedy generation of :data:`GENERATED_TOKENS` from ``prompts`` [count, length]."""
+    return Generation.of(ref.greedy(prompts, GENERATED_TOKENS), cand.greedy(prompts, GENERATED_TOKENS))
+
+
 @dataclass
 class LMComparison(Comparison):
     """A :class:`Comparison` whose verdict is the LM gate's (see the module doc)."""
@@ -99,6 +156,10 @@ class LMComparison(Comparison):
     gate: dict[str, float] = field(default_factory=dict)
     #: the steps decoded through the variant's own KV cache: positions, mean KL, top-1 (empty: no cache)
     cache_steps: dict[str, float] = field(default_factory=dict)
+    #: greedy generation against the source's (None: sequences too short to prompt)
+    generation: Generation | None = None
+    #: what the token ids were, in words: "4 sequences the source wrote"
+    text: str = ""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -116,38 +177,49 @@ class LMComparison(Comparison):
             if cache
             else ""
         )
+        generation = (
+            f"; {self.generation.describe()} (gate ≥ {self.gate['min_generation']:.0%} on average)"
+            if self.generation is not None
+            else ""
+        )
         return (
-            f"{self.positions} positions: mean KL {self.mean_kl:.4f} nats (gate ≤ {self.gate['max_kl']:g}), "
+            f"{self.positions} positions of {self.text}: mean KL {self.mean_kl:.4f} nats "
+            f"(gate ≤ {self.gate['max_kl']:g}), "
             f"top-1 agreement {self.top1:.1%} (gate ≥ {self.gate['min_top1']:.0%}); "
-            f"the source's own entropy there {self.entropy:.3f} nats{steps}"
+            f"the source's own entropy there {self.entropy:.3f} nats{steps}{generation}"
         )
 
     def to_json(self) -> dict:
         """A comparison's JSON with the LM gate's own fields (its ``gate`` in place of the one gate's bounds)."""
         inherited = {f.name for f in fields(Comparison)}
         own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in inherited}
+        own["generation"] = None if self.generation is None else self.generation.to_json()
         return {**super().to_json(), **own}
 
 
 def compare_lm(
     reference: str | os.PathLike,
     candidate: str | os.PathLike,
-    feeds_list: list[dict[str, np.ndarray]],
+    feeds_list: list[dict[str, np.ndarray]] | None,
     *,
     max_kl: float = DEFAULT_MAX_KL,
     min_top1: float = DEFAULT_MIN_TOP1,
+    min_generation: float = DEFAULT_MIN_GENERATION,
     candidate_config: dict[str, str] | None = None,
 ) -> LMComparison:
-    """The LM gate: ``candidate`` against ``reference`` on the token ids of ``feeds_list``, in one run and,
-    for a variant with a KV cache, step by step through it (see the module doc)."""
+    """The LM gate: ``candidate`` against ``reference`` on the token ids of ``feeds_list`` (None: sequences
+    sampled from the reference, :data:`GATE_SAMPLES` of :data:`GATE_LENGTH` tokens), in one run, for a variant
+    with a KV cache step by step through it, and in greedy generation (see the module doc)."""
     ref = LMRunner(reference)
+    feeds_list, text = _sequences(ref, feeds_list)
     cand = LMRunner(candidate, config=candidate_config)
     comparison = LMComparison(
         reference=Path(reference).name,
         candidate=Path(candidate).name,
         modes={"reference": "native", "candidate": _mode(candidate_config)},
         samples=len(feeds_list),
-        gate={"max_kl": max_kl, "min_top1": min_top1},
+        gate={"max_kl": max_kl, "min_top1": min_top1, "min_generation": min_generation},
+        text=text,
     )
     parts, steps, output_problems = [], [], []
     for feeds in feeds_list:
@@ -193,12 +265,27 @@ def compare_lm(
         logits_problems = ["the logits have NaN/inf values the source's don't"]
     else:
         logits_problems = _agreement_problems(agreement, max_kl, min_top1, "")
-    comparison.problems = logits_problems + cache_problems + output_problems
+    prompts = [feeds[IDS][:, :PROMPT_TOKENS] for feeds in feeds_list if feeds[IDS].shape[1] >= PROMPT_TOKENS]
+    comparison.generation = generation = generate_both(ref, cand, np.concatenate(prompts)) if prompts else None
+    generation_problems = [] if generation is None else generation.problems(min_generation)
+    comparison.problems = logits_problems + cache_problems + generation_problems + output_problems
     lm_ok = not any("KL" in p or "top-1" in p or "logits" in p for p in comparison.problems)
     comparison.outputs = [
         replace(o, passed=o.passed and lm_ok) if o.name == ref.sig.logits else o for o in comparison.outputs
     ]
     return comparison
+
+
+def _sequences(
+    ref: LMRunner, feeds_list: list[dict[str, np.ndarray]] | None
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The feeds the gate judges on (given, or sequences ``ref`` writes) and what they are, in words."""
+    written = feeds_list is None
+    if feeds_list is None:
+        sequences = sample_sequences(ref.path, count=GATE_SAMPLES, length=GATE_LENGTH)
+        feeds_list = [{IDS: sequences.astype(ref.sig.ids)}]
+    count = sum(len(feeds[IDS]) for feeds in feeds_list)
+    return feeds_list, f"{count} sequence{'s' if count != 1 else ''}" + (" the source wrote" if written else "")
 
 
 def _through_cache(lm: LMRunner, ids: np.ndarray, first: int) -> np.ndarray:

@@ -453,22 +453,6 @@ def greedy_generate(
 ) -> list[int]:
     """Greedy decoding: the prompt in one run, then one token per run through the KV cache
     (or the whole sequence again for a model without one). Returns the new token ids."""
-    lm = LMRunner(path, config=config)
-    sig = lm.sig
     if not prompt:
         raise UsageError("the prompt needs at least one token")
-    ids = np.asarray([prompt], dtype=np.int64)
-    generated: list[int] = []
-    if not sig.past:
-        for _ in range(new_tokens):
-            nxt = int(lm.logits(ids)[0, -1].argmax())
-            generated.append(nxt)
-            ids = np.concatenate([ids, [[nxt]]], axis=1)
-        return generated
-    past = None
-    for _ in range(new_tokens):
-        out, past = lm.step(ids, past)
-        nxt = int(out[sig.logits][0, -1].argmax())
-        generated.append(nxt)
-        ids = np.asarray([[nxt]], dtype=np.int64)
-    return generated
+    return LMRunner(path, config=config).greedy(np.asarray([prompt]), new_tokens)[0].tolist()

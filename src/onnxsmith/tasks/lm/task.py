@@ -58,9 +58,11 @@ class LanguageModel(Task, settings=LM):
         sig = lm_signature(model, source)
         return [Sample(f"window {i}", lm_feeds(sig, row[None]), target=row) for i, row in enumerate(windows)]
 
-    def gate(self, reference, candidate, feeds, **settings) -> LMComparison:
-        """The gate of ``quantize``: next-token KL and top-1 agreement on ``feeds`` (:func:`compare_lm`)."""
-        return compare_lm(reference, candidate, feeds, **settings)
+    def gate(self, reference, candidate, feeds, *, sample_from_source: bool = False, **settings) -> LMComparison:
+        """The gate of ``quantize`` and of ``int8`` on a decoder (:func:`compare_lm`): next-token KL, top-1
+        agreement and greedy generation on the token ids of ``feeds`` or, ``sample_from_source``, on text the
+        source writes itself (``feeds`` made up for any model, random ids, exercise a language model poorly)."""
+        return compare_lm(reference, candidate, None if sample_from_source else feeds, **settings)
 
     def describe_data(self, options: LMOptions, samples: list[Sample]) -> str:
         tokens = sum(len(s.target) for s in samples)
