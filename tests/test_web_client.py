@@ -74,3 +74,46 @@ def test_node_loads_a_model_whose_weights_are_in_a_data_file_beside_it(tmp_path,
     assert (split.parent / data_name).stat().st_size > split.stat().st_size  # the weights are in the data file
     ids = prompt_ids(gpt2_folder(), "The keeper climbed the stairs")
     assert generate_in_node(split, ids)["ids"] == greedy_generate(single, ids, NEW_TOKENS, config=FOLD)
+
+
+#: A chat template as transformers (>= 4.4x) saves it: in chat_template.jinja, not in tokenizer_config.json.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def test_transformers_js_loads_the_release_and_chats_with_its_template(tmp_path):
+    """The quantized GPT-2 fixture, its template only in chat_template.jinja, in transformers.js (Node.js, local
+    files only): the template it applies is the folder's, and it generates what Python onnxruntime does. Without
+    the template written into tokenizer_config.json, transformers.js refuses to apply one."""
+    import jinja2
+
+    from onnxsmith.tasks.lm import load_tokenizer
+
+    source = tmp_path / "chat"
+    shutil.copytree(gpt2_folder(), source)
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    out = tmp_path / "chat_q4"
+    quantize_folder(source, out, QuantizeOptions(), gate_samples=2, gate_length=16)
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    assert "chat_template" not in json.loads((source / "tokenizer_config.json").read_text())  # source untouched
+    message = "The keeper climbed the stairs"
+    assert (CLIENT / "node_modules" / "@huggingface" / "transformers").is_dir(), "run `make test` (npm ci)"
+    done = subprocess.run(
+        ["node", "chat.mjs", str(out), "--message", message, "--new-tokens", "8"],
+        cwd=CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    text = (
+        jinja2.Environment()
+        .from_string(CHAT_TEMPLATE)
+        .render(messages=[{"role": "user", "content": message}], add_generation_prompt=True)
+    )
+    assert got["text"] == text == f"user: {message}\nassistant:"
+    assert got["prompt"] == load_tokenizer(out).encode(text).ids
+    assert got["ids"] == greedy_generate(out / "onnx" / "model_q4.onnx", got["prompt"], 8, config=FOLD)

@@ -106,4 +106,6 @@ def _print(folder: api.QuantizedFolder, output: Path) -> None:
     for name in folder.copied:
         outside = " (from outside the model folder, through a symbolic link: --allow-outside)"
         out.print(f"copied {name}{outside if name in folder.copied_outside else ''}")
+    if "changed_on_copy" in report:
+        out.print(report["changed_on_copy"])
     out.print(f"wrote {output / REPORT_FILE}")

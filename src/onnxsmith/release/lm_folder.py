@@ -50,6 +50,7 @@ from onnxsmith.tasks.lm import FOLDER_FILES
 from onnxsmith.transforms.quantize import Quantize, QuantizeOptions
 
 REPORT_FILE = "quantize_report.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 #: transformers.js's file suffix per dtype (model{suffix}.onnx).
 SUFFIX = {"q4": "_q4", "q8": "_quantized"}
 
@@ -240,9 +241,11 @@ def stage_folder(
             variants.append((file_name, variant))
             if not variant.passed:
                 break  # the folder is refused: the next variant would be judged for nothing
-        copied = _copy_folder_files(to_copy, tmp, output)
+        copied, changed = _copy_folder_files(to_copy, tmp, output)
         outside = [name for name, _, real in to_copy if real is not None and name in copied]
         report = _report(source, folder, options, variants, copied, outside)
+        if changed is not None:
+            report["changed_on_copy"] = changed
         stage_text(tmp, (output or tmp) / REPORT_FILE, json.dumps(report, indent=2, default=str) + "\n")
     except BaseException:
         private.close()
@@ -275,14 +278,42 @@ def _folder_files(folder: Path | None, *, allow_outside: bool) -> list[tuple[str
     return found
 
 
-def _copy_folder_files(files: list[tuple[str, Path, Path | None]], tmp: Path, output: Path | None) -> list[str]:
-    copied = []
-    for name, src, _ in files:
+def _copy_folder_files(
+    files: list[tuple[str, Path, Path | None]], tmp: Path, output: Path | None
+) -> tuple[list[str], str | None]:
+    """Copy ``files`` into ``tmp``: the names copied, and what was changed on the way (None: nothing)."""
+    copied, changed = [], None
+    sources = {name: src for name, src, _ in files}
+    for name, src in sources.items():
         if output is not None and (output / name).exists() and same_file(src, output / name):
-            continue  # OUT is the source folder: the file is already there
-        _copy(src, tmp / name, (output or tmp) / name)
+            continue  # OUT is the source folder: the file is already there (and never changed)
+        config = _config_with_template(src, sources.get("chat_template.jinja")) if name == TOKENIZER_CONFIG else None
+        if config is None:
+            _copy(src, tmp / name, (output or tmp) / name)
+        else:
+            stage_text(tmp, (output or tmp) / name, config)
+            changed = (
+                f"{name}: chat_template added from chat_template.jinja (transformers.js reads a template only there)"
+            )
         copied.append(name)
-    return copied
+    return copied, changed
+
+
+def _config_with_template(config_path: Path, template_path: Path | None) -> str | None:
+    """``tokenizer_config.json`` with the chat template of ``chat_template.jinja`` when it has none: transformers
+    saves the template to the .jinja file, and transformers.js's tokenizers read it only from the config (4.x:
+    only processors read the file), so a chat model published without it there has no template in a web page.
+    None: nothing to add (no template file, one already there, or a config that is not a JSON object)."""
+    if template_path is None:
+        return None
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        template = template_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # copied as it is: a file onnxsmith cannot read is the user's to fix
+    if not isinstance(config, dict) or config.get("chat_template"):
+        return None
+    return json.dumps({**config, "chat_template": template}, indent=2, ensure_ascii=False) + "\n"
 
 
 def _copy(source: Path, staged: Path, final: Path) -> None:
