@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.cli.main import main
 from onnxsmith.io.files import sha256_file
 from onnxsmith.io.save import PROVENANCE_KEY
+from onnxsmith.quantize_engine.report import quantization_parameters
 from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks import lm as task
 from onnxsmith.transforms.quantize import QuantizeOptions
@@ -420,3 +422,10 @@ def test_weights_on_gguf_grids_pass_a_gate_only_exact_weights_pass(tmp_path, cli
     off_grid = gpt2_folder()  # the same command on weights that are not on grids: rounded, refused by the gate
     refused = cli("quantize", off_grid, tmp_path / "rounded", "--format", fmt, "--head", "keep", "--max-kl", "0.000001")
     assert_one_line_error(refused, "mean KL", code=1)
+    # The grids' block offsets are quantization parameters, not weights kept fp32 (the headline tells them apart).
+    model = ir.load(tmp_path / fmt / "onnx" / "model_q4.onnx")
+    params = quantization_parameters(model)
+    offsets = {name for name in model.graph.initializers if name.endswith("_offsets")}
+    assert len(offsets) == 8 and offsets <= params
+    norms = {v.name for node in model.graph if node.op_type == "LayerNormalization" for v in node.inputs[1:]}
+    assert norms and not norms & params

@@ -162,14 +162,59 @@ def why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], to
     scheme = (f"{options.bits}-bit", "int8") if options.bits == 8 else (f"{options.bits}-bit",)
     wider = Counter(row["stored as"] for row in rows if not any(s in row["stored as"] for s in scheme))
     lines += [f"{n} weight(s) stored as {how}" for how, n in sorted(wider.items())]
-    fp32 = sum(
-        v.const_value.nbytes
-        for v in model.graph.initializers.values()
+    params = quantization_parameters(model)
+    fp32 = {
+        name: v.const_value.nbytes
+        for name, v in model.graph.initializers.items()
         if v.const_value is not None and v.const_value.dtype == ir.DataType.FLOAT
-    )
-    if total and fp32 / total >= 0.05:
+    }
+    kept = sum(size for name, size in fp32.items() if name not in params)
+    scales = sum(size for name, size in fp32.items() if name in params)
+    if total and scales / total >= 0.05:
         lines.append(
-            f"{fp32 / 2**20:.1f} MB of the {total / 2**20:.1f} MB of weights stay fp32: "
+            f"{scales / 2**20:.1f} MB of the {total / 2**20:.1f} MB are the blocks' fp32 scales and zero points "
+            f"(or grid offsets), one each per block of {options.block_size}"
+        )
+    if total and kept / total >= 0.05:
+        lines.append(
+            f"{kept / 2**20:.1f} MB of the {total / 2**20:.1f} MB of weights stay fp32: "
             "what no MatMul reads as a weight (biases, norms, position embeddings)"
         )
     return lines
+
+
+#: Ops that read a quantized weight, and the input index from which on they read its quantization parameters.
+_QUANTIZED_READERS = {"DequantizeLinear": 1, "MatMulNBits": 2, "GatherBlockQuantized": 2}
+
+
+def quantization_parameters(model: ir.Model) -> set[str]:
+    """Initializers that are scales, zero points or grid offsets of quantized weights (not weights kept fp32): the
+    parameters of a DequantizeLinear / MatMulNBits / GatherBlockQuantized, and a grid's block offsets
+    (passes/quantization.py), added to a dequantized weight's blocks (``Add(Reshape(DequantizeLinear(levels)),
+    offsets)``) or to a MatMulNBits product (``Add(MatMulNBits(x, levels), MatMul(block sums, offsets))``)."""
+    names = set()
+    for node in model.graph:
+        first = _QUANTIZED_READERS.get(node.op_type)
+        if first is not None:
+            names.update(v.name for v in node.inputs[first:] if v is not None and v.is_initializer())
+        elif node.op_type == "Add" and any(_dequantized_blocks(v) for v in node.inputs):
+            names.update(v.name for v in node.inputs if v is not None and v.is_initializer())
+        elif node.op_type == "Add" and any(_producer_type(v) == "MatMulNBits" for v in node.inputs):
+            offsets = [v.producer() for v in node.inputs if _producer_type(v) == "MatMul"]
+            names.update(
+                v.name for m in offsets if m is not None for v in m.inputs if v is not None and v.is_initializer()
+            )
+    return {name for name in names if name is not None}
+
+
+def _producer_type(value: ir.Value | None) -> str | None:
+    producer = value.producer() if value is not None else None
+    return None if producer is None else producer.op_type
+
+
+def _dequantized_blocks(value: ir.Value | None) -> bool:
+    reshape = value.producer() if value is not None else None
+    if reshape is None or reshape.op_type != "Reshape" or reshape.inputs[0] is None:
+        return False
+    source = reshape.inputs[0].producer()
+    return source is not None and source.op_type == "DequantizeLinear"
