@@ -117,3 +117,18 @@ def test_transformers_js_loads_the_release_and_chats_with_its_template(tmp_path)
     assert got["text"] == text == f"user: {message}\nassistant:"
     assert got["prompt"] == load_tokenizer(out).encode(text).ids
     assert got["ids"] == greedy_generate(out / "onnx" / "model_q4.onnx", got["prompt"], 8, config=FOLD)
+
+
+def test_the_webgpu_target_generates_in_a_browser_what_python_onnxruntime_generates(tmp_path):
+    """--target web-webgpu (MatMulNBits: the 4-bit body and the 8-bit head) in headless Chromium on onnxruntime-web's
+    WebGPU backend (SwiftShader: no GPU needed), through clients/web/webgpu.html: the tokens Python generates."""
+    from tests.support.browser import run_page
+
+    quantize_folder(gpt2_folder(), tmp_path / "webgpu", QuantizeOptions(target="web-webgpu"))
+    model = tmp_path / "webgpu" / "onnx" / "model_q4.onnx"
+    ids = prompt_ids(gpt2_folder(), "The keeper climbed the stairs")
+    got = run_page(CLIENT, f"webgpu.html?model=model.onnx&ids={','.join(map(str, ids))}&new=8", {"model.onnx": model})
+    assert "error" not in got, got["error"]
+    assert got["adapter"].startswith("google")  # SwiftShader's WebGPU, not a fallback to WASM
+    assert got["ids"] == greedy_generate(model, ids, 8)
+    assert len(set(got["ids"])) > 3

@@ -11,9 +11,14 @@ from onnxsmith.settings.lm import lm_gate_bound
 #: How 4-bit blocks are stored: blocked DequantizeLinear (web/WASM) or com.microsoft MatMulNBits.
 FORMATS = ("qdq", "nbits")
 #: Where the model runs, and what quantize makes for there unless told: (format, MatMulNBits accuracy level).
-#: web-wasm: DequantizeLinear that onnxruntime-web folds at load; cpu: MatMulNBits with int8 activations, what
-#: native onnxruntime runs fastest. Each is measured on its runtime (benchmarks/quantize_smollm2.py).
-TARGETS: dict[str, tuple[str, int | None]] = {"web-wasm": ("qdq", None), "cpu": ("nbits", 4)}
+#: web-wasm: DequantizeLinear that onnxruntime-web folds at load; web-webgpu: MatMulNBits, which its WebGPU
+#: backend runs as it is (fp32 activations); cpu: MatMulNBits with int8 activations, what native onnxruntime
+#: runs fastest. Each is run on its runtime: benchmarks/quantize_smollm2.py, tests/test_web_client.py.
+TARGETS: dict[str, tuple[str, int | None]] = {
+    "web-wasm": ("qdq", None),
+    "web-webgpu": ("nbits", None),
+    "cpu": ("nbits", 4),
+}
 DEFAULT_TARGET = "web-wasm"
 #: What becomes of a weight whose K is not a multiple of the block.
 UNEVEN = ("int8", "keep")
@@ -30,8 +35,9 @@ class QuantizeOptions:
     symmetric: bool = option(False, "symmetric blocks (no zero points)")
     target: str | None = option(
         None,
-        "where the model runs: web-wasm (blocked DequantizeLinear that onnxruntime-web folds at load), cpu "
-        "(MatMulNBits with int8 activations, for native onnxruntime); it picks --format and --accuracy-level "
+        "where the model runs: web-wasm (blocked DequantizeLinear that onnxruntime-web folds at load), web-webgpu "
+        "(MatMulNBits, which onnxruntime-web's WebGPU backend runs), cpu (MatMulNBits with int8 activations, for "
+        "native onnxruntime); it picks --format and --accuracy-level "
         f"(default: {DEFAULT_TARGET})",
         choices=list(TARGETS),
     )
