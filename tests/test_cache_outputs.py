@@ -11,10 +11,11 @@ from onnxsmith.analysis.lm_signature import CacheLayout, cache_layout
 from onnxsmith.analysis.number_formats import FP32
 from onnxsmith.io.load import load_model
 from onnxsmith.release.variant import produce_variant
+from onnxsmith.tasks import lm
 from onnxsmith.tasks.lm.scoring import greedy_generate
 from onnxsmith.transforms.fp16 import Options as Fp16Options
 from onnxsmith.verify import cache
-from onnxsmith.verify.compare import compare_models
+from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.gate import Bounds, judge_tensor, verdict
 from tests.support.lm_models import gpt2_folder, lm_gate_feeds, prefill_and_decode_feeds, prompt_ids
 
@@ -112,6 +113,23 @@ def test_the_fp16_variant_of_a_cached_decoder_is_judged_by_its_next_step(tmp_pat
     assert comparison.bounds.format == "fp16" and comparison.passed
     assert [o.kind for o in comparison.outputs] == ["tensor", "cache", "cache", "cache", "cache"]
     assert all(o.cache["own_cosine"] < 1 for o in comparison.outputs[1:])  # the cache did change
+    # Judged as a decoder too: what it generates from prompts the source writes.
+    (generation,) = comparison.judgements
+    assert generation.name == "generation" and generation.passed
+    assert generation.measured["generation"]["agreed"] == [16, 16, 16, 16]
+    assert "greedy generation from 4 prompts: 16, 16, 16, 16 of 16 tokens" in comparison.summary()
+    assert comparison.to_json()["judgements"][0]["generation"]["share"] == 1.0
+
+
+def test_a_decoder_whose_generation_diverges_is_refused_by_the_generation_judgement(tmp_path):
+    """The judgement every one-gate command adds for a cached decoder, on its own: a cache scaled by 1.5 makes the
+    variant write other text; a Comparison whose outputs all passed is refused by it, in one line."""
+    broken = lm.generation_judgement(SOURCE, cache_edited(tmp_path / "broken.onnx", 1.5), 0.5)
+    assert not broken.passed and broken.problem.startswith("greedy generation repeats ")
+    assert broken.measured["generation"]["share"] < 0.5
+    assert lm.generation_judgement(SOURCE, cache_edited(tmp_path / "keys.onnx", 1 + 1e-3, ("key",)), 1.0).passed
+    comparison = Comparison("model.onnx", "variant.onnx", {}, 1, Bounds.for_format(FP32), [], judgements=[broken])
+    assert not comparison.passed and comparison.verdict() == broken.problem
 
 
 def test_a_decode_step_on_a_filled_cache_is_stepped_once_more(tmp_path):

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.number_formats import NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
 from onnxsmith.core.transform import JobEngine, Judge, Progress, StepReport, TransformContext
@@ -42,7 +43,8 @@ from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.release.headline import headline
 from onnxsmith.release.validate import Validation
 from onnxsmith.runtime.runner import NATIVE
-from onnxsmith.tasks import get_task
+from onnxsmith.settings.gate import DEFAULT_MIN_GENERATION
+from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.diagnose import first_nonfinite
@@ -402,6 +404,7 @@ def make_variant(
         source = Source.read(source)
     output = staging.output
     model, protect, source_formats = source.take(), source.files, source.formats
+    decoder = cache_layout(model)  # a cached decoder's variant is judged by what it generates too
     if output is not None:
         check_output(output, protect=protect)  # before any work
     # The provenance stamp needs the source's sha256: hash it beside the transforms (hashlib
@@ -421,9 +424,12 @@ def make_variant(
         progress(f"writing {name}")
         with staging.stage(model, name, info.provenance(reports), protect) as (folder, staged):
             nodes = (nodes_before, count_nodes(model))
+            generates = decoder is not None and cache_layout(model) == decoder
             del model  # judged from its file: the weights are not held while the gate runs
             progress("verifying against the source")
-            comparison = _judge(task_gate, context, source.path, staged.path, verification, bounds, source_formats)
+            comparison = _judge(
+                task_gate, context, source.path, staged.path, verification, bounds, source_formats, generates
+            )
             comparison = dataclasses.replace(comparison, candidate=name)
             failure = None if comparison.passed else _gate_message(comparison, staged.path, verification.judged_on)
             # A task's gate says in its summary what it judged on: the made-up inputs' line would describe
@@ -516,17 +522,19 @@ def _judge(
     verification: Verification,
     bounds: GateOptions,
     source_formats: frozenset[NumberFormat],
+    generates: bool = False,
 ) -> Comparison:
     """The gate: the named task's (``Transform.gate_task_for``) with its settings, else the one gate on every output.
 
     The source is not run again when a step computed its outputs on the calibration
-    feeds and the gate runs on those same feeds (no ``gate_feeds``).
+    feeds and the gate runs on those same feeds (no ``gate_feeds``). ``generates``: both are causal LMs with a
+    KV cache of one layout, so a variant the one gate passed is judged by its greedy generation too.
     """
     if judge is not None:
         task, settings = judge
         return get_task(task).gate(source, candidate, verification.judged_on, **settings)
     reference = context.reference if verification.gate_feeds is None else None
-    return compare_models(
+    comparison = compare_models(
         source,
         candidate,
         verification.judged_on,
@@ -538,6 +546,11 @@ def _judge(
         reference_mode=NATIVE if reference is None else reference.mode,
         reference_formats=source_formats,
     )
+    if comparison.passed and generates:
+        # What a user sees of a decoder is what it generates: judged too, beside its outputs (tasks/lm/gate.py).
+        minimum = DEFAULT_MIN_GENERATION if bounds.min_generation is None else bounds.min_generation
+        comparison.judgements.append(lm.generation_judgement(source, candidate, minimum))
+    return comparison
 
 
 def _gate_message(comparison: Comparison, staged_path: Path, feeds) -> str:

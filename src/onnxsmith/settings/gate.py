@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from onnxsmith.core.options import COSINE, SHARE, TOLERANCE, check_numbers, option
 
+#: Greedy generation of a cached decoder (tasks/lm/gate.py): what share of the source's tokens a variant repeats
+#: before its first divergence, on average over the prompts, unless told.
+DEFAULT_MIN_GENERATION = 0.5
+
 #: How the gate's options are introduced where they are listed (``--help``, docs/recipe.md).
 GATE_TITLE = (
     "verification gate (default: scaled by the format the models differ in, e.g. fp16: cosine >= 0.99951, "
@@ -32,6 +36,13 @@ class GateOptions:
         None,
         "integer outputs: this share of values equal; detection lists: of confident rows matched "
         "(automatic: 1 at fp32, 0.99 at a coarser format)",
+        number=SHARE,
+    )
+
+    min_generation: float | None = option(
+        None,
+        "a causal LM with a KV cache: the mean share of the source's greedy tokens the variant repeats before it "
+        f"first differs, from prompts the source writes (automatic: {DEFAULT_MIN_GENERATION})",
         number=SHARE,
     )
 

@@ -25,7 +25,21 @@ from onnxsmith.verify import cache
 from onnxsmith.verify.evidence import Evidence, check_feeds, check_reference
 from onnxsmith.verify.gate import Bounds, GateOptions, OutputDiff, judge_all, verdict
 
-__all__ = ["Comparison", "OutputDiff", "compare_models", "judge_outputs"]
+__all__ = ["Comparison", "Judgement", "OutputDiff", "compare_models", "judge_outputs"]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict on the whole model beside the outputs' (a decoder's greedy generation: tasks/lm/gate.py)."""
+
+    name: str
+    passed: bool
+    summary: str  # what was measured, for the verdict's line
+    problem: str  # why it failed, in one line ("" when it passed)
+    measured: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "summary": self.summary, **self.measured}
 
 
 @dataclass
@@ -37,10 +51,11 @@ class Comparison:
     bounds: Bounds | None = None  # None: judged by something else (a task's gate)
     outputs: list[OutputDiff] = field(default_factory=list)
     evidence: Evidence | None = None  # what the inputs exercised (None: not checked, a task judged)
+    judgements: list[Judgement] = field(default_factory=list)  # of the whole model, after the outputs'
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs)
+        return all(o.passed for o in self.outputs) and all(j.passed for j in self.judgements)
 
     def summary(self) -> str:
         """The verdict's key numbers in one line: the worst output's cosine and largest difference."""
@@ -64,15 +79,20 @@ class Comparison:
             idle = "; not evidence: " + ", ".join(f"'{name}' ({why})" for name, why in self.evidence.idle)
         step = cache.describe(self.outputs)
         step = f"; {step}" if step else ""
-        return f"{where}: {', '.join(parts)}{step} ({gate}{self.samples} input set(s){idle})"
+        judged = "".join(f"; {j.summary}" for j in self.judgements)
+        return f"{where}: {', '.join(parts)}{step} ({gate}{self.samples} input set(s){idle}){judged}"
 
     def failures(self) -> list[str]:
-        """One line per failing output."""
-        return [o.problem(self.bounds) for o in self.outputs if not o.passed]
+        """One line per failing output, then per failing judgement."""
+        outputs = [o.problem(self.bounds) for o in self.outputs if not o.passed]
+        return outputs + [j.problem for j in self.judgements if not j.passed]
 
     def verdict(self) -> str:
-        """Why it failed, in one line: the worst output and the options that would accept it."""
-        return verdict(self.outputs, self.bounds) if self.bounds is not None else "; ".join(self.failures())
+        """Why it failed, in one line: the worst output and the options that would accept it; else the
+        judgement that failed."""
+        if self.bounds is not None and not all(o.passed for o in self.outputs):
+            return verdict(self.outputs, self.bounds)
+        return "; ".join(self.failures())
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +104,7 @@ class Comparison:
             "evidence": None if self.evidence is None else self.evidence.to_json(),
             "passed": self.passed,
             "outputs": [o.to_json() for o in self.outputs],
+            "judgements": [j.to_json() for j in self.judgements],
         }
 
 

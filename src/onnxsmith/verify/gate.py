@@ -72,7 +72,7 @@ import numpy as np
 from onnxsmith.analysis.number_formats import FP32, NumberFormat
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.text import format_cosine
-from onnxsmith.settings.gate import GateOptions
+from onnxsmith.settings.gate import DEFAULT_MIN_GENERATION, GateOptions
 from onnxsmith.verify import structure
 
 #: ε = DIRECTION_UNITS · u: the relative error the direction and magnitude bounds allow.
@@ -117,6 +117,7 @@ class Bounds:
     min_agreement: float = 1.0  # integer outputs: share of equal values; detection lists: share of matched rows
     min_iou: float = MAX_IOU  # two detections are the same when their IoU is at least this
     probability_rms: float = 0.0  # a probability output's RMS |Δp| at which a low cosine alone does not refuse
+    min_generation: float = DEFAULT_MIN_GENERATION  # a cached decoder's greedy generation (release/variant.py)
 
     @classmethod
     def for_format(cls, fmt: NumberFormat = FP32, options: GateOptions | None = None) -> Bounds:

@@ -23,6 +23,7 @@ from onnxsmith.tasks.lm.gate import (
     Generation,
     LMComparison,
     compare_lm,
+    generation_judgement,
     sample_sequences,
 )
 from onnxsmith.tasks.lm.scoring import (
@@ -67,6 +68,7 @@ __all__ = [
     "TextScores",
     "compare_lm",
     "folder_of",
+    "generation_judgement",
     "greedy_generate",
     "lm_feeds",
     "lm_feeds_at",

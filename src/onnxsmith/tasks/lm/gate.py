@@ -41,14 +41,14 @@ import numpy as np
 
 from onnxsmith.analysis.lm_signature import IDS
 from onnxsmith.core.errors import InputError
+from onnxsmith.settings.gate import DEFAULT_MIN_GENERATION
 from onnxsmith.tasks.lm.feeding import LMRunner, log_softmax
-from onnxsmith.verify.compare import Comparison
+from onnxsmith.verify.compare import Comparison, Judgement
 from onnxsmith.verify.gate import Bounds, judge_output
 
 #: Defaults of the gate: see the module doc and docs/quantize.md.
 DEFAULT_MAX_KL = 0.1
 DEFAULT_MIN_TOP1 = 0.8
-DEFAULT_MIN_GENERATION = 0.5
 #: Sequences shorter than this are not also decoded step by step through the cache.
 MIN_CACHE_SEQUENCE = 4
 #: The sequences the gate samples from the source when it is given none (quantize's defaults too).
@@ -142,6 +142,24 @@ class Generation:
 def generate_both(ref: LMRunner, cand: LMRunner, prompts: np.ndarray) -> Generation:
     """Both models' greedy generation of :data:`GENERATED_TOKENS` from ``prompts`` [count, length]."""
     return Generation.of(ref.greedy(prompts, GENERATED_TOKENS), cand.greedy(prompts, GENERATED_TOKENS))
+
+
+def generation_judgement(
+    reference: str | os.PathLike, candidate: str | os.PathLike, min_share: float = DEFAULT_MIN_GENERATION
+) -> Judgement:
+    """Greedy generation as a judgement of a variant the one gate judged output by output (fp16, fuse, ... of a
+    cached decoder): from :data:`GATE_SAMPLES` prompts of :data:`PROMPT_TOKENS` tokens the source writes."""
+    ref, cand = LMRunner(reference), LMRunner(candidate)
+    prompts = sample_sequences(reference, count=GATE_SAMPLES, length=PROMPT_TOKENS)
+    generation = generate_both(ref, cand, prompts)
+    problems = generation.problems(min_share)
+    return Judgement(
+        "generation",
+        not problems,
+        f"{generation.describe()} (gate ≥ {min_share:.0%} on average)",
+        problems[0] if problems else "",
+        {"generation": generation.to_json(), "min_generation": min_share},
+    )
 
 
 @dataclass
