@@ -34,10 +34,10 @@ the calibration inputs; ``--no-compensate-rounding``: to nearest). Opt-in: ``--t
 Linear's activation quantized twice, ``x ≈ Q(x) + Q(x - Q(x))``: ~100x less activation rounding error for a
 second int8 GEMM). Both are the forms the search measures and the rewrite makes (docs/int8.md).
 
-A causal LM with a KV cache (a decoder as optimum and transformers.js export it: verify/cache.py) is taken as
-decoders are (``--no-decoder``: as any model): per-column int8 with one activation scale per tensor keeps an LLM's
-Linears fp32 (its outlier channels exceed any budget), so every MatMul weight goes int8 in blocks of 32 as
-MatMulNBits with int8 activations and the tied embedding/head int8 per token, once
+A causal LM with a KV cache (a decoder as optimum and transformers.js export it: analysis/lm_signature.py
+``cache_layout``) is taken as decoders are (``--no-decoder``: as any model): per-column int8 with one activation
+scale per tensor keeps an LLM's Linears fp32 (its outlier channels exceed any budget), so every MatMul weight goes
+int8 in blocks of 32 as MatMulNBits with int8 activations and the tied embedding/head int8 per token, once
 (quantize_engine.make_decoder_int8); the variant is judged as a language model (tasks/lm/gate.py: next-token KL,
 top-1 agreement and greedy generation on text the source writes itself, ``--max-kl``, ``--min-top1``,
 ``--min-generation``).

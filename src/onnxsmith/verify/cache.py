@@ -8,9 +8,9 @@ that: a key scaled by 1.001 moves the softmax's temperature by 0.1 % (the next l
 1e-8 of their magnitude, within the fp32 gate) while its RMS moves past the fp32 bound; a key
 whose outlier channel is rounded differently moves nothing at all.
 
-So when both models have that signature (:func:`~onnxsmith.analysis.lm_signature.cache_layout`), each is run one more step on its
-own ``present.*`` as past (:func:`step_feeds`: the source's greedy next token, the mask extended
-by one, the positions advanced), and the gate judges the next step's logits
+So when both models have that signature (analysis/lm_signature.py ``cache_layout``), each is run one
+more step on its own ``present.*`` as past (:func:`step_feeds`: the source's greedy next token, the
+mask extended by one, the positions advanced), and the gate judges the next step's logits
 (:func:`judge_cache`); the ``present.*`` outputs themselves are checked only for their shape and
 for NaN/inf the source does not have. Recognition is conservative: a model whose inputs are not
 a causal LM's (:func:`onnxsmith.analysis.lm_signature.lm_signature`), or whose past inputs do not
