@@ -157,3 +157,15 @@ def test_nan_in_the_cache_is_refused_whatever_the_next_step_says():
     assert same.passed  # the cache's own values are not judged: only its effect is
     with pytest.raises(Exception, match="has shape"):
         cache.judge_cache(layout, ref, {"present.0.key": ref["present.0.key"][:, :, :, :4]}, logits, logits, bounds)
+
+
+def test_compare_judges_two_cached_decoders_by_what_they_generate_too(tmp_path):
+    import onnxsmith
+
+    close = onnxsmith.compare(SOURCE, cache_edited(tmp_path / "keys.onnx", 1 + 1e-3, ("key",)), samples=2)
+    assert close.passed and [j.name for j in close.judgements] == ["generation"]
+    assert "greedy generation from 4 prompts: 16, 16, 16, 16 of 16 tokens" in close.summary()
+    strict = onnxsmith.compare(SOURCE, cache_edited(tmp_path / "keys.onnx", 1 + 1e-3, ("key",)), min_generation=1.0)
+    assert strict.passed  # the same text to the last token
+    no_cache = gpt2_folder(past=False) / "onnx" / "model.onnx"
+    assert onnxsmith.compare(no_cache, no_cache).judgements == []  # not a cached decoder: its outputs alone

@@ -44,6 +44,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, parse_role_options, plausible
+from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
 from onnxsmith.core.errors import GateFailed, UsageError
@@ -498,7 +499,8 @@ def compare(
     """
     verify, _ = _arguments("compare", keywords, samples, _COMPARE_PARAMETERS)
     with _Source(reference) as ref, _Source(candidate) as cand:
-        input_sets = verify.input_sets(load_model(ref.path))
+        source = load_model(ref.path)
+        input_sets = verify.input_sets(source)
         gate = verify.gate
         comparison = compare_models(
             ref.path,
@@ -510,6 +512,10 @@ def compare(
             min_agreement=gate.min_agreement,
             fp16_mode=fp16_mode,
         )
+        layout = cache_layout(source)
+        if comparison.passed and layout is not None and cache_layout(load_model(cand.path, checker=False)) == layout:
+            # two cached decoders: judged by what they generate too, as every command judges a decoder's variant
+            comparison.judgements.append(lm.generation_judgement(ref.path, cand.path, gate.min_generation))
     return dataclasses.replace(comparison, reference=ref.name, candidate=cand.name)
 
 

@@ -43,7 +43,6 @@ from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.release.headline import headline
 from onnxsmith.release.validate import Validation
 from onnxsmith.runtime.runner import NATIVE
-from onnxsmith.settings.gate import DEFAULT_MIN_GENERATION
 from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
@@ -548,8 +547,7 @@ def _judge(
     )
     if comparison.passed and generates:
         # What a user sees of a decoder is what it generates: judged too, beside its outputs (tasks/lm/gate.py).
-        minimum = DEFAULT_MIN_GENERATION if bounds.min_generation is None else bounds.min_generation
-        comparison.judgements.append(lm.generation_judgement(source, candidate, minimum))
+        comparison.judgements.append(lm.generation_judgement(source, candidate, bounds.min_generation))
     return comparison
 
 

@@ -145,10 +145,12 @@ def generate_both(ref: LMRunner, cand: LMRunner, prompts: np.ndarray) -> Generat
 
 
 def generation_judgement(
-    reference: str | os.PathLike, candidate: str | os.PathLike, min_share: float = DEFAULT_MIN_GENERATION
+    reference: str | os.PathLike, candidate: str | os.PathLike, min_share: float | None = None
 ) -> Judgement:
     """Greedy generation as a judgement of a variant the one gate judged output by output (fp16, fuse, ... of a
-    cached decoder): from :data:`GATE_SAMPLES` prompts of :data:`PROMPT_TOKENS` tokens the source writes."""
+    cached decoder, ``compare`` of two): from :data:`GATE_SAMPLES` prompts of :data:`PROMPT_TOKENS` tokens the
+    source writes; ``min_share`` None: the default (``--min-generation``)."""
+    min_share = DEFAULT_MIN_GENERATION if min_share is None else min_share
     ref, cand = LMRunner(reference), LMRunner(candidate)
     prompts = sample_sequences(reference, count=GATE_SAMPLES, length=PROMPT_TOKENS)
     generation = generate_both(ref, cand, prompts)
