@@ -70,6 +70,8 @@ _ATTRIBUTE_TYPED = frozenset(
 
 # Value categories, ordered: a node's outputs take the highest category among what it reads.
 CONST, SHAPE, DATA = 0, 1, 2
+#: Ops that read a window of their first input at positions their other inputs give.
+_WINDOW_OPS = frozenset({"Slice", "Gather", "GatherElements", "GatherND"})
 
 
 @dataclass
@@ -258,11 +260,26 @@ class FloatPrecisionPass(ir.passes.InPlacePass):
             category = max((self._category.get(v, DATA) for v in reads), default=CONST)
             if subgraphs_of(node) and node.op_type != "If":
                 category = DATA  # Loop/Scan iterate: treat what they make as data
+            elif self._window_of_weight(node):
+                # A float weight read at positions known at run time (a position table Sliced to the sequence
+                # length) is that weight's data, not arithmetic on sizes, whatever the positions come from.
+                category = CONST if category == CONST else DATA
         for out in node.outputs:
             self._category[out] = category
         for sub in subgraphs_of(node):
             for value in sub.inputs:
                 self._category[value] = DATA if node.op_type != "If" else category
+
+    def _window_of_weight(self, node: ir.Node) -> bool:
+        """Whether ``node`` reads a window of a float weight (Slice, Gather, ... of a constant fp32 tensor)."""
+        return (
+            node.op_type in _WINDOW_OPS
+            and node.domain in ("", "ai.onnx")
+            and bool(node.inputs)
+            and node.inputs[0] is not None
+            and self._category.get(node.inputs[0]) == CONST
+            and self._orig(node.inputs[0]) == F32
+        )
 
     def _signature(self, node: ir.Node) -> Signature | None:
         return signature(node, opset_of(self._model, node))
