@@ -80,7 +80,7 @@ class QuantizeOptions:
     min_generation: float = lm_gate_bound("min_generation", 0.5)
 
     def __post_init__(self) -> None:
-        fmt, level = TARGETS[self.target or DEFAULT_TARGET]
+        fmt, level = TARGETS.get(self.target or DEFAULT_TARGET, TARGETS[DEFAULT_TARGET])  # unknown: validate says
         if self.format is None:
             self.format = fmt
         if self.accuracy_level is None and self.format == fmt:
@@ -93,6 +93,8 @@ class QuantizeOptions:
     def validate(self) -> None:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two, at least 16")
+        if self.target is not None and self.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {self.target!r}")
         if self.target is not None and self.format != TARGETS[self.target][0]:
             raise ValueError(
                 f"--format {self.format} is not what --target {self.target} runs ({TARGETS[self.target][0]}): "
