@@ -3,6 +3,7 @@ weights judged as a language model, on the GPT-2 fixture (real torch.onnx.export
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from onnxsmith.core.errors import UsageError
@@ -63,3 +64,14 @@ def test_which_models_are_taken_as_decoders():
     cut = load_model(SOURCE)
     cut.graph.outputs.pop()  # a past input without its present output: not recognised
     assert not as_decoder(cut, Int8Options())
+
+
+def test_inputs_given_for_a_decoder_are_said_to_be_unused(tmp_path):
+    feeds = lm_gate_feeds(SOURCE)[0]
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    out = tmp_path / "model_int8.onnx"
+    done = run_cli_in_process("int8", SOURCE, out, "--inputs", tmp_path / "feeds.npz", "--no-speed")
+    assert done.returncode == 0, done.stderr
+    assert "the inputs given are not used: 8-bit weight blocks need no calibration" in done.stdout
+    plain = run_cli_in_process("int8", SOURCE, tmp_path / "plain.onnx", "--no-speed")
+    assert plain.returncode == 0 and "the inputs given are not used" not in plain.stdout

@@ -57,6 +57,7 @@ from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from onnxsmith.passes.tied_head import LMHead, StoreHeadPass, find_lm_head
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
 from onnxsmith.quantize_engine.report import (
+    DECODER_INPUTS_NOTE,
     DECODER_INT8_NOTE,
     LAST_TOKEN_NOTE,
     decode_speed,
@@ -144,6 +145,8 @@ def make_decoder_int8(
     ``given``: the model as given, whose decode step the variant's is timed against (None: not timed)."""
     report = make_quantized(model, DECODER_INT8, context, name)
     report.notes.insert(0, DECODER_INT8_NOTE)
+    if context.real_inputs:
+        report.notes.insert(1, DECODER_INPUTS_NOTE)
     if given is not None:
         context.progress("int8: timing a decode step against the model given")
         feeds = decode_step_feeds(lm_signature(model))

@@ -46,6 +46,11 @@ DECODER_INT8_NOTE = (
     "scale per tensor, what int8 does elsewhere, keeps an LLM's Linears fp32 (its outlier channels exceed the "
     "error budget). Judged as a language model, on text the source writes; --no-decoder: as any model"
 )
+#: What becomes of inputs a user gave int8 for a decoder.
+DECODER_INPUTS_NOTE = (
+    "the inputs given are not used: 8-bit weight blocks need no calibration, and the variant is judged on text the "
+    "source writes (--no-decoder calibrates on them as for any model)"
+)
 #: The note of ``--last-token``.
 LAST_TOKEN_NOTE = "logits for the last position only ([batch, 1, vocab]); generation reads nothing else"
 
