@@ -39,18 +39,24 @@ def chromium() -> str:
     return found
 
 
+#: Headless, no sandbox (root in a container), nothing fetched from the network on its own.
+HEADLESS_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+)
+
+
 def screenshot(page: Path, png: Path, *, width: int = 1100, height: int = 3000) -> PageRun:
     with tempfile.TemporaryDirectory(prefix="onnxsmith-chromium-") as profile:
         done = subprocess.run(
             [
                 chromium(),
-                "--headless",
-                "--no-sandbox",
+                *HEADLESS_FLAGS,
                 "--disable-gpu",
                 "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
                 "--disable-sync",
                 "--hide-scrollbars",
                 f"--user-data-dir={profile}",
@@ -98,14 +104,10 @@ def run_page(root: Path, page: str, files: dict[str, Path], *, timeout: float = 
         browser = subprocess.Popen(
             [
                 chromium(),
-                "--headless",
-                "--no-sandbox",
+                *HEADLESS_FLAGS,
                 "--disable-gpu-sandbox",
                 *WEBGPU_FLAGS,
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--remote-debugging-port=0",
+                "--remote-debugging-port=0",  # keeps it running until the page has posted
                 f"--user-data-dir={profile}",
                 url,
             ],
