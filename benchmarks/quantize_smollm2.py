@@ -14,7 +14,8 @@ source:
   setting the card names for it, which every measurement of these rows uses);
 * ``onnxsmith int8`` with no options (a decoder: 8-bit weight blocks as MatMulNBits, int8 activations) beside
   onnxruntime's ``quantize_dynamic`` (int8 per tensor, MatMulInteger);
-* onnxruntime's ``MatMulNBitsQuantizer``: round-to-nearest (block 32, asymmetric, accuracy level 4) and HQQ.
+* onnxruntime's ``MatMulNBitsQuantizer``: round-to-nearest (block 32, asymmetric, accuracy level 4) and HQQ;
+* ``onnxsmith fuse --precision fp32`` (weights as they are: what the graph rewrite alone gives a decoder).
 
 Quality: mean KL / top-1 / loss on tools/fixture_text.txt (8 windows of 128 tokens, the model's own
 tokenizer), every position. Speed: one decode step after 64 cached tokens, batch 1, 2 threads, native
@@ -54,8 +55,7 @@ def source_folder() -> Path:
     if (folder / "onnx" / "model.onnx").exists():
         return folder
     import torch
-    from tools.fixtures.common import quiet
-    from tools.fixtures.gpt2.export import optimum_style_forward, optimum_style_patches
+    from tools.fixtures.llama.export import export_with_past
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = real_model("smollm2_gguf")
@@ -63,37 +63,7 @@ def source_folder() -> Path:
     (folder / "onnx").mkdir(parents=True, exist_ok=True)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
     model.config.save_pretrained(folder)
-    config = model.config
-    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
-    head_dim = config.hidden_size // config.num_attention_heads
-    batch, seq, past_len = 2, 16, 16
-    generator = torch.Generator().manual_seed(0)
-    past = [torch.rand(batch, kv_heads, past_len, head_dim, generator=generator) for _ in range(2 * layers)]
-    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
-    mask = torch.ones(batch, past_len + seq, dtype=torch.int64)
-    positions = torch.arange(past_len, past_len + seq).unsqueeze(0).expand(batch, seq).contiguous()
-    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    present_names = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    axes = {
-        "input_ids": {0: "batch_size", 1: "sequence_length"},
-        "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
-        "position_ids": {0: "batch_size", 1: "sequence_length"},
-        "logits": {0: "batch_size", 1: "sequence_length"},
-        **{name: {0: "batch_size", 2: "past_sequence_length"} for name in past_names},
-        **{name: {0: "batch_size", 2: "past_sequence_length + sequence_length"} for name in present_names},
-    }
-    with quiet(), optimum_style_patches(), optimum_style_forward(model, use_past=True) as patched, torch.no_grad():
-        torch.onnx.export(
-            patched,
-            (ids, *past, mask, positions),
-            str(folder / "onnx" / "model.onnx"),
-            dynamo=False,
-            opset_version=18,
-            input_names=["input_ids", *past_names, "attention_mask", "position_ids"],
-            output_names=["logits", *present_names],
-            dynamic_axes=axes,
-            do_constant_folding=True,
-        )
+    export_with_past(model, folder / "onnx" / "model.onnx")
     return folder
 
 
@@ -167,6 +137,20 @@ def onnxruntime_quantizer(source: Path, label: str, algorithm: str) -> dict:
     return {"seconds to make": round(time.perf_counter() - started, 1), "exit": 0, "published": path, "full": path}
 
 
+def onnxsmith_fuse(source: Path) -> dict:
+    """``onnxsmith fuse --precision fp32``: the shape arithmetic folded and what the rules fuse; fp32 weights."""
+    out = CACHE / "fused" / "model.onnx"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "onnxsmith", "fuse", "--precision", "fp32", str(source), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    row = {"seconds to make": round(time.perf_counter() - started, 1), "exit": done.returncode}
+    if done.returncode:
+        row["refusal"] = ([line for line in done.stderr.splitlines() if line.strip()] or [""])[-1]
+        return row
+    return {**row, "published": out, "full": out, "config": None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "quantize_smollm2.json")
@@ -184,6 +168,7 @@ def main() -> None:
     rows["onnxruntime quantize_dynamic (int8)"] = onnxruntime_dynamic_int8(source)
     rows["onnxruntime MatMulNBitsQuantizer RTN"] = onnxruntime_quantizer(source, "ort_rtn", "RTN")
     rows["onnxruntime MatMulNBitsQuantizer HQQ"] = onnxruntime_quantizer(source, "ort_hqq", "HQQ")
+    rows["onnxsmith fuse --precision fp32"] = onnxsmith_fuse(source)
     made = {label: row for label, row in rows.items() if row["exit"] == 0}
     windows = lm.text_windows(lm.load_tokenizer(folder), TEXT.read_text(), window=128, max_windows=8)
     configs = {label: row["config"] for label, row in made.items() if row.get("config")}

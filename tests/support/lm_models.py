@@ -36,8 +36,9 @@ LM_MODELS = ("gpt2", "gpt2_nopast", "glassllm")
 
 
 def lm_folder(which: str) -> Path:
-    """The folder of one of :data:`LM_MODELS` (glassllm is exported on first use)."""
-    return {"gpt2": gpt2_folder, "gpt2_nopast": lambda: gpt2_folder(past=False), "glassllm": glassllm_folder}[which]()
+    """The folder of one of :data:`LM_MODELS`, or ``llama`` (glassllm and llama are exported on first use)."""
+    folders = {"gpt2": gpt2_folder, "gpt2_nopast": lambda: gpt2_folder(past=False), "glassllm": glassllm_folder}
+    return {**folders, "llama": llama_folder}[which]()
 
 
 def glassllm_folder() -> Path:
@@ -59,6 +60,34 @@ def glassllm_folder() -> Path:
             )
             if done.returncode:
                 raise RuntimeError(f"{EXPORTER.name} failed:\n{done.stderr[-3000:]}")
+            tmp.rename(folder)
+    return folder
+
+
+def llama_folder() -> Path:
+    """A tiny random-weight Llama (grouped-query attention, RoPE, RMSNorm) exported by the TorchScript exporter in
+    optimum's layout (tools/fixtures/llama/export.py), once into .cache/llama/<key>/, keyed by the exporter code."""
+    exporter = ROOT / "tools" / "fixtures" / "llama" / "export.py"
+    digest = hashlib.sha256()
+    for path in (exporter, ROOT / "tools" / "fixtures" / "gpt2" / "export.py"):
+        digest.update(path.read_bytes())
+    cache = ROOT / ".cache" / "llama"
+    folder = cache / digest.hexdigest()[:16]
+    if (folder / "onnx" / "model.onnx").exists():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "onnx" / "model.onnx").exists():
+            tmp = folder.with_name(folder.name + ".part")
+            done = subprocess.run(
+                [sys.executable, "-m", "tools.fixtures.llama.export", str(tmp)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode:
+                raise RuntimeError(f"the tiny Llama export failed:\n{done.stderr[-3000:]}")
             tmp.rename(folder)
     return folder
 

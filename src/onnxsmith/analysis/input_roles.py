@@ -229,6 +229,18 @@ def plausible(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -
     return bool(signals) and all(r.kind in (IMAGE, WAVEFORM, STATE, KV_CACHE, MASK, TIMESTEP) for r in roles)
 
 
+def past_dims(model: ir.Model) -> frozenset[str]:
+    """The names of the input dims that may be 0 at run time: a KV cache's past axis (empty before the first
+    token). A Reshape that copies such a dim cannot infer a -1 elsewhere (passes/fold_shapes.py)."""
+    found = set()
+    for role, value in zip(input_roles(model).values(), _inputs(model)):
+        if role.kind == KV_CACHE and role.axis is not None and value.shape is not None and role.axis < len(value.shape):
+            dim = value.shape[role.axis]
+            if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                found.add(dim.value)
+    return frozenset(found)
+
+
 def _inputs(model: ir.Model) -> list[ir.Value]:
     return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
 

@@ -150,6 +150,9 @@ NONDETERMINISTIC = frozenset(
     {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Multinomial", "Bernoulli"}
 )
 _INT_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+#: Constants whose elements are known as shape values: integers, and booleans as 0/1 (how Equal of shape values
+#: comes out here), so a Where whose condition an earlier fold made constant still selects known elements.
+_VALUE_TYPES = _INT_TYPES | {ir.DataType.BOOL}
 #: What a value depends on besides input dims: the input data, or something the analysis cannot name.
 DATA = "<data>"
 UNKNOWN = "<unknown>"
@@ -402,7 +405,7 @@ class SymbolicShapes:
         if tensor is None:
             return
         self._dims[value] = tuple(int(d) for d in tensor.shape)
-        if tensor.dtype in _INT_TYPES and len(tensor.shape) <= 1 and tensor.size <= MAX_SHAPE_VALUE:
+        if tensor.dtype in _VALUE_TYPES and len(tensor.shape) <= 1 and tensor.size <= MAX_SHAPE_VALUE:
             array = tensor.numpy()
             self._values[value] = int(array) if array.ndim == 0 else tuple(int(x) for x in array)
 

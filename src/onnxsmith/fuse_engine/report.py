@@ -56,8 +56,8 @@ def fold_note(fold: FoldShapesResult) -> str:
     if fold.skipped:
         return f"shape computations left computed: {fold.skipped}"
     return (
-        f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape "
-        f"targets constant, {fold.concats} Concat of repeated constants -> Pad + Add"
+        f"shape computations folded: {fold.folded} values became constants, {fold.reshapes} Reshape and "
+        f"{fold.expands} Expand targets constant, {fold.concats} Concat of repeated constants -> Pad + Add"
     )
 
 

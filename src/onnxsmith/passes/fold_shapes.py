@@ -23,6 +23,9 @@ never what merely happened to be equal at the sizes a model was run at (a detect
   stay, the one free dim becomes -1 (the batch of a fixed-size image); with several
   (batch and sequence) those that copy the input's dim at the same place become 0 and
   at most one other -1;
+* an Expand whose result dims the engine knows gets a constant target: 1 where the input's own dim
+  already is the result's (broadcasting keeps it), fixed sizes literal (a decoder's repeat of its
+  key/value heads: ``[1, 1, 3, 1, 1]`` instead of ``Shape``/``Gather``/``Concat``/``Where`` per layer);
 * a Concat of one tensor with constants ``Expand``-ed along free dims (the CLS and
   register tokens ``Expand``-ed to the batch size) becomes ``Pad`` + ``Add`` of a
   constant table: exact, and it needs no batch size;
@@ -42,6 +45,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxsmith.analysis.fold_cost import SMALL_FOLD, fold_cost, fold_refusal
+from onnxsmith.analysis.input_roles import past_dims
 from onnxsmith.analysis.symbolic_shapes import Dim, SymbolicShapes, as_int, is_int, same
 from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import ConstantPool
@@ -83,6 +87,7 @@ class FoldShapesResult(ir.passes.PassResult):
 
     folded: int = 0  # constants computed from shapes replaced by initializers
     reshapes: int = 0  # Reshape targets made constant (-1 for the free dim, 0 to copy one)
+    expands: int = 0  # Expand targets made constant (1 where the input's dim is kept)
     concats: int = 0  # Concats of batch-repeated constants turned into Pad + Add
     skipped: str = ""  # why the constants that needed evaluating were not folded
 
@@ -105,6 +110,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> FoldShapesResult:
         result = FoldShapesResult(model, False, skipped=self.evaluated.skipped)
         graph = model.graph
+        may_be_zero = past_dims(model)
         ensure_types(model)
         shapes = SymbolicShapes(graph)
         constants = ConstantPool(graph, FreshNames(graph))
@@ -122,17 +128,23 @@ class FoldShapesPass(ir.passes.InPlacePass):
             RemoveUnusedNodesPass()(model)
             shapes = SymbolicShapes(graph)
         for node in graph:
-            if not _is_op(node, "Reshape"):
+            if not (_is_op(node, "Reshape") or _is_op(node, "Expand")):
                 continue
             old_target = node.inputs[1]
-            assert old_target is not None  # Reshape's shape is required
-            if ir.convenience.get_const_tensor(old_target) is None:
-                target = reshape_target(shapes, node)
-                if target is not None:
-                    node.replace_input_with(1, constants.get(target, f"{old_target.name or 'shape'}/folded"))
-                    if "allowzero" in node.attributes:  # opset >= 14; 0 (copy) is the default
-                        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-                    result.reshapes += 1
+            assert old_target is not None  # Reshape's and Expand's shapes are required
+            if ir.convenience.get_const_tensor(old_target) is not None:
+                continue
+            reshape = node.op_type == "Reshape"
+            target = reshape_target(shapes, node, may_be_zero) if reshape else expand_target(shapes, node)
+            if target is None:
+                continue
+            node.replace_input_with(1, constants.get(target, f"{old_target.name or 'shape'}/folded"))
+            if reshape:
+                if "allowzero" in node.attributes:  # opset >= 14; 0 (copy) is the default
+                    node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+                result.reshapes += 1
+            else:
+                result.expands += 1
         for node in list(graph):
             if (
                 _is_op(node, "Concat")
@@ -141,7 +153,7 @@ class FoldShapesPass(ir.passes.InPlacePass):
             ):
                 result.concats += 1
         RemoveUnusedNodesPass()(model)
-        result.modified = bool(result.folded or result.reshapes or result.concats)
+        result.modified = bool(result.folded or result.reshapes or result.expands or result.concats)
         return result
 
 
@@ -204,12 +216,16 @@ def foldable(graph: ir.Graph, shapes: SymbolicShapes, keep_ops: frozenset[str]) 
     return found
 
 
-def reshape_target(shapes: SymbolicShapes, reshape: ir.Node) -> np.ndarray | None:
+def reshape_target(
+    shapes: SymbolicShapes, reshape: ir.Node, may_be_zero: frozenset[str] = frozenset()
+) -> np.ndarray | None:
     """A constant target that gives ``reshape``'s result at every size of the free dims, or None.
 
     Fixed sizes are literal; one free dim becomes -1. With several (batch and sequence),
     those that copy the input's dim at the same place become 0 and at most one other -1.
-    Only where the engine derived the result from the computed target's elements.
+    Only where the engine derived the result from the computed target's elements. ``may_be_zero``:
+    input dims that can be 0 at run time (a KV cache's past length): a -1 cannot be inferred beside a
+    copied dim that is 0, so a target that would need one is left computed.
     """
     if shapes.shape_value(reshape.inputs[1]) is None:
         return None
@@ -222,7 +238,40 @@ def reshape_target(shapes: SymbolicShapes, reshape: ir.Node) -> np.ndarray | Non
         copies = [i for i in free if data is not None and i < len(data) and same(result[i], data[i])]
         target[copies] = 0
         free = [i for i in free if i not in copies]
+        if free and any(_may_be_zero(result[i], may_be_zero) for i in copies):
+            return None
     return target if len(free) <= 1 else None
+
+
+def _may_be_zero(dim: Dim, names: frozenset[str]) -> bool:
+    """Whether ``dim`` is 0 where the input dims ``names`` are (others are taken to be at least 1)."""
+    if is_int(dim) or not names:
+        return is_int(dim) and as_int(dim) == 0
+    zeros = {symbol: 0 for symbol in dim.free_symbols if getattr(symbol, "name", None) in names}
+    return bool(zeros) and dim.subs(zeros) == 0
+
+
+def expand_target(shapes: SymbolicShapes, expand: ir.Node) -> np.ndarray | None:
+    """A constant target that gives ``expand``'s result at every size of the free dims, or None.
+
+    1 where the input's dim (aligned from the right) is the result's, so broadcasting keeps it; a fixed size
+    literal elsewhere. None where a free dim of the result is not the input's own at that place.
+    """
+    if shapes.shape_value(expand.inputs[1]) is None:
+        return None
+    result, data = shapes.dims(expand.outputs[0]), shapes.dims(expand.inputs[0])
+    if result is None or data is None or len(data) > len(result):
+        return None
+    offset = len(result) - len(data)
+    target = []
+    for i, dim in enumerate(result):
+        if i >= offset and same(dim, data[i - offset]):
+            target.append(1)
+        elif is_int(dim):
+            target.append(as_int(dim))
+        else:
+            return None
+    return np.array(target, np.int64)
 
 
 def _literal(shapes: SymbolicShapes, value: ir.Value) -> np.ndarray | None:

@@ -8,8 +8,9 @@ The words the report shows are report.py's. The steps, each a pass of its own:
    version converter, the onnx C API as its fallback);
 2. Gemm -> MatMul + Add, so every body weight is a plain [K, N] MatMul constant;
    then the graph is made cheaper than the source (``simplify``): the Reshape pairs around
-   MatMuls go (passes/unflatten_matmul.py) and computed Reshape targets become constants
-   (passes/reshape_targets.py), so the shape arithmetic is not redone on every call;
+   MatMuls go (passes/unflatten_matmul.py) and the shape arithmetic is folded as fuse folds it
+   (passes/fold_shapes.py: computed Reshape and Expand targets become constants), so it is not
+   redone on every call;
 3. the LM head and the token embedding are found; a tied pair is stored once, int8
    per token, in the head's layout (lookups gather columns) or, for a model without a KV
    cache, in the table's (lookups gather rows) (passes/tied_head.py);
@@ -48,14 +49,15 @@ from onnxsmith.core.errors import InputError
 from onnxsmith.core.transform import Progress, StepReport, TransformContext
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.irutil.types import infer_types
+from onnxsmith.passes.fold_shapes import FoldShapesPass, constants_to_evaluate
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
 from onnxsmith.passes.nbits_head import NBitsHeadPass
 from onnxsmith.passes.quantize_weights import QuantizeWeightsPass, quantizable_weights
-from onnxsmith.passes.reshape_targets import ConstantReshapeTargetsPass
 from onnxsmith.passes.tied_head import LMHead, StoreHeadPass, find_lm_head
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
+from onnxsmith.probes.evaluate import evaluate_constants
 from onnxsmith.quantize_engine.report import (
     DECODER_INPUTS_NOTE,
     DECODER_INT8_NOTE,
@@ -96,7 +98,13 @@ def make_quantized(
     progress("quantize: opset")
     _upgrade_opset(model, options, report)
     head, body, prepared = prepare(model, options, context.source_path)
-    simplified = (prepared.unflattened, prepared.reshape_targets, nodes_before, prepared.nodes)
+    simplified = (
+        prepared.unflattened,
+        prepared.reshape_targets,
+        prepared.expand_targets,
+        nodes_before,
+        prepared.nodes,
+    )
     report.notes.extend(prepared_notes(prepared.gemms, simplified if options.simplify else None))
 
     nbits_head = head is not None and options.format == "nbits" and options.head == "int8"
@@ -204,6 +212,7 @@ class Prepared:
     gemms: int = 0  # Gemms rewritten as MatMul + Add
     unflattened: int = 0  # Reshape pairs removed around MatMuls
     reshape_targets: int = 0  # computed Reshape targets made constant
+    expand_targets: int = 0  # computed Expand targets made constant (a decoder's key/value heads repeated)
     nodes: int = 0  # nodes that run, after
 
 
@@ -220,10 +229,14 @@ def prepare(
     infer_types(model)
     if options.simplify:
         unflatten = UnflattenMatMulPass()(model)
-        targets = ConstantReshapeTargetsPass()(model)
+        fold = FoldShapesPass(evaluate_constants(model, constants_to_evaluate(model)))(model)
         RemoveUnusedNodesPass()(model)
         infer_types(model)
-        prepared.unflattened, prepared.reshape_targets = unflatten.rewritten, targets.rewritten
+        prepared.unflattened, prepared.reshape_targets, prepared.expand_targets = (
+            unflatten.rewritten,
+            fold.reshapes,
+            fold.expands,
+        )
     prepared.nodes = count_nodes(model)
     try:
         head = find_lm_head(model)

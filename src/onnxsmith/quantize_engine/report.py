@@ -92,15 +92,16 @@ def refuse_no_weights(source: str | os.PathLike[str] | None) -> InputError:
     return InputError("no MatMul or Gemm with a constant 2-D weight to quantize", source)
 
 
-def prepared_notes(gemms: int, simplify: tuple[int, int, int, int] | None) -> list[str]:
+def prepared_notes(gemms: int, simplify: tuple[int, int, int, int, int] | None) -> list[str]:
     """What :func:`~onnxsmith.quantize_engine.engine.prepare` did: the Gemms rewritten and, with ``simplify``
-    (Reshape pairs removed, Reshape targets made constant, nodes that run before and after), the graph made cheaper."""
+    (Reshape pairs removed, Reshape and Expand targets made constant, nodes that run before and after), the graph
+    made cheaper."""
     notes = [f"{gemms} Gemm(s) rewritten as MatMul + Add"] if gemms else []
     if simplify is not None:
-        unflattened, reshape_targets, before, after = simplify
+        unflattened, reshape_targets, expand_targets, before, after = simplify
         notes.append(
             f"graph simplified: {unflattened} Reshape pair(s) around MatMuls removed, "
-            f"{reshape_targets} computed Reshape target(s) made constant; "
+            f"{reshape_targets} computed Reshape and {expand_targets} Expand target(s) made constant; "
             f"{before} -> {after} nodes that run (Constant nodes not counted)"
         )
     return notes

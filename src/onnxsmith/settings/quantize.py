@@ -69,7 +69,7 @@ class QuantizeOptions:
     simplify: bool = option(
         True,
         "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
-        "computed Reshape targets)",
+        "computed Reshape and Expand targets)",
     )
     gemv_head: bool = option(
         True, "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
