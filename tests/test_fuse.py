@@ -134,3 +134,25 @@ def test_unknown_static_dim_is_a_usage_error(tmp_path):
             feeds=[random_inputs(model)],
         )
     assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_llama_decoder_fuses_into_grouped_query_attention(precision, tmp_path):
+    """A Llama decoder with a KV cache (TorchScript, optimum's layout): its shape arithmetic folded and each layer's
+    attention one GroupQueryAttention, judged by the LM gate's generation; the headline says what it cannot do."""
+    from onnxsmith.rules.decoder_attention import LIMITS
+    from tests.support.lm_models import llama_folder
+
+    source = llama_folder() / "onnx" / "model.onnx"
+    model = load_model(source)
+    feeds = [random_inputs(model, seed=0)]
+    result = produce_variant(
+        source, tmp_path / "fused.onnx", [("fuse", Fuse.Options(precision=precision))], feeds=feeds
+    )
+    assert result.comparison.passed
+    assert result.nodes_after < 0.2 * result.nodes_before  # 620 -> 90 (fp32)
+    fused = load_model(tmp_path / "fused.onnx")
+    assert op_count(fused, "GroupQueryAttention") == 2 and op_count(fused, "Softmax") == 0
+    assert LIMITS in result.headline
+    generation = next(j for j in result.comparison.judgements if "generation" in j.summary)
+    assert generation.passed

@@ -21,7 +21,7 @@ from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks import lm as task
 from onnxsmith.transforms.quantize import QuantizeOptions
 from tests.conftest import assert_one_line_error
-from tests.support.lm_models import TEXT, glassllm_folder, gpt2_folder, gpt2_on_gguf_grids
+from tests.support.lm_models import TEXT, glassllm_folder, gpt2_folder, gpt2_on_gguf_grids, llama_folder
 from tests.support.models import mlp
 
 FOLD = {"session.disable_quant_qdq": "1"}
@@ -201,6 +201,24 @@ def test_a_target_picks_the_format_and_a_format_it_does_not_run_is_refused(cli, 
     refused = cli("quantize", gpt2_folder(), tmp_path / "no", "--target", "cpu", "--format", "qdq")
     assert_one_line_error(refused, "--format qdq is not what --target cpu runs (nbits)")
     assert not (tmp_path / "no").exists()
+
+
+def test_cpu_target_fuses_a_llama_decoders_attention_into_grouped_query_attention(tmp_path):
+    """--target cpu: each layer's attention and cache one GroupQueryAttention (the web targets keep theirs: a page
+    may batch left-padded prompts), judged by the LM gate's generation, its limits in the headline."""
+    from onnxsmith.rules.decoder_attention import LIMITS
+
+    source = llama_folder()
+    _, results, report = quantize_folder(source, tmp_path / "cpu", QuantizeOptions(target="cpu", scheme="q8"))
+    assert all(r.comparison.passed for _, r in results)
+    model = onnx.load(tmp_path / "cpu" / "onnx" / "model_quantized.onnx")
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and ops.count("RotaryEmbedding") == 4 and "Softmax" not in ops
+    assert "2 decoder layer(s): attention and KV cache -> RotaryEmbedding + GroupQueryAttention" in report["notes"]
+    assert LIMITS in report["headline"]
+    _, _, web = quantize_folder(source, tmp_path / "web", QuantizeOptions(scheme="q8"))
+    web_ops = [n.op_type for n in onnx.load(tmp_path / "web" / "onnx" / "model_quantized.onnx").graph.node]
+    assert "GroupQueryAttention" not in web_ops and LIMITS not in web["headline"]
 
 
 @pytest.mark.parametrize("head", ["q4", "keep"])

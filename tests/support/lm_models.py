@@ -64,12 +64,13 @@ def glassllm_folder() -> Path:
     return folder
 
 
-def llama_folder() -> Path:
-    """A tiny random-weight Llama (grouped-query attention, RoPE, RMSNorm) exported by the TorchScript exporter in
-    optimum's layout (tools/fixtures/llama/export.py), once into .cache/llama/<key>/, keyed by the exporter code."""
-    exporter = ROOT / "tools" / "fixtures" / "llama" / "export.py"
-    digest = hashlib.sha256()
-    for path in (exporter, ROOT / "tools" / "fixtures" / "gpt2" / "export.py"):
+def llama_folder(exporter: str = "torchscript") -> Path:
+    """A tiny random-weight Llama (grouped-query attention, RoPE, RMSNorm) exported in optimum's layout by the
+    TorchScript exporter or torch.export's (``dynamo``) (tools/fixtures/llama/export.py), once into
+    .cache/llama/<key>/, keyed by the exporter code."""
+    exporter_code = ROOT / "tools" / "fixtures" / "llama" / "export.py"
+    digest = hashlib.sha256(exporter.encode())
+    for path in (exporter_code, ROOT / "tools" / "fixtures" / "gpt2" / "export.py"):
         digest.update(path.read_bytes())
     cache = ROOT / ".cache" / "llama"
     folder = cache / digest.hexdigest()[:16]
@@ -80,12 +81,9 @@ def llama_folder() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "onnx" / "model.onnx").exists():
             tmp = folder.with_name(folder.name + ".part")
-            done = subprocess.run(
-                [sys.executable, "-m", "tools.fixtures.llama.export", str(tmp)],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-            )
+            command = [sys.executable, "-m", "tools.fixtures.llama.export", str(tmp)]
+            command += ["--dynamo"] if exporter == "dynamo" else []
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"the tiny Llama export failed:\n{done.stderr[-3000:]}")
             tmp.rename(folder)

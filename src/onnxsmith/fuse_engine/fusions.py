@@ -16,6 +16,7 @@ from onnxsmith.passes.raise_opset import RaiseOpsetPass, default_opset
 from onnxsmith.rules import (
     attention,
     bias_gelu,
+    decoder_attention,
     layer_norm,
     layer_scale,
     noop_reshape,
@@ -32,6 +33,9 @@ FUSIONS: list[tuple[str, tuple[RewriteRuleSet, ...]]] = [
     ("erf GELU -> Gelu", (bias_gelu.gelu_rules,)),
     ("layer scale into projections", (layer_scale.layer_scale_rules,)),
     ("RoPE -> RotaryEmbedding", (rotary.prefix_rotary_rules, rotary.all_tokens_rotary_rules)),
+    # a decoder's layer with a KV cache, its RoPE read from position_ids (not a constant table, which the entry
+    # above takes)
+    ("decoder attention -> RotaryEmbedding + GroupQueryAttention", (decoder_attention.decoder_attention_rules,)),
     ("softmax attention -> SDPA", (attention.sdpa_rules,)),
     ("SDPA -> MultiHeadAttention", (attention.mha_rules, attention.leftover_sdpa_rules)),
     # A MultiHeadAttention placed between head transposes: the pairs that cancel go, so its inputs are the

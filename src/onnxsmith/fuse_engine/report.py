@@ -13,6 +13,7 @@ from onnxsmith.irutil.walk import all_nodes
 from onnxsmith.passes.fold_shapes import FoldShapesResult
 from onnxsmith.precision import report as precision_report
 from onnxsmith.precision.engine import PrecisionRecord
+from onnxsmith.rules import decoder_attention
 from onnxsmith.rules.apply import RuleOutcome
 from onnxsmith.settings.fuse import FuseOptions
 
@@ -111,9 +112,11 @@ def describe(
         weights_after = precision_report.weight_bytes_by_type(model)
         report.why_not_more[:0] = precision_report.why_not_more(record, weights_before, weights_after)
         report.why_not_more[:0] = record.repair_lines  # kept fp32 after verification, and why
+    before, after = counts_before, op_counts(model)
+    if after.get("GroupQueryAttention", 0) > before.get("GroupQueryAttention", 0):
+        report.why_not_more.append(decoder_attention.LIMITS)
     matched = [o for o in outcomes if o.matched]
     report.notes.insert(0, "fused: " + (", ".join(f"{o.name} x{o.matched}" for o in matched) or "nothing"))
-    before, after = counts_before, op_counts(model)
     report.stats["rules"] = {o.name: o.matched for o in outcomes}
     report.stats["before_after"] = {
         op: (before.get(op, 0), after.get(op, 0)) for op in REPORTED_OPS if before.get(op, 0) or after.get(op, 0)

@@ -53,6 +53,8 @@ from onnxsmith.passes.fold_shapes import FoldShapesPass, constants_to_evaluate
 from onnxsmith.passes.gemm_to_matmul import GemmToMatMulPass
 from onnxsmith.passes.gemv_head import GemvHeadPass
 from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
+from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
+from onnxsmith.passes.name_dims import NameDimsPass
 from onnxsmith.passes.nbits_head import NBitsHeadPass
 from onnxsmith.passes.quantize_weights import QuantizeWeightsPass, quantizable_weights
 from onnxsmith.passes.tied_head import LMHead, StoreHeadPass, find_lm_head
@@ -62,6 +64,7 @@ from onnxsmith.quantize_engine.report import (
     DECODER_INPUTS_NOTE,
     DECODER_INT8_NOTE,
     LAST_TOKEN_NOTE,
+    attention_note,
     decode_speed,
     describe,
     gemv_note,
@@ -72,6 +75,9 @@ from onnxsmith.quantize_engine.report import (
     refuse_opset,
     weights_note,
 )
+from onnxsmith.rules.apply import apply_rules
+from onnxsmith.rules.decoder_attention import decoder_attention_rules
+from onnxsmith.rules.noop_reshape import noop_reshape_rules
 from onnxsmith.runtime.lm_feeds import decode_step_feeds
 from onnxsmith.runtime.speed import seconds_per_run
 from onnxsmith.settings.quantize import QuantizeOptions
@@ -106,6 +112,8 @@ def make_quantized(
         prepared.nodes,
     )
     report.notes.extend(prepared_notes(prepared.gemms, simplified if options.simplify else None))
+    if options.attention:
+        report.notes.append(attention_note(prepared.attention, prepared.attention_refused))
 
     nbits_head = head is not None and options.format == "nbits" and options.head == "int8"
     rows = _store_head(model, head, options, report, progress) if head is not None else []
@@ -213,6 +221,8 @@ class Prepared:
     unflattened: int = 0  # Reshape pairs removed around MatMuls
     reshape_targets: int = 0  # computed Reshape targets made constant
     expand_targets: int = 0  # computed Expand targets made constant (a decoder's key/value heads repeated)
+    attention: int = 0  # decoder layers whose attention became GroupQueryAttention
+    attention_refused: str = ""  # why none did, where it was tried
     nodes: int = 0  # nodes that run, after
 
 
@@ -237,6 +247,14 @@ def prepare(
             fold.reshapes,
             fold.expands,
         )
+    if options.attention:
+        NameDimsPass()(model)  # as fuse: dims the rules can compare, and the no-op Reshape between the heads and
+        apply_rules(model, "no-op Reshape", noop_reshape_rules)  # the output gone
+        fused = apply_rules(model, "decoder attention", decoder_attention_rules)
+        prepared.attention, prepared.attention_refused = fused.matched, fused.reason
+        RemoveUnusedNodesPass()(model)
+        LowerToOpsetPass()(model)  # the rule writes Shape(start, end), an opset-15 form
+        infer_types(model)
     prepared.nodes = count_nodes(model)
     try:
         head = find_lm_head(model)

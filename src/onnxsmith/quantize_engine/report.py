@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from onnxsmith.core.errors import InputError
 from onnxsmith.core.transform import StepReport
+from onnxsmith.rules.decoder_attention import LIMITS as ATTENTION_LIMITS
 from onnxsmith.runtime.lm_feeds import DECODE_PAST
 from onnxsmith.settings.quantize import QuantizeOptions
 
@@ -107,6 +108,13 @@ def prepared_notes(gemms: int, simplify: tuple[int, int, int, int, int] | None) 
     return notes
 
 
+def attention_note(layers: int, refused: str) -> str:
+    """What became of the decoder layers' attention (``attention``)."""
+    if layers:
+        return f"{layers} decoder layer(s): attention and KV cache -> RotaryEmbedding + GroupQueryAttention"
+    return f"attention not fused (GroupQueryAttention): {refused or 'no decoder layer of that form'}"
+
+
 def weights_note(quantized: int, found: int, options: QuantizeOptions) -> str:
     """The report's first note: how many of the body's weights were quantized, and how."""
     return (
@@ -186,6 +194,8 @@ def why_not_more(model: ir.Model, options: QuantizeOptions, rows: list[dict], to
             f"{kept / 2**20:.1f} MB of the {total / 2**20:.1f} MB of weights stay fp32: "
             "what no MatMul reads as a weight (biases, norms, position embeddings)"
         )
+    if any(node.op_type == "GroupQueryAttention" for node in model.graph):
+        lines.append(ATTENTION_LIMITS)
     return lines
 
 

@@ -20,6 +20,9 @@ TARGETS: dict[str, tuple[str, int | None]] = {
     "cpu": ("nbits", 4),
 }
 DEFAULT_TARGET = "web-wasm"
+#: Targets whose decoders get GroupQueryAttention unless told (``attention``): native onnxruntime generates one
+#: sequence at a time; a web page's transformers.js may batch left-padded prompts, which it masks otherwise.
+ATTENTION_TARGETS = ("cpu",)
 #: What becomes of a weight whose K is not a multiple of the block.
 UNEVEN = ("int8", "keep")
 #: How the LM head (and the embedding it shares) is stored.
@@ -71,6 +74,12 @@ class QuantizeOptions:
         "drop shape arithmetic the source redoes on every call (Reshape pairs around MatMuls, "
         "computed Reshape and Expand targets)",
     )
+    attention: bool | None = option(
+        None,
+        "fuse each decoder layer's attention and KV cache into GroupQueryAttention with RotaryEmbedding "
+        "(rules/decoder_attention.py: it masks causally and by the count of ones in attention_mask, padding on the "
+        f"right only) (default: on for --target {', '.join(ATTENTION_TARGETS)})",
+    )
     gemv_head: bool = option(
         True, "store the head as [1, hidden, vocab] so onnxruntime runs it as a GEMV at one row (faster decode)"
     )
@@ -85,6 +94,8 @@ class QuantizeOptions:
             self.format = fmt
         if self.accuracy_level is None and self.format == fmt:
             self.accuracy_level = level
+        if self.attention is None:
+            self.attention = (self.target or DEFAULT_TARGET) in ATTENTION_TARGETS
 
     @property
     def bits(self) -> int:
