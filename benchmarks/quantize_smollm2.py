@@ -8,8 +8,10 @@ cached under .cache/benchmarks/quantize_smollm2). Side by side in one run, each 
 source:
 
 * ``onnxsmith quantize --format nbits`` (native CPU): its body found on 4-bit grids and stored exactly; and
-  ``--target cpu`` (the same with the body's activations int8, accuracy level 4);
-* ``onnxsmith quantize`` (the web format ``qdq``, q4 and ``--scheme q8``): the grids stored exactly as levels
+  ``--target cpu`` (the same with the body's activations int8, accuracy level 4, and each layer's attention
+  and cache one GroupQueryAttention);
+* ``onnxsmith quantize`` (the web format ``qdq``, q4, ``--scheme q8`` and ``--attention``, the layers'
+  attention as GroupQueryAttention as ``--target cpu`` has it): the grids stored exactly as levels
   behind a DequantizeLinear plus float block offsets, all folded at load (``session.disable_quant_qdq=1``, the
   setting the card names for it, which every measurement of these rows uses);
 * ``onnxsmith int8`` with no options (a decoder: 8-bit weight blocks as MatMulNBits, int8 activations) beside
@@ -164,6 +166,7 @@ def main() -> None:
     rows["onnxsmith quantize --target cpu"] = onnxsmith_quantize(folder, "nbits_acc4", ["--target", "cpu"])
     rows["onnxsmith quantize (qdq)"] = onnxsmith_quantize(folder, "qdq", [])
     rows["onnxsmith quantize --scheme q8 (qdq)"] = onnxsmith_quantize(folder, "qdq_q8", ["--scheme", "q8"])
+    rows["onnxsmith quantize --attention (qdq)"] = onnxsmith_quantize(folder, "qdq_gqa", ["--attention"])
     rows["onnxsmith int8"] = onnxsmith_int8(source)
     rows["onnxruntime quantize_dynamic (int8)"] = onnxruntime_dynamic_int8(source)
     rows["onnxruntime MatMulNBitsQuantizer RTN"] = onnxruntime_quantizer(source, "ort_rtn", "RTN")
