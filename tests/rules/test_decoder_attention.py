@@ -78,3 +78,16 @@ def test_a_bias_not_computed_from_attention_mask_is_left_alone():
 
 def test_leaves_a_graph_without_decoder_attention_untouched():
     assert_untouched(prepared_mlp(), "decoder attention", decoder_attention_rules)
+
+
+def test_a_rotation_table_broadcast_over_the_batch_is_left_alone():
+    """RotaryEmbedding reads one row per token: cos/sin of a [1, seq] position_ids (shared by the batch) are fewer."""
+    source = llama_folder() / "onnx" / "model.onnx"
+    model = fusion_trace(str(source))[NAME].model_before()
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    for node in model.graph:
+        producer = node.inputs[0].producer() if node.op_type == "Unsqueeze" else None
+        if producer is not None and producer.op_type in ("Cos", "Sin"):
+            node.outputs[0].shape = ir.Shape([1, *node.outputs[0].shape[1:]])
+    outcome = assert_untouched(model, "decoder attention", decoder_attention_rules)
+    assert "like the tokens they rotate" in outcome.reason

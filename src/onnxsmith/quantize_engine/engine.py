@@ -10,7 +10,8 @@ The words the report shows are report.py's. The steps, each a pass of its own:
    then the graph is made cheaper than the source (``simplify``): the Reshape pairs around
    MatMuls go (passes/unflatten_matmul.py) and the shape arithmetic is folded as fuse folds it
    (passes/fold_shapes.py: computed Reshape and Expand targets become constants), so it is not
-   redone on every call;
+   redone on every call; with ``attention`` (``--target cpu``'s default) each decoder layer's attention and
+   KV cache become RotaryEmbedding + GroupQueryAttention (rules/decoder_attention.py, as fuse does);
 3. the LM head and the token embedding are found; a tied pair is stored once, int8
    per token, in the head's layout (lookups gather columns) or, for a model without a KV
    cache, in the table's (lookups gather rows) (passes/tied_head.py);
@@ -248,8 +249,9 @@ def prepare(
             fold.expands,
         )
     if options.attention:
-        NameDimsPass()(model)  # as fuse: dims the rules can compare, and the no-op Reshape between the heads and
-        apply_rules(model, "no-op Reshape", noop_reshape_rules)  # the output gone
+        # as fuse prepares a graph for its rules: dims they can compare, the no-op Reshape before the heads merge gone
+        NameDimsPass()(model)
+        apply_rules(model, "no-op Reshape", noop_reshape_rules)
         fused = apply_rules(model, "decoder attention", decoder_attention_rules)
         prepared.attention, prepared.attention_refused = fused.matched, fused.reason
         RemoveUnusedNodesPass()(model)

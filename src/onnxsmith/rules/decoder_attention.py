@@ -38,8 +38,9 @@ from onnxscript.rewriter import MatchResult, pattern
 from onnxsmith.irutil.walk import constant
 from onnxsmith.rules.weights import WeightAddingRule
 
-#: Ops between ``attention_mask`` and the additive bias (how exporters build a causal and padding mask).
-_MASK_WALK = 64
+#: Values looked at on the way up from the additive bias to ``attention_mask`` (exporters build the causal and
+#: padding mask in a few dozen ops).
+_MASK_WALK = 512
 #: What the fused attention cannot do that the source could: the report's words.
 LIMITS = (
     "GroupQueryAttention masks causally and by the count of ones in attention_mask (padding on the right only); "
@@ -130,6 +131,8 @@ class DecoderAttention(WeightAddingRule):
         for table in (cos, sin):
             if not _doubled(table):
                 return result.fail("cos/sin are not a table of equal halves (Concat(f, f))", table)
+            if not _per_token(table, q_proj):
+                return result.fail("cos/sin are not [batch, 1, seq, head_dim] like the tokens they rotate", table)
         scales = [constant(v) for v in (q_scale, k_scale)]
         if any(s is None or np.size(s) != 1 for s in scales):
             return result.fail("the query and key scales are not scalar constants", q_scale)
@@ -204,6 +207,21 @@ def _keys_transposed(flat: ir.Value, back: ir.Value, dims: tuple[int, int, int])
         and after[1] == heads
         and after[2] == head_dim
     )
+
+
+def _per_token(table: ir.Value, projection: ir.Value) -> bool:
+    """``table`` has one row per token of ``projection`` [batch, seq, hidden]: [batch, 1, seq, head_dim], the
+    rows RotaryEmbedding reads by position 0 .. batch * seq - 1 (a table broadcast over the batch has fewer)."""
+    rows, tokens = table.shape, projection.shape
+    if rows is None or tokens is None or rows.rank() != 4 or tokens.rank() != 3 or rows[1] != 1:
+        return False
+    return _same_dim(rows[0], tokens[0]) and _same_dim(rows[2], tokens[1])
+
+
+def _same_dim(a, b) -> bool:
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a.value is not None and a.value == b.value
 
 
 def _axis(node: ir.Node | None, rank: int) -> int | None:
@@ -289,7 +307,7 @@ def _mask_input(bias: ir.Value, graph) -> ir.Value | None:
     """The graph input named ``attention_mask`` the bias is computed from, if it is."""
     seen: set[int] = set()
     pending = [bias]
-    while pending and len(seen) < _MASK_WALK * 8:
+    while pending and len(seen) < _MASK_WALK:
         value = pending.pop()
         if id(value) in seen:
             continue
