@@ -16,7 +16,7 @@ import pytest
 from onnxsmith.release.lm_folder import quantize_folder
 from onnxsmith.tasks.lm import greedy_generate
 from onnxsmith.transforms.quantize import QuantizeOptions
-from tests.support.lm_models import glassllm_folder, gpt2_folder, prompt_ids
+from tests.support.lm_models import glassllm_folder, gpt2_folder, llama_folder, prompt_ids
 
 CLIENT = Path(__file__).resolve().parents[1] / "clients" / "web"
 FOLD = {"session.disable_quant_qdq": "1"}
@@ -59,6 +59,17 @@ def test_node_generates_what_python_onnxruntime_generates(tmp_path, which, promp
     assert got["ids"] == expected
     assert len(got["ms"]) == NEW_TOKENS
     assert len(set(expected)) > 3  # real text, not one token repeated
+
+
+def test_node_generates_through_grouped_query_attention(tmp_path):
+    """quantize --attention (a web target asking for it): onnxruntime-web's WASM backend runs RotaryEmbedding and
+    GroupQueryAttention, which check that attention_mask is exactly the cache plus the new tokens long (the client
+    once fed one more)."""
+    quantize_folder(llama_folder(), tmp_path / "q8", QuantizeOptions(scheme="q8", attention=True), gate_samples=2)
+    model = tmp_path / "q8" / "onnx" / "model_quantized.onnx"
+    assert b"GroupQueryAttention" in model.read_bytes()
+    ids = [3, 141, 59, 26, 53, 58]
+    assert generate_in_node(model, ids)["ids"] == greedy_generate(model, ids, NEW_TOKENS, config=FOLD)
 
 
 @pytest.mark.parametrize("data_name", ["model_q4.onnx.data", "model_q4.onnx_data"])

@@ -66,7 +66,7 @@ export class LanguageModel {
     const cpu = [];
     let past = null;
     let done = 0;
-    let input = ids;
+    let input = [...prompt]; // not `ids`, which grows by each new token: the prompt's length is what it added
     for (let t = 0; t < newTokens; t++) {
       const start = performance.now();
       const cpuStart = inNode ? process.cpuUsage() : null;
