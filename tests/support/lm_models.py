@@ -44,35 +44,25 @@ def lm_folder(which: str) -> Path:
 def glassllm_folder() -> Path:
     weights = real_model("glassllm_weights")
     tokenizer = real_model("glassllm_tokenizer")
-    digest = hashlib.sha256()
-    for path in (EXPORTER, weights, tokenizer):
-        digest.update(path.read_bytes())
-    folder = CACHE / digest.hexdigest()[:16]
-    if (folder / "onnx" / "model.onnx").exists():
-        return folder
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "onnx" / "model.onnx").exists():
-            tmp = folder.with_name(folder.name + ".part")
-            done = subprocess.run(
-                [sys.executable, str(EXPORTER), str(weights), str(tokenizer), str(tmp)], capture_output=True, text=True
-            )
-            if done.returncode:
-                raise RuntimeError(f"{EXPORTER.name} failed:\n{done.stderr[-3000:]}")
-            tmp.rename(folder)
-    return folder
+    command = [sys.executable, str(EXPORTER), str(weights), str(tokenizer)]
+    return _exported_once(CACHE, [EXPORTER.read_bytes(), weights.read_bytes(), tokenizer.read_bytes()], command)
 
 
 def llama_folder(exporter: str = "torchscript") -> Path:
     """A tiny random-weight Llama (grouped-query attention, RoPE, RMSNorm) exported in optimum's layout by the
     TorchScript exporter or torch.export's (``dynamo``) (tools/fixtures/llama/export.py), once into
     .cache/llama/<key>/, keyed by the exporter code."""
-    exporter_code = ROOT / "tools" / "fixtures" / "llama" / "export.py"
-    digest = hashlib.sha256(exporter.encode())
-    for path in (exporter_code, ROOT / "tools" / "fixtures" / "gpt2" / "export.py"):
-        digest.update(path.read_bytes())
-    cache = ROOT / ".cache" / "llama"
+    code = [(ROOT / "tools" / "fixtures" / name / "export.py").read_bytes() for name in ("llama", "gpt2")]
+    command = [sys.executable, "-m", "tools.fixtures.llama.export"] + (["--dynamo"] if exporter == "dynamo" else [])
+    return _exported_once(ROOT / ".cache" / "llama", [exporter.encode(), *code], command)
+
+
+def _exported_once(cache: Path, keys: list[bytes], command: list[str]) -> Path:
+    """The folder ``command OUT`` writes, made once into ``cache``/<hash of keys>/ under a lock (parallel test
+    workers export it once); ``OUT`` is a temporary name renamed when the export succeeded."""
+    digest = hashlib.sha256()
+    for key in keys:
+        digest.update(key)
     folder = cache / digest.hexdigest()[:16]
     if (folder / "onnx" / "model.onnx").exists():
         return folder
@@ -81,11 +71,9 @@ def llama_folder(exporter: str = "torchscript") -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "onnx" / "model.onnx").exists():
             tmp = folder.with_name(folder.name + ".part")
-            command = [sys.executable, "-m", "tools.fixtures.llama.export", str(tmp)]
-            command += ["--dynamo"] if exporter == "dynamo" else []
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run([*command, str(tmp)], cwd=ROOT, capture_output=True, text=True)
             if done.returncode:
-                raise RuntimeError(f"the tiny Llama export failed:\n{done.stderr[-3000:]}")
+                raise RuntimeError(f"{' '.join(command[1:3])} failed:\n{done.stderr[-3000:]}")
             tmp.rename(folder)
     return folder
 
