@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.int8_engine.statistics import measure_ranges
 from onnxsmith.io.load import load_model
+from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs, uint8_params
 from onnxsmith.runtime import runner
 from tests.support.check import save_ir
@@ -99,6 +100,9 @@ def test_outputs_match_and_onnxruntime_runs_qlinearconv(tmp_path, opset):
     assert not {"w1", "w2", "w3", "w4"} & set(stored) and stored["wd"] == TensorProto.FLOAT
     assert sum(t == TensorProto.INT8 for t in stored.values()) == 4
     assert sum(t == TensorProto.INT32 for t in stored.values()) == 3  # the biases
+    # 7-bit weights: QLinearConv's uint8 x int8 kernel without VNNI saturates pairs of products at int16
+    weights = [numpy_helper.to_array(t) for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.INT8]
+    assert max(int(np.abs(w.astype(int)).max()) for w in weights) == qz.CONV_INT8_LIMIT
     optimized = _optimized_ops(after, tmp_path)
     assert optimized["QLinearConv"] == 4 and optimized["Relu"] == 0  # the Relus drop out (zero point 0)
     feeds = _feeds(7, n=4)  # not the calibration inputs

@@ -8,7 +8,9 @@ Two layouts, both of a weight ``w`` of a MatMul ``x @ w`` (``w`` is [K, N]):
   (signed ``q``, no zero point). Stored behind one blocked ``DequantizeLinear``
   (opset 21) or packed for com.microsoft ``MatMulNBits``.
 * **per channel int8**, symmetric: one scale per index along one axis — per token for an
-  embedding table, per output column for a weight whose K does not split into blocks.
+  embedding table, per output column for a weight whose K does not split into blocks. A weight
+  that an integer kernel multiplies by uint8 activations is stored so that no CPU's kernel can
+  saturate (:func:`as_uint8` for MatMulIntegerToFloat, :data:`CONV_INT8_LIMIT` for QLinearConv).
 
 The zero point is an integer, so the asymmetric range always includes 0 (as
 onnxruntime's own quantizer does): a block of one sign still restores 0 exactly.
@@ -130,8 +132,16 @@ class PerChannel:
     axis: int
 
 
-def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
-    """Symmetric int8, one scale per index along ``axis`` (max |w| of the slice maps to 127).
+#: onnxruntime's uint8 x int8 kernels on x86 CPUs without VNNI (AVX2; CI's runners are a mix) multiply with
+#: vpmaddubsw, which adds each pair of products into int16 with saturation: full-range int8 weights overflow it
+#: (255 * 127 * 2; measured: a product 10 % off, where VNNI's kernels are exact). A Linear's weight is therefore
+#: stored uint8 (:func:`as_uint8`: uint8 x uint8 widens to int16 first, exact in 8 bits); a Conv's int8 weight
+#: keeps |q| <= this (255 * 64 * 2 = 32,640 fits), which QLinearConv's symmetric kernels need.
+CONV_INT8_LIMIT = 64
+
+
+def quantize_per_channel_int8(w: np.ndarray, axis: int, limit: int = 127) -> PerChannel:
+    """Symmetric int8, one scale per index along ``axis`` (max |w| of the slice maps to ``limit``).
 
     Computed in float64 a slab of rows at a time (:data:`_SLAB_ELEMENTS`), with the same numbers. Widening a
     2 GB embedding table whole held up to three float64 copies of it at once, about 12 GB.
@@ -142,14 +152,14 @@ def quantize_per_channel_int8(w: np.ndarray, axis: int) -> PerChannel:
     parts = [np.abs(w[rows].astype(np.float64)).max(axis=others) for rows in slabs]
     # along axis 0 each slab holds its own channels; along another, every slab holds part of each channel
     absmax = np.concatenate(parts) if axis == 0 else np.maximum.reduce(parts)
-    scale = (absmax / 127.0).astype(w.dtype)
+    scale = (absmax / limit).astype(w.dtype)
     safe = np.where(scale == 0, 1, scale).astype(np.float64)
     shape = [1] * w.ndim
     shape[axis] = -1
     divisor = safe.reshape(shape)
     q = np.empty(w.shape, dtype=np.int8)
     for rows in slabs:
-        q[rows] = np.clip(np.rint(w[rows] / (divisor[rows] if axis == 0 else divisor)), -127, 127).astype(np.int8)
+        q[rows] = np.clip(np.rint(w[rows] / (divisor[rows] if axis == 0 else divisor)), -limit, limit).astype(np.int8)
     return PerChannel(q, scale, axis)
 
 
@@ -206,6 +216,13 @@ def quantize_columns_compensated(w: np.ndarray, factor: np.ndarray | None, block
             rows[i:] -= u[i, i:, None] * errors[i]
         work[stop:] -= factor[start:stop, stop:].T @ errors
     return PerChannel(q.astype(np.int8), plain.scale, 1)
+
+
+def as_uint8(p: PerChannel) -> tuple[np.ndarray, np.ndarray]:
+    """``p``'s weight as uint8 with zero point 128 per channel: the same values, multiplied exactly by every
+    CPU's integer kernel (:data:`CONV_INT8_LIMIT` says why int8 is not)."""
+    q = (p.q.astype(np.int16) + 128).astype(np.uint8)
+    return q, np.full(p.q.shape[p.axis], 128, dtype=np.uint8)
 
 
 def dequantize_per_channel(p: PerChannel) -> np.ndarray:

@@ -5,7 +5,8 @@
     QuantizeLinear(x) -> DequantizeLinear -> Conv(., DequantizeLinear(Wq), DequantizeLinear(bq)) [-> Relu]
         -> QuantizeLinear -> DequantizeLinear -> y
 
-with the weight int8, symmetric, one scale per output channel; the bias int32 at the scale
+with the weight int8 in 7 bits (quantization.CONV_INT8_LIMIT: exact on CPUs without VNNI too),
+symmetric, one scale per output channel; the bias int32 at the scale
 ``x_scale * w_scale``; the activations uint8 with the scale and zero point given by the plan
 (measured ranges of the calibration inputs: there is no dynamic QLinearConv). onnxruntime
 fuses each such group into one QLinearConv (a Relu after the Conv drops out when the output's
@@ -159,7 +160,7 @@ class ConvBuilder(qz.NodeMaker):
         """(nodes quantizing the input: empty if made already, the rest: the last one's output is the output)."""
         prepare, x = self.qdq(conv.input, plan.x_scale, plan.x_zero_point)
         label = conv.name
-        p = qz.quantize_per_channel_int8(const_array(conv.weight).astype(np.float32), axis=0)
+        p = qz.quantize_per_channel_int8(const_array(conv.weight).astype(np.float32), axis=0, limit=qz.CONV_INT8_LIMIT)
         nodes = [self._dequantize(f"{label}_weight", p.q, p.scale.astype(np.float32), axis=0)]
         inputs = [x, nodes[-1].outputs[0]]
         if conv.bias is not None:

@@ -1,9 +1,10 @@
 """Linear layers (MatMul/Gemm by a constant weight) in int8 for onnxruntime's CPU provider.
 
-``x @ W (+ b)`` becomes ``MatMulIntegerToFloat(xq, Wq, x_scale, w_scale, x_zero_point, , b)``
-after one ``DynamicQuantizeLinear(x) -> xq, x_scale, x_zero_point``: the weight int8,
-symmetric, one scale per output column (stored quantized: the int8 tensor and its scales are
-what the file holds); the activation quantized per tensor to uint8 at run time (no
+``x @ W (+ b)`` becomes ``MatMulIntegerToFloat(xq, Wq, x_scale, w_scale, x_zero_point, w_zero_point, b)``
+after one ``DynamicQuantizeLinear(x) -> xq, x_scale, x_zero_point``: the weight 8-bit, symmetric, one scale
+per output column, stored quantized (the integers and their scales are what the file holds) as uint8 with
+zero point 128: uint8 x uint8 is exact on every CPU (quantization.CONV_INT8_LIMIT says why int8 is not,
+docs/int8.md what it costs); the activation quantized per tensor to uint8 at run time (no
 calibrated scale to go stale). Linears reading the same input share its quantization (the
 query, key and value projections quantize their input once). On AVX-512 VNNI / AMX CPUs this is
 onnxruntime's fastest int8 form for transformer shapes, and sharing the quantization beats
@@ -289,8 +290,10 @@ class Int8Builder(qz.NodeMaker):
     """Makes Linears' int8 nodes in ``graph``; a weight, a smoothed input or a quantized input is made once."""
 
     form: Int8Form = field(default_factory=Int8Form)
-    #: (weight, plan key, id of its rounded weight) -> (int8 weight, scales)
-    _weights: dict[tuple[ir.Value, PlanKey, int | None], tuple[ir.Value, ir.Value]] = field(default_factory=dict)
+    #: (weight, plan key, id of its rounded weight) -> (uint8 weight, scales, zero points)
+    _weights: dict[tuple[ir.Value, PlanKey, int | None], tuple[ir.Value, ir.Value, ir.Value]] = field(
+        default_factory=dict
+    )
     #: (input, plan key) -> each pass's (quantized, scale, zero point)
     _inputs: dict[tuple[ir.Value, PlanKey], list[list[ir.Value]]] = field(default_factory=dict)
     smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
@@ -325,18 +328,20 @@ class Int8Builder(qz.NodeMaker):
         stored = self._weights.get(w_key)
         if stored is None:
             p = rounded or qz.quantize_per_channel_int8(plan.int8_weight(linear.weight_array()), axis=1)
+            q, zero_point = qz.as_uint8(p)
             stored = self._weights[w_key] = (
-                self._add(f"{linear.weight.name}_int8", p.q),
+                self._add(f"{linear.weight.name}_int8", q),
                 self._add(f"{linear.weight.name}_scale", p.scale.astype(np.float32)),
+                self._add(f"{linear.weight.name}_zero_point", zero_point),
             )
         bias = linear.bias
         if bias is not None and len(_stored(bias).shape) == 2:
             bias = self._add(f"{linear.name}_bias", const_array(bias).reshape(-1).astype(np.float32))
         products = []
         for i, (xq, x_scale, x_zero_point) in enumerate(quantized):
-            inputs: list[ir.Value | None] = [xq, stored[0], x_scale, stored[1], x_zero_point]
+            inputs: list[ir.Value | None] = [xq, stored[0], x_scale, stored[1], x_zero_point, stored[2]]
             if bias is not None and i == 0:
-                inputs += [None, bias]
+                inputs.append(bias)
             node = ir.node("MatMulIntegerToFloat", inputs, domain=MS_DOMAIN, name=self.names(f"{linear.name}_int8"))
             qz.typed(node.outputs[0], self.names(f"{linear.output.name}_int8"), ir.DataType.FLOAT, linear.output.shape)
             products.append(node)
