@@ -8,9 +8,15 @@ Two layouts, both of a weight ``w`` of a MatMul ``x @ w`` (``w`` is [K, N]):
   (signed ``q``, no zero point). Stored behind one blocked ``DequantizeLinear``
   (opset 21) or packed for com.microsoft ``MatMulNBits``.
 * **per channel int8**, symmetric: one scale per index along one axis — per token for an
-  embedding table, per output column for a weight whose K does not split into blocks. A weight
-  that an integer kernel multiplies by uint8 activations is stored so that no CPU's kernel can
-  saturate (:func:`as_uint8` for MatMulIntegerToFloat, :data:`CONV_INT8_LIMIT` for QLinearConv).
+  embedding table, per output column for a weight whose K does not split into blocks.
+
+A weight that onnxruntime's integer kernels multiply by uint8 activations must not use all of int8:
+on x86 CPUs without VNNI (AVX2; CI's runners are a mix) uint8 x int8 goes through vpmaddubsw, which
+adds each pair of products into int16 with saturation, and full-range weights overflow it
+(255 * 127 * 2; measured: a product 10 % off, where VNNI's kernels are exact). So a Linear's weight
+(MatMulIntegerToFloat) is stored uint8 (:func:`as_uint8`: uint8 x uint8 widens to int16 first, exact
+in 8 bits), and a Conv's int8 weight (QLinearConv, whose symmetric kernels need int8) keeps
+|q| <= :data:`CONV_INT8_LIMIT` (255 * 64 * 2 = 32,640 fits). docs/int8.md has the measurements.
 
 The zero point is an integer, so the asymmetric range always includes 0 (as
 onnxruntime's own quantizer does): a block of one sign still restores 0 exactly.
@@ -132,11 +138,7 @@ class PerChannel:
     axis: int
 
 
-#: onnxruntime's uint8 x int8 kernels on x86 CPUs without VNNI (AVX2; CI's runners are a mix) multiply with
-#: vpmaddubsw, which adds each pair of products into int16 with saturation: full-range int8 weights overflow it
-#: (255 * 127 * 2; measured: a product 10 % off, where VNNI's kernels are exact). A Linear's weight is therefore
-#: stored uint8 (:func:`as_uint8`: uint8 x uint8 widens to int16 first, exact in 8 bits); a Conv's int8 weight
-#: keeps |q| <= this (255 * 64 * 2 = 32,640 fits), which QLinearConv's symmetric kernels need.
+#: The largest |q| of a Conv's int8 weight: 7 bits, which no CPU's uint8 x int8 kernel saturates (module doc).
 CONV_INT8_LIMIT = 64
 
 
@@ -220,7 +222,7 @@ def quantize_columns_compensated(w: np.ndarray, factor: np.ndarray | None, block
 
 def as_uint8(p: PerChannel) -> tuple[np.ndarray, np.ndarray]:
     """``p``'s weight as uint8 with zero point 128 per channel: the same values, multiplied exactly by every
-    CPU's integer kernel (:data:`CONV_INT8_LIMIT` says why int8 is not)."""
+    CPU's integer kernel (the module doc says why int8 is not)."""
     q = (p.q.astype(np.int16) + 128).astype(np.uint8)
     return q, np.full(p.q.shape[p.axis], 128, dtype=np.uint8)
 

@@ -5,8 +5,8 @@
     QuantizeLinear(x) -> DequantizeLinear -> Conv(., DequantizeLinear(Wq), DequantizeLinear(bq)) [-> Relu]
         -> QuantizeLinear -> DequantizeLinear -> y
 
-with the weight int8 in 7 bits (quantization.CONV_INT8_LIMIT: exact on CPUs without VNNI too),
-symmetric, one scale per output channel; the bias int32 at the scale
+with the weight int8 in 7 bits (quantization.CONV_INT8_LIMIT: exact on CPUs without VNNI too), symmetric,
+one scale per output channel; the bias int32 at the scale
 ``x_scale * w_scale``; the activations uint8 with the scale and zero point given by the plan
 (measured ranges of the calibration inputs: there is no dynamic QLinearConv). onnxruntime
 fuses each such group into one QLinearConv (a Relu after the Conv drops out when the output's

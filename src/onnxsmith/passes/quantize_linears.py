@@ -3,12 +3,12 @@
 ``x @ W (+ b)`` becomes ``MatMulIntegerToFloat(xq, Wq, x_scale, w_scale, x_zero_point, w_zero_point, b)``
 after one ``DynamicQuantizeLinear(x) -> xq, x_scale, x_zero_point``: the weight 8-bit, symmetric, one scale
 per output column, stored quantized (the integers and their scales are what the file holds) as uint8 with
-zero point 128: uint8 x uint8 is exact on every CPU (quantization.CONV_INT8_LIMIT says why int8 is not,
+zero point 128: uint8 x uint8 is exact on every CPU (passes/quantization.py says why int8 is not,
 docs/int8.md what it costs); the activation quantized per tensor to uint8 at run time (no
 calibrated scale to go stale). Linears reading the same input share its quantization (the
-query, key and value projections quantize their input once). On AVX-512 VNNI / AMX CPUs this is
-onnxruntime's fastest int8 form for transformer shapes, and sharing the quantization beats
-com.microsoft DynamicQuantizeMatMul per Linear (docs/int8.md has both measurements).
+query, key and value projections quantize their input once). On AVX-512 VNNI / AMX CPUs this was
+onnxruntime's fastest int8 form for transformer shapes (measured with int8 weights), and sharing the
+quantization beats com.microsoft DynamicQuantizeMatMul per Linear (docs/int8.md has the measurements).
 
 Optionally an input is *smoothed* (SmoothQuant): ``x' = x / s`` per input channel and
 ``W' = diag(s) W`` for every Linear reading it, the same products, with an outlier channel's
