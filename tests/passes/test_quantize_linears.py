@@ -90,7 +90,7 @@ def test_outputs_match_in_onnxruntime(tmp_path, smooth):
     ref, out = _run(source, x)["y"], _run(after, x)["y"]
     rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert 0 < rel < 0.03  # int8 error, not a different function
-    # weights stay quantized in the file: int8 tensors, no fp32 copy of W1/W2t
+    # weights stay quantized in the file: 8-bit tensors (uint8, zero point 128), no fp32 copy of W1/W2t
     stored = {t.name: t.data_type for t in onnx.load(after).graph.initializer}
     assert "W1" not in stored and "W2t" not in stored
     assert sum(1 for t in stored.values() if t == TensorProto.UINT8) == 4  # the weights and their zero points
@@ -297,7 +297,7 @@ def test_outlier_channels_kept_out_of_the_int8_product(tmp_path):
         # apart: a Mul zeroes them before the quantization, Gather -> MatMul -> Add brings them back in fp32
         assert (ops.count("Mul"), ops.count("Gather"), ops.count("MatMul")) == ((1, 1, 1) if outliers else (0, 0, 0))
         int8_weight = next(v for v in model.graph.initializers.values() if v.name.startswith("W_int8"))
-        assert (int8_weight.const_value.numpy()[list(outliers)] == 128).all()  # zeros: would widen the scales
+        assert (int8_weight.const_value.numpy()[list(outliers)] == 128).all()  # 0: would widen the scales
         out = _run(save_ir(model, tmp_path / f"after{len(outliers)}.onnx"), x)["y"]
         errors[outliers] = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert errors[(5, 9)] < errors[()] / 3 and errors[(5, 9)] < 0.02, errors
