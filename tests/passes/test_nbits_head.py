@@ -14,7 +14,7 @@ from onnxsmith.passes.nbits_head import NBitsHeadPass
 from onnxsmith.passes.tied_head import find_lm_head
 from onnxsmith.verify.compare import compare_models
 from tests.support.check import save_ir
-from tests.support.lm_models import glassllm_folder, gpt2_folder, lm_gate_feeds
+from tests.support.lm_models import glassllm_folder, gpt2_folder, lm_gate_feeds, on_q8_0_grid
 
 
 def _optimized_ops(path, tmp_path) -> list[str]:
@@ -105,6 +105,37 @@ def test_an_untied_table_is_gathered_int8_and_dequantized_by_rows(tmp_path):
     got = ort.InferenceSession(str(after), providers=["CPUExecutionProvider"]).run([lookup_output], feeds[0])[0]
     p = qz.quantize_per_channel_int8(table, axis=0)
     np.testing.assert_allclose(got, qz.dequantize_per_channel(p)[feeds[0]["input_ids"]], rtol=1e-6, atol=1e-7)
+    comparison = compare_models(source, after, feeds, atol=1e9, rtol=0)
+    logits = next(o for o in comparison.outputs if o.name == "logits")
+    assert logits.cosine > 0.999 and logits.argmax_agreement >= 0.9
+
+
+def test_a_table_on_q8_0_grids_is_stored_exactly(tmp_path):
+    """GPT-2's tied table snapped to GGUF Q8_0 grids (each block of 32 along hidden ``d * q``): the head and the
+    lookups restore it exactly (symmetric blocks) where the asymmetric ones would move it; the lookup's rows are
+    the source's own."""
+    model = load_model(gpt2_folder() / "onnx" / "model.onnx")
+    GemmToMatMulPass()(model)
+    table = find_lm_head(model).tied_table
+    snapped = on_q8_0_grid(table.const_value.numpy().T).T  # [vocab, hidden], blocks along hidden
+    table.const_value = ir.tensor(snapped, name=table.name)
+    source = save_ir(model, tmp_path / "q8_0.onnx")
+    assert qz.on_symmetric_grid(snapped.T, 8, 32) is not None
+    assert qz.on_symmetric_grid(snapped.T * np.float32(1.01) + np.float32(1e-3), 8, 32) is None
+    asymmetric = qz.quantize_blocked(snapped.T, 8, 32, False)
+    assert qz.relative_error(snapped.T, qz.dequantize_blocked(asymmetric)) > 1e-3
+
+    model = load_model(source)
+    head = find_lm_head(model)
+    lookup_output = head.lookups[0].outputs[0].name
+    result = NBitsHeadPass(head)(model)
+    row = result.rows[0]
+    assert "on its grid (exact" in row["stored as"] and row["rel. error"] < 1e-7
+    model.graph.outputs.append(next(v for n in model.graph for v in n.outputs if v.name == lookup_output))
+    after = save_ir(model, tmp_path / "after.onnx")
+    feeds = lm_gate_feeds(source)
+    got = ort.InferenceSession(str(after), providers=["CPUExecutionProvider"]).run([lookup_output], feeds[0])[0]
+    np.testing.assert_array_equal(got, snapped[feeds[0]["input_ids"]])
     comparison = compare_models(source, after, feeds, atol=1e9, rtol=0)
     logits = next(o for o in comparison.outputs if o.name == "logits")
     assert logits.cosine > 0.999 and logits.argmax_agreement >= 0.9

@@ -274,3 +274,33 @@ def test_a_weight_on_a_gguf_grid_is_found_and_stored_exactly(tmp_path, fmt, symm
     got = _outputs(after, feeds, FOLD if fmt == "qdq" else None)["logits"]
     cosine = float(np.dot(want.ravel(), got.ravel()) / (np.linalg.norm(want) * np.linalg.norm(got)))
     assert cosine > 0.99999
+
+
+def test_grid_weights_reading_one_input_run_as_one_matmulnbits_and_compute_the_same():
+    """A Llama decoder dequantized from GGUF grids: a layer's q, k and v read one input, as do gate and up. nbits
+    stores each group as one MatMulNBits of their columns side by side, one block-offset product and a Split (not
+    three of each); onnxruntime computes what the source does, before and after, on a prompt and a decode step."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxsmith.analysis.lm_signature import lm_signature
+    from onnxsmith.runtime.lm_feeds import decode_step_feeds, lm_feeds
+    from tests.support.check import assert_same_outputs
+    from tests.support.lm_models import llama_folder, on_gguf_grids
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = on_gguf_grids(llama_folder(), Path(tmp) / "gguf")
+        source, model = (load_model(folder / "onnx" / "model.onnx") for _ in range(2))
+    layers = len(lm_signature(model).past) // 2
+    result = QuantizeWeightsPass(format="nbits", exclude={find_lm_head(model).matmul})(model)
+    ops = Counter(n.op_type for n in model.graph)
+    # per layer: q|k|v and gate|up packed, o and down alone; each product with its block offsets
+    assert ops["MatMulNBits"] == 4 * layers and ops["Split"] == 2 * layers
+    by_constant = [n for n in model.graph if n.op_type == "MatMul" and n.inputs[1].const_value is not None]
+    assert len(by_constant) == 4 * layers + 1  # the offsets' products, and the head (excluded)
+    assert f"{5 * layers} grid weights that read the same input" in " ".join(result.notes)
+    packed = [row for row in result.rows if "packed with" in row["stored as"]]
+    assert len(packed) == 5 * layers and max(row["rel. error"] for row in packed) < 1e-5
+    sig = lm_signature(source)
+    prompt = lm_feeds(sig, np.array([[5, 9, 2, 7, 1, 3]], np.int64))
+    assert_same_outputs(source, model, [prompt, decode_step_feeds(sig, past=4)], atol=1e-4, rtol=1e-4)

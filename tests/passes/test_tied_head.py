@@ -120,3 +120,43 @@ def test_head_that_cannot_be_found_is_a_clear_error(save_proto):
     model = load_model(save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])))
     with pytest.raises(InputError, match="cannot find the LM head: output 'logits' is not computed by a MatMul"):
         find_lm_head(model)
+
+
+def test_a_tied_table_on_q8_0_grids_is_stored_exactly_in_blocks(tmp_path):
+    """GPT-2's tied table snapped to GGUF Q8_0 grids (blocks of 32 along hidden, ``d * q``): at opset 21 the int8
+    head is stored in those symmetric blocks, and after onnxruntime folds it at load the head and the lookup read
+    the source's own numbers (one scale per token would move them); below opset 21 it stays one scale per token."""
+    import onnx_ir as ir
+    from onnxscript.version_converter import ConvertVersionPass
+
+    from onnxsmith.passes import quantization as qz
+    from tests.support.lm_models import on_q8_0_grid
+
+    model = load_model(gpt2_folder() / "onnx" / "model.onnx")
+    GemmToMatMulPass()(model)
+    table = find_lm_head(model).tied_table
+    table.const_value = ir.tensor(on_q8_0_grid(table.const_value.numpy().T).T, name=table.name)
+    opset17 = save_ir(model, tmp_path / "q8_0_opset17.onnx")
+    ConvertVersionPass(qz.BLOCKED_DQ_OPSET, fallback=True)(model)
+    model.ir_version = qz.BLOCKED_DQ_IR_VERSION
+    source = save_ir(model, tmp_path / "q8_0.onnx")
+
+    model = load_model(source)
+    store = StoreHeadPass(find_lm_head(model), "int8")(model)
+    assert "on its grid (exact" in store.rows[0]["stored as"] and store.rows[0]["rel. error"] < 1e-7
+    after = save_ir(model, tmp_path / "after.onnx")
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_quant_qdq", "1")  # folded at load, as a web page loads it
+    for feeds in lm_gate_feeds(source):
+        want, got = (
+            ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+            for path in (source, after)
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+    older = load_model(opset17)
+    store = StoreHeadPass(find_lm_head(older), "int8")(older)
+    assert store.rows[0]["stored as"] == "int8, one scale per token (tied head)"
+    assert store.rows[0]["rel. error"] > 1e-3

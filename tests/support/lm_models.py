@@ -170,8 +170,23 @@ def on_q4_1_grid(w: np.ndarray, block: int = 32) -> np.ndarray:
     return (m[:, None] + d[:, None] * q).reshape(k, n).astype(np.float32)
 
 
+def on_q8_0_grid(w: np.ndarray, block: int = 32) -> np.ndarray:
+    """``w`` [K, N] as a GGUF Q8_0 file holds it, dequantized: each block of ``block`` along K is ``d * q``, q a
+    whole number in -127..127, d = absmax / 127 in fp16 (multiplied out in fp32)."""
+    k, n = w.shape
+    grouped = w.reshape(k // block, block, n).astype(np.float32)
+    d = (np.abs(grouped).max(axis=1) / 127).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(grouped / np.where(d == 0, 1, d)[:, None]), -127, 127)
+    return (d[:, None] * q).reshape(k, n).astype(np.float32)
+
+
 def gpt2_on_gguf_grids(folder: Path) -> Path:
-    """The GPT-2 fixture folder copied to ``folder``, its body weights snapped to Q4_1 grids (:func:`on_q4_1_grid`),
+    """The GPT-2 fixture folder on GGUF grids (:func:`on_gguf_grids`)."""
+    return on_gguf_grids(gpt2_folder(), folder)
+
+
+def on_gguf_grids(source: Path, folder: Path) -> Path:
+    """A fixture folder copied to ``folder``, its body weights snapped to Q4_1 grids (:func:`on_q4_1_grid`),
     as a model dequantized from a GGUF file holds them; the tied table and head are left as they are."""
     import shutil
 
@@ -181,7 +196,7 @@ def gpt2_on_gguf_grids(folder: Path) -> Path:
     from onnxsmith.passes.tied_head import find_lm_head
     from tests.support.check import save_ir
 
-    shutil.copytree(gpt2_folder(), folder)
+    shutil.copytree(source, folder)
     model = load_model(folder / "onnx" / "model.onnx")
     GemmToMatMulPass()(model)
     for weight, _ in quantizable_weights(model, {find_lm_head(model).matmul}):

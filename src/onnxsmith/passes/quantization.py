@@ -34,6 +34,9 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import set_dtype
 
+#: Blocked DequantizeLinear (its block_size attribute, the 4-bit types) is opset 21, which needs IR version 10.
+BLOCKED_DQ_OPSET = 21
+BLOCKED_DQ_IR_VERSION = 10
 #: (bits, symmetric) -> numpy dtype of the stored integers.
 _STORED = {
     (4, False): np.dtype(ml_dtypes.uint4),
@@ -89,6 +92,24 @@ def on_grid(w: np.ndarray, bits: int, block_size: int) -> Blocked | None:
     return Blocked(q.reshape(k, n).astype(_STORED[bits, False]), safe.astype(w.dtype), zero_point, bits, block_size)
 
 
+def on_symmetric_grid(w: np.ndarray, bits: int, block_size: int) -> Blocked | None:
+    """``w`` [K, N] exactly as stored, when every block of ``block_size`` along K is ``d * q`` with whole numbers
+    ``|q| <= 2^(bits-1) - 1`` and ``d = absmax / (2^(bits-1) - 1)`` (a GGUF Q8_0 table, dequantized): its symmetric
+    blocks (:func:`quantize_blocked`), which restore it exactly. None when any block is off such a grid (an
+    asymmetric form then loses less)."""
+    if w.ndim != 2 or w.shape[0] % block_size or w.dtype.kind != "f":
+        return None
+    k = w.shape[0]
+    half = (1 << (bits - 1)) - 1
+    for columns in _slabs(w.T):  # some columns at a time: a [576, 49152] table in float64 is 226 MB
+        grouped = w[:, columns].astype(np.float64).reshape(k // block_size, block_size, -1)
+        step = np.abs(grouped).max(axis=1, keepdims=True) / half
+        levels = grouped / np.where(step == 0, 1.0, step)
+        if float(np.abs(levels - np.rint(levels)).max()) > _GRID_TOLERANCE:
+            return None
+    return quantize_blocked(w, bits, block_size, symmetric=True)
+
+
 def quantize_blocked(w: np.ndarray, bits: int, block_size: int, symmetric: bool) -> Blocked:
     """Quantize ``w`` [K, N] in blocks along K. K need not be a multiple of the block (the last is short)."""
     if w.ndim != 2:
@@ -117,6 +138,19 @@ def quantize_blocked(w: np.ndarray, bits: int, block_size: int, symmetric: bool)
     dtype = _STORED[bits, symmetric]
     q = q.reshape(blocks * block_size, n)[:k].astype(dtype)
     return Blocked(q, scale, zero_point, bits, block_size)
+
+
+def side_by_side(parts: list[Blocked]) -> Blocked:
+    """Weights of the same K and blocking as one [K, N1 + N2 + ...] weight, their columns in order."""
+    first = parts[0]
+    zero_points = [b.zero_point for b in parts]
+    return Blocked(
+        np.concatenate([b.q for b in parts], axis=1),
+        np.concatenate([b.scale for b in parts], axis=1),
+        None if any(z is None for z in zero_points) else np.concatenate(zero_points, axis=1),  # type: ignore[arg-type]
+        first.bits,
+        first.block_size,
+    )
 
 
 def dequantize_blocked(b: Blocked) -> np.ndarray:

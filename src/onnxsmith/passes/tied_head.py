@@ -21,6 +21,9 @@ DequantizeLinear, in one of two layouts (``lookups``):
   of it, which onnxruntime folds at load into a second fp32 copy. For a model without
   a KV cache, which looks up the whole sequence at every step, that is the faster trade.
 
+A head already on symmetric 8-bit grids in blocks along hidden (a GGUF Q8_0 table) is stored in
+those blocks instead, which restore it exactly (opset 21's blocked DequantizeLinear; ``columns``).
+
 An untied head and table are each stored int8 per token (the head per column, the
 table per row) under their own names.
 """
@@ -208,6 +211,10 @@ class StoreHeadPass(ir.passes.InPlacePass):
             dq = qz.blocked_dequantize_node(graph, names, name, b)
             stored = f"4-bit blocks of {self.block_size} along hidden"
             error = qz.relative_error(w, qz.dequantize_blocked(b))
+        elif (grid := self._symmetric_grid(model, w)) is not None:
+            dq = qz.blocked_dequantize_node(graph, names, name, grid)
+            stored = f"int8 blocks of {self.block_size} along hidden, on its grid (exact: as a GGUF Q8_0 file holds it)"
+            error = qz.relative_error(w, qz.dequantize_blocked(grid))
         else:
             if self.mode == "q4":
                 self._result.notes.append(
@@ -261,6 +268,14 @@ class StoreHeadPass(ir.passes.InPlacePass):
                 self._store_untied_table(graph, head.table)
         self._result.modified = True
         return self._result
+
+    def _symmetric_grid(self, model: ir.Model, w: np.ndarray) -> qz.Blocked | None:
+        """An int8 head already on symmetric 8-bit grids in blocks along hidden (a GGUF Q8_0 table), where a
+        blocked DequantizeLinear (opset 21) can hold it: its blocks, which restore it exactly (one scale per
+        token would move it: SmolLM2's by 1.2 %, for 3 % more bytes for the blocks' scales)."""
+        if self.mode != "int8" or model.opset_imports.get("", 0) < qz.BLOCKED_DQ_OPSET:
+            return None
+        return qz.on_symmetric_grid(w, 8, self.block_size)
 
     def _store_tied_rows(self, graph: ir.Graph) -> None:
         """The tied table int8 per token in its [vocab, hidden] layout; the head reads its Transpose."""

@@ -57,6 +57,7 @@ from onnxsmith.passes.last_token_logits import LastTokenLogitsPass
 from onnxsmith.passes.lower_to_opset import LowerToOpsetPass
 from onnxsmith.passes.name_dims import NameDimsPass
 from onnxsmith.passes.nbits_head import NBitsHeadPass
+from onnxsmith.passes.quantization import BLOCKED_DQ_IR_VERSION, BLOCKED_DQ_OPSET
 from onnxsmith.passes.quantize_weights import QuantizeWeightsPass, quantizable_weights
 from onnxsmith.passes.tied_head import LMHead, StoreHeadPass, find_lm_head
 from onnxsmith.passes.unflatten_matmul import UnflattenMatMulPass
@@ -83,9 +84,6 @@ from onnxsmith.runtime.lm_feeds import decode_step_feeds
 from onnxsmith.runtime.speed import seconds_per_run
 from onnxsmith.settings.quantize import QuantizeOptions
 
-#: Blocked DequantizeLinear (block_size, 4-bit types) is opset 21, which needs IR version 10.
-BLOCKED_DQ_OPSET = 21
-BLOCKED_DQ_IR_VERSION = 10
 #: Per-axis DequantizeLinear (the int8 head) is opset 13.
 PER_AXIS_DQ_OPSET = 13
 #: ``int8`` of a causal LM with a KV cache: 8-bit blocks as MatMulNBits with int8 activations (onnxruntime's
