@@ -33,6 +33,14 @@ def test_an_image_gets_the_first_stride_friendly_size_it_runs_at(save_proto):
     assert random_inputs(model)["x"].shape == (1, 1, 1, 1)  # random_inputs alone keeps its plain defaults
 
 
+def test_an_image_no_square_runs_at_is_sized_as_a_text_line(save_proto):
+    """A recogniser folds its height to one row (PaddleOCR's rec runs at no square side tried): 48 x 320, a
+    text line, not the 1 x 1 picture that exercises nothing. Here 48 * 320 = 15360 elements divide; no square's do."""
+    model = load_model(_image_model(save_proto, 48 * 320))
+    (feeds,) = inputs_that_run(model)
+    assert feeds["x"].shape == (1, 1, 48, 320)
+
+
 def test_the_image_size_in_the_models_metadata_comes_first(save_proto):
     model = load_model(_image_model(save_proto, 8, metadata={"imgsz": "[96, 128]"}))
     feeds = inputs_that_run(model, samples=2)

@@ -8,7 +8,7 @@ itself that they run:
 
 * an image's height and width (the spatial axes of a 4-D float input) are what the
   model's metadata says (Ultralytics writes ``imgsz``), else stride-friendly 224, then
-  320 and 640;
+  320 and 640, then a text line (48 x 320, 32 x 320: a recogniser runs at no square);
 * the samples of a waveform a length input measures (an utterance, as an ASR front end takes it:
   :mod:`onnxsmith.analysis.input_roles`) are one second at 16 kHz first: a front end runs at 1 sample
   too, and its few frames prove nothing;
@@ -43,6 +43,9 @@ from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random
 
 #: Image sides tried in turn, after the model's own (metadata).
 IMAGE_SIDES = (224, 320, 640)
+#: Then text lines, (heights, widths) in step: a recogniser whose network folds the height to one row runs at
+#: none of the squares (PaddleOCR's 48 x 320 crops, CRNN's 32 x 320), and a 1 x 1 picture exercises nothing.
+LINE_SIDES = ((48, 32), (320, 320))
 #: Other unsized dims grow to these when the model does not run at their default.
 GROWN_SIZES = (64, 512)
 #: Metadata keys that hold an image size ('[320, 320]', '640', '224,224').
@@ -158,7 +161,8 @@ def _guess(
     if axis in spatial:
         side = spatial.index(axis)
         own = (image[side],) if image else ()
-        return Guess(dim, spec.name, axis, (*own, *(s for s in IMAGE_SIDES if s not in own), default), "HW"[side])
+        sides = (*own, *(s for s in IMAGE_SIDES if s not in own), *LINE_SIDES[side], default)
+        return Guess(dim, spec.name, axis, sides, "HW"[side])
     if dim is None and axis != len(spec.dims) - 1:
         return Guess(
             dim, spec.name, axis, (default,)
