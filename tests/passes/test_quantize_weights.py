@@ -299,7 +299,7 @@ def test_grid_weights_reading_one_input_run_as_one_matmulnbits_and_compute_the_s
     by_constant = [n for n in model.graph if n.op_type == "MatMul" and n.inputs[1].const_value is not None]
     assert len(by_constant) == 4 * layers + 1  # the offsets' products, and the head (excluded)
     assert f"{5 * layers} grid weights that read the same input" in " ".join(result.notes)
-    packed = [row for row in result.rows if "packed with" in row["stored as"]]
+    packed = [row for row in result.rows if "one MatMulNBits for the weights" in row["stored as"]]
     assert len(packed) == 5 * layers and max(row["rel. error"] for row in packed) < 1e-5
     sig = lm_signature(source)
     prompt = lm_feeds(sig, np.array([[5, 9, 2, 7, 1, 3]], np.int64))

@@ -159,8 +159,8 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
                 )
         if packed:
             self._result.notes.append(
-                f"{sum(len(g) for g in packed)} grid weights that read the same input (a "
-                f"layer's q, k and v; gate and up) run as {len(packed)} MatMulNBits, one block-offset product each, split "
+                f"{sum(len(g) for g in packed)} grid weights that read the same input as another (a decoder "
+                f"layer's q, k and v, say) run as {len(packed)} MatMulNBits, one block-offset product each, split "
                 "after: fewer small nodes per call"
             )
         self._result.notes.extend(self._notes(uneven, on_grids))
@@ -268,7 +268,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         for sibling in group:
             sibling.row["stored as"] = (
                 f"MatMulNBits {self.bits}-bit, block {self.block_size}, on its grid (exact: levels + block offsets), "
-                f"packed with the weights reading the same input ({others})"
+                f"one MatMulNBits for the weights reading its input ({others})"
             )
         return True
 
