@@ -123,22 +123,37 @@ def test_pictures_of_a_few_pixels_tell_nothing(save_proto):
     assert infer_image_ranges(model, tiny) == {} and input_roles(model)["x"].range_guessed
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize("convention", ["0..255", "normalized"])
-def test_torch_exports_of_a_conv_bn_stem(tmp_path, dynamo, convention):
-    """A stem as torch writes it (the TorchScript exporter folds the BatchNormalization, the dynamo one keeps
-    it), its running statistics those of photos in ``convention``."""
+def _focus():
+    """YOLOv5's Focus: space-to-depth written as four strided Slices that one Concat gathers again."""
     import torch
 
-    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    class Focus(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
+
+    return Focus()
+
+
+@pytest.mark.parametrize("focus", [False, True], ids=["conv", "focus"])
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("convention", ["0..255", "normalized"])
+def test_torch_exports_of_a_conv_bn_stem(tmp_path, dynamo, convention, focus):
+    """A stem as torch writes it (the TorchScript exporter folds the BatchNormalization, the dynamo one keeps
+    it), its running statistics those of photos in ``convention``; the Conv reads them directly or through a
+    Focus."""
+    import torch
+
+    layers = [_focus()] if focus else []
+    layers += [torch.nn.Conv2d(12 if focus else 3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+    stem = torch.nn.Sequential(*layers)
     stem.eval()
     pictures = torch.from_numpy(
         image((4, *SHAPE[1:]), "NCHW", convention, np.dtype(np.float32), np.random.default_rng(5))
     )
     with torch.no_grad():
-        out = stem[0](pictures)
-        stem[1].running_mean.copy_(out.mean(dim=(0, 2, 3)))
-        stem[1].running_var.copy_(out.var(dim=(0, 2, 3)))
+        out = stem[:-2](pictures)
+        stem[-2].running_mean.copy_(out.mean(dim=(0, 2, 3)))
+        stem[-2].running_var.copy_(out.var(dim=(0, 2, 3)))
     path = tmp_path / "stem.onnx"
     torch.onnx.export(stem, (pictures[:1],), str(path), input_names=["x"], output_names=["y"], dynamo=dynamo)
     model = load_model(path)

@@ -42,6 +42,8 @@ CONVENTIONS = ("0..255", "normalized", "0..1")
 _AFFINE = frozenset({"Add", "Sub", "Mul", "Div", "BatchNormalization"})
 #: Ops between the input and its first Conv that leave the pictures' values as they are.
 _PASS = frozenset({"Cast", "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Pad"})
+#: What may lie between the input and its first Conv: those, and Slices (a space-to-depth gathered by a Concat).
+_REARRANGE = _PASS | {"Slice"}
 _HOPS = 8
 #: Pictures smaller than this on a side (a size the model merely runs at) tell nothing.
 _MIN_SIDE = 16
@@ -85,18 +87,32 @@ def _sides(shape: tuple[int, ...], layout: str | None) -> tuple[int, int]:
 
 
 def _first_conv(value: ir.Value) -> ir.Node | None:
-    """The Conv that reads ``value`` first, through ops that keep its values (each the one use)."""
-    for _ in range(_HOPS):
-        uses = list(value.uses())
-        if len(uses) != 1:
+    """The Conv that reads ``value`` first, through ops that keep its values: one after another, or a
+    space-to-depth written out as Slices that one Concat gathers again (YOLOv5's Focus); every path must end
+    in that one Conv, and a Concat must gather nothing else."""
+    convs: set[ir.Node] = set()
+    concats: set[ir.Node] = set()
+    walked, pending = {value}, [value]
+    while pending:
+        if len(walked) > _HOPS * 4:
             return None
-        node, index = uses[0]
-        if node.op_type == "Conv" and node.domain == "" and index == 0:
-            return node
-        if node.op_type not in _PASS or index != 0 or not node.outputs:
+        uses = list(pending.pop().uses())
+        if not uses:
             return None
-        value = node.outputs[0]
-    return None
+        for node, index in uses:
+            if node.op_type == "Conv" and node.domain == "" and index == 0:
+                convs.add(node)
+                continue
+            if node.op_type == "Concat" and node.domain == "":
+                concats.add(node)
+            elif node.op_type not in _REARRANGE or index != 0:
+                return None
+            if node.outputs and node.outputs[0] not in walked:
+                walked.add(node.outputs[0])
+                pending.append(node.outputs[0])
+    if any(v not in walked for concat in concats for v in concat.inputs):
+        return None
+    return convs.pop() if len(convs) == 1 else None
 
 
 def _decide(model: ir.Model, conv: ir.Node, feeds: dict[str, np.ndarray], role: InputRole) -> Inferred | None:
