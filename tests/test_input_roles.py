@@ -416,7 +416,7 @@ def test_numbered_stream_states_are_zeros_not_images(save_proto):
         "fsmn",
     )
     roles = input_roles(model)
-    assert roles["speech"].kind == WAVEFORM
+    assert roles["speech"].kind == GENERIC  # features per frame, not samples
     assert {name: roles[name].kind for name in roles if name != "speech"} == dict.fromkeys(
         [f"in_cache{i}" for i in range(4)] + ["state1", "enc.cache_2"], STATE
     )
@@ -424,10 +424,24 @@ def test_numbered_stream_states_are_zeros_not_images(save_proto):
     assert feeds["in_cache3"].shape == (1, 128, 19, 1) and not feeds["in_cache3"].any()
 
 
+@pytest.mark.parametrize(
+    ("shape", "kind"),
+    [(["batch", "samples"], WAVEFORM), (["batch", 1, "samples"], WAVEFORM), (["batch", "frames", 80], GENERIC)],
+)
+def test_a_speech_input_is_a_waveform_only_in_a_waveform_s_shape(save_proto, shape, kind):
+    """Samples per channel ([B, T], [B, 1, T]) are a waveform; [B, T, 80] named `speech` is features per frame."""
+    model = _identity_model(
+        save_proto, [helper.make_tensor_value_info("speech", TensorProto.FLOAT, shape)], f"speech{len(shape)}"
+    )
+    assert input_roles(model)["speech"].kind == kind
+
+
 @pytest.mark.realmodel
 def test_fsmn_vad_streams_from_zero_caches():
+    """Its `speech` is [1, frames, 400]: features per frame (80 mel bins x 5 frames stacked), not samples."""
     roles = input_roles(load_model(real_model("fsmn_vad")))
     assert [roles[f"in_cache{i}"].kind for i in range(4)] == [STATE] * 4
+    assert roles["speech"].kind == GENERIC
 
 
 def _conv_image(save_proto, name: str, metadata: dict[str, str] | None = None):

@@ -288,8 +288,9 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
     image = _image(value)
     if image is not None:
         return image
-    # a waveform: a float [T], [B, T] or [B, 1, T] named so, measured by a length, or read by an STFT
-    if kind == "f" and rank in (1, 2, 3):
+    # a waveform: a float [T], [B, T] or [B, C, T] (C a channel or two) named so, measured by a length, or read
+    # by an STFT; not [B, T, F] (FunASR's FSMN VAD names its 400 features per frame `speech`)
+    if kind == "f" and rank in (1, 2, 3) and (rank != 3 or _audio_channels(value.shape[1])):
         if name in measured:
             return InputRole(name, WAVEFORM, "a length input measures it")
         if _WAVEFORM_NAME.search(lowered):
@@ -297,6 +298,11 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
         if _reaches(value, {"STFT", "DFT"}):
             return InputRole(name, WAVEFORM, "an STFT reads it")
     return InputRole(name, GENERIC)
+
+
+def _audio_channels(dim) -> bool:
+    """Whether ``dim`` is a waveform's channel count: fixed at 1 or 2."""
+    return isinstance(dim, int) and dim in (1, 2)
 
 
 def _kind(value: ir.Value) -> str:
