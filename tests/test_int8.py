@@ -125,10 +125,12 @@ def test_two_pass_activations_and_compensated_rounding_cut_the_error_of_the_same
         age, gender = _ages(out, crops)
         assert np.array_equal(gender, ref_gender)
         error[label] = np.abs(age - ref_age).mean()
-    # measured: plain 1.36 years, compensated 0.99, two-pass 0.59, two-pass compensated 0.04
-    assert error["compensated"] < 0.85 * error["plain"]
-    assert error["two-pass"] < 0.6 * error["plain"]
-    assert error["two-pass compensated"] < 0.2 * error["two-pass"]
+    # measured: plain 1.17 years, compensated 0.66, two-pass 0.29, two-pass compensated 0.24 (with all 8 bits of
+    # every weight: 1.36, 0.99, 0.59, 0.04; once the activations are nearly exact, the half bit the weight pairs
+    # cost is what is left: without a search (sensitivity off) nothing takes 8-bit weights)
+    assert error["compensated"] < 0.7 * error["plain"]
+    assert error["two-pass"] < 0.4 * error["plain"]
+    assert error["two-pass compensated"] < 0.9 * error["two-pass"]
 
 
 def test_told_how_the_gate_measures_int8_quantizes_activations_in_two_passes(tmp_path):
@@ -169,7 +171,9 @@ def test_told_how_the_gate_measures_int8_chooses_what_the_gate_accepts(tmp_path)
     everything = free.stats["measured_output_error"]
     int8 = sum(r["int8"] == "yes" for r in free.tables["Linears"])
     assert everything > 0 and int8 > 4
-    allowed = everything / 2  # a gate stricter than the budget: half the error everything int8 gives
+    # a gate stricter than the budget, and than what 8-bit weights everywhere reach (two-pass activations leave
+    # the weights most of the error)
+    allowed = everything / 5
 
     def judge(reference, candidate):
         return relative_output_error([reference], [candidate]) / allowed
@@ -251,15 +255,16 @@ def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path
     assert cosine >= 0.995
     report = result.reports[0]
     rows = {r["linear"]: r for r in report.tables["Linears"]}
-    assert all(r["int8"] == "yes" for r in rows.values()) and len(rows) == 18
-    # Layer 0's FFN output projection reads a per-token outlier (unit 256 at ~22 on CLS/SEP only): smoothing left it
-    # over the budget (fp32); with that unit and the next multiplied in fp32 beside the int8 product, it fits.
-    assert rows["Gemm_9"]["smoothing"].startswith("channel(s) 256, 954 fp32 beside it")
+    assert len(rows) == 18 and [name for name, r in rows.items() if r["int8"] != "yes"] == ["Gemm_9"]
+    # Layer 0's FFN output projection reads a per-token outlier (unit 256 at ~22 on CLS/SEP only). With all 8 bits
+    # of its weight, its units 256 and 954 multiplied in fp32 beside the int8 product fitted the budget; within the
+    # weight pairs (passes/quantization.py) that form is over it, so it stays fp32, said why.
+    assert rows["Gemm_9"]["why"].endswith(f"over the budget {report.stats['error_budget']:g}")
     assert [r["int8"] for r in report.tables["Embedding tables"]] == ["yes"]  # the 47 MB token table
     assert out.stat().st_size <= 0.3 * source.stat().st_size
     # Post-LN: the residual reads each LayerNorm's output too, so smoothing costs a Mul per input (shared by the
     # query, key and value projections of one).
-    smoothed = {r["linear"] for r in report.tables["Linears"] if r["smoothing"] != "-"}
+    smoothed = {r["linear"] for r in report.tables["Linears"] if r["form"] != "-"}
     smoothing_muls = [n for n in load_model(out).graph if n.op_type == "Mul" and n.name.endswith("_smooth_Mul")]
     assert 0 < len(smoothing_muls) <= len(smoothed)
     assert report.stats["measured_output_error"] <= report.stats["error_budget"]
@@ -533,10 +538,10 @@ def test_smoothing_that_folds_into_a_layernorm_is_used_where_offered(tmp_path, r
     assert op_count(variant, "Mul") == 0
     if residual:
         assert not any(n.startswith("smoothing folded") for n in report.notes)
-        assert all(r["smoothing"] == "-" for r in rows)  # within the budget unsmoothed: no Mul asked for
+        assert all(r["form"] == "-" for r in rows)  # within the budget unsmoothed: no Mul asked for
     else:
         assert "smoothing folded into LayerNorms (no run-time cost) for 2 Linears" in report.notes
-        assert all(r["smoothing"].startswith("alpha") for r in rows)
+        assert all(r["form"].startswith("smoothed, alpha") for r in rows)
         ln = next(n for n in variant.graph if n.op_type == "LayerNormalization")
         assert ln.inputs[1].name != "gamma"  # its scale carries the smoothing now
 
@@ -554,7 +559,7 @@ def test_a_weight_shared_by_layers_is_stored_int8_once(tmp_path, copies):
     assert [r["int8"] for r in rows] == ["yes"] * 3 and all(r["rounding"] == "error-compensated" for r in rows)
     assert result.comparison.passed  # run in onnxruntime against the source
     stored = onnx.load(out).graph.initializer
-    assert [tuple(t.dims) for t in stored if t.data_type == TensorProto.UINT8 and len(t.dims) == 2] == [(64, 64)]
+    assert [tuple(t.dims) for t in stored if t.data_type == TensorProto.INT8 and len(t.dims) == 2] == [(64, 64)]
     assert not any(t.data_type == TensorProto.FLOAT and tuple(t.dims) == (64, 64) for t in stored)
     assert out.stat().st_size < 0.5 * source.stat().st_size
 
@@ -582,3 +587,44 @@ def test_error_compensation_needs_calibration_rows_for_the_width_of_the_input(tm
     assert [r["rounding"] for r in report.tables["Linears"]] == ["error-compensated" if compensated else "nearest"]
     assert ("1 rounded to nearest: calibrated on fewer rows" in report.notes[0]) != compensated
     assert result.comparison.passed  # run in onnxruntime against the source
+
+
+def _pixels_linear(path, k=64):
+    """uint8 pixels / 255 @ W: DynamicQuantizeLinear gets the pixels back exactly (scale 1 / 255), so the int8
+    error is the weights' alone."""
+    w = (np.random.default_rng(4).standard_normal((k, k)) / np.sqrt(k)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["pixels"], ["p"], to=TensorProto.FLOAT),
+            helper.make_node("Div", ["p", "full"], ["x"]),
+            helper.make_node("MatMul", ["x", "W"], ["y"], name="fc"),
+        ],
+        "pixels_linear",
+        [helper.make_tensor_value_info("pixels", TensorProto.UINT8, [1, 48, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, k])],
+        [onnx.numpy_helper.from_array(np.array(255, np.float32), "full"), onnx.numpy_helper.from_array(w, "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_weights_take_all_8_bits_only_where_the_budget_needs_them(tmp_path):
+    """int8 weights within pairs (fast everywhere, about half a bit short) unless their error is over the budget
+    and all 8 bits (uint8 weights, a slower kernel) bring it within: on a Linear whose activations quantize
+    exactly, the weights are the whole error."""
+    source = _pixels_linear(tmp_path / "m.onnx")
+    rng = np.random.default_rng(5)
+    feeds = [{"pixels": rng.integers(0, 256, (1, 48, 64), dtype=np.uint8)} for _ in range(2)]
+    stored = {}
+    for label, budget in (("pairs", None), ("wide", "tight")):
+        options = {} if budget is None else {"error_budget": 0.9 * stored["pairs"][2]}
+        result = _int8(source, tmp_path / f"{label}.onnx", feeds=feeds, speed=False, **options)
+        report = result.reports[0]
+        (row,) = report.tables["Linears"]
+        weights = [t for t in onnx.load(tmp_path / f"{label}.onnx").graph.initializer if len(t.dims) == 2]
+        stored[label] = (row, weights[0].data_type, report.stats["measured_output_error"])
+        assert row["int8"] == "yes" and result.comparison.passed  # run in onnxruntime against the source
+    (pairs_row, pairs_type, pairs_error), (wide_row, wide_type, wide_error) = stored["pairs"], stored["wide"]
+    assert (pairs_row["form"], pairs_type) == ("-", TensorProto.INT8)
+    assert wide_row["form"].startswith("8-bit weights (uint8, a slower kernel)") and wide_type == TensorProto.UINT8
+    assert 0 < wide_error < 0.9 * pairs_error  # the half bit the pairs cost, measured

@@ -56,7 +56,7 @@ def test_a_closed_probe_lets_go_of_its_int8_weights_at_once():
     made = [
         weakref.ref(value.const_value.numpy())
         for value in probe.model.graph.initializers.values()
-        if value.const_value is not None and value.const_value.dtype == ir.DataType.UINT8 and value.shape.rank() == 2
+        if value.const_value is not None and value.const_value.dtype == ir.DataType.INT8 and value.shape.rank() == 2
     ]
     assert made
     gc.disable()

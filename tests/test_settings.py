@@ -123,7 +123,7 @@ def test_an_option_declared_once_is_a_flag_a_recipe_key_and_a_keyword(tmp_path):
 
 
 #: Each verifying command's default ``--samples``, as it was before settings/inputs.py declared the flags.
-_SAMPLES = {"fp16": 4, "fuse": 2, "shrink": 2, "int8": 2, "extract": 2, "compare": 1}
+_SAMPLES = {"fp16": 4, "fuse": 2, "shrink": 2, "int8": 4, "extract": 2, "compare": 1}
 
 
 def _inputs_of(argv: list[str]) -> dict[str, object]:

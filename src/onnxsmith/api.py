@@ -365,7 +365,7 @@ def shrink(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
     return transform(model, "shrink", samples=samples, **keywords)
 
 
-def int8(model: ModelLike, *, samples: int = 2, **keywords) -> Variant:
+def int8(model: ModelLike, *, samples: int = 4, **keywords) -> Variant:
     """Linear layers int8 for onnxruntime on CPU where measured error allows (``onnxsmith int8``).
 
     Options: ``error_budget``, ``max_layer_error``, ``smooth_gain``, ``sensitivity``, ``two_pass_activations``,

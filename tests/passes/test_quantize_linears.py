@@ -90,10 +90,10 @@ def test_outputs_match_in_onnxruntime(tmp_path, smooth):
     ref, out = _run(source, x)["y"], _run(after, x)["y"]
     rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert 0 < rel < 0.03  # int8 error, not a different function
-    # weights stay quantized in the file: 8-bit tensors (uint8, zero point 128), no fp32 copy of W1/W2t
+    # weights stay quantized in the file: int8 tensors (zero point 0), no fp32 copy of W1/W2t
     stored = {t.name: t.data_type for t in onnx.load(after).graph.initializer}
     assert "W1" not in stored and "W2t" not in stored
-    assert sum(1 for t in stored.values() if t == TensorProto.UINT8) == 4  # the weights and their zero points
+    assert sum(1 for t in stored.values() if t == TensorProto.INT8) == 4  # the weights and their zero points
 
 
 def _avx2_product(xq: np.ndarray, wq: np.ndarray) -> np.ndarray:
@@ -104,11 +104,14 @@ def _avx2_product(xq: np.ndarray, wq: np.ndarray) -> np.ndarray:
     return np.clip(pairs, -(2**15), 2**15 - 1).sum(axis=1)
 
 
-def test_int8_weights_compute_the_same_numbers_on_every_cpu(tmp_path):
+@pytest.mark.parametrize("wide", [False, True], ids=["pairs", "wide"])
+def test_int8_weights_compute_the_same_numbers_on_every_cpu(tmp_path, wide):
     """A full-range int8 weight saturates the int16 pair sums of the uint8 x int8 kernel that CPUs without VNNI run
-    (emulated: this machine may have VNNI), so the weight is stored uint8 with zero point 128, the same 8-bit
-    values, which every CPU multiplies exactly: onnxruntime's output is the exact integer product here, and a
-    variant verified on one CPU holds on every other."""
+    (emulated: this machine may have VNNI). By default each pair of a column's rows (k, k + 1) keeps
+    |q_k| + |q_k+1| <= 128: 255 * 128 fits, and onnxruntime's output is the exact integer product, the one that
+    kernel computes too, at about half a bit of the column's range. ``wide`` weights keep all 8 bits, stored uint8
+    with zero point 128 (uint8 x uint8 widens first: exact too). Either way a variant verified on one CPU holds on
+    every other."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((K, N)) * 0.1).astype(np.float32)
     graph = helper.make_graph(
@@ -121,22 +124,31 @@ def test_int8_weights_compute_the_same_numbers_on_every_cpu(tmp_path):
     source = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
     model = load_model(source)
-    QuantizeLinearsPass({"fc": LinearPlan(None)})(model)
+    QuantizeLinearsPass({"fc": LinearPlan(wide=wide)})(model)
     (node,) = [n for n in model.graph if n.op_type == "MatMulIntegerToFloat"]
     wq, w_scale, w_zero_point = (const_array(node.inputs[i]) for i in (1, 3, 5))
-    assert wq.dtype == np.uint8 and w_zero_point.dtype == np.uint8 and (w_zero_point == 128).all()
-    signed = wq.astype(np.int64) - 128
-    np.testing.assert_array_equal(signed, qz.quantize_per_channel_int8(w, axis=1).q)  # 8 bits, all of them
+    full = qz.quantize_per_channel_int8(w, axis=1)
     worst = np.full((4, K), 255, np.uint8)
-    assert not np.array_equal(_avx2_product(worst, signed.astype(np.int8)), worst.astype(np.int64) @ signed)
-    # onnxruntime gives the exact product: x >= 0, so DynamicQuantizeLinear's zero point is 0 and its scale
-    # max(x) / 255; then xq @ (wq - 128) * x_scale * w_scale
+    assert not np.array_equal(_avx2_product(worst, full.q), worst.astype(np.int64) @ full.q.astype(np.int64))
+    if wide:
+        assert wq.dtype == np.uint8 and w_zero_point.dtype == np.uint8 and (w_zero_point == 128).all()
+        q = wq.astype(np.int64) - 128
+        np.testing.assert_array_equal(q, full.q)  # 8 bits, all of them
+    else:
+        assert wq.dtype == np.int8 and w_zero_point.dtype == np.int8 and (w_zero_point == 0).all()
+        q = wq.astype(np.int64)
+        assert 126 <= (np.abs(q[0::2]) + np.abs(q[1::2])).max() <= qz.PAIR_LIMIT  # the widest pair near the limit
+        assert 1.2 < float(np.mean(w_scale / full.scale)) < 1.6  # the price: about half a bit
+    # onnxruntime gives the exact product (and within pairs, so does the emulated kernel): x >= 0, so
+    # DynamicQuantizeLinear's zero point is 0 and its scale max(x) / 255; then xq @ q * x_scale * w_scale
     after = save_ir(model, tmp_path / "after.onnx")
     x = np.abs(rng.standard_normal((10, K))).astype(np.float32)
     x[0, :] = x.max()  # a row of 255s: the worst case for the pair sums
     x_scale = np.float32(x.max()) / np.float32(255)
     xq = np.clip(np.rint(x / x_scale), 0, 255).astype(np.int64)
-    exact = (xq @ signed) * (np.float64(x_scale) * w_scale.astype(np.float64))
+    if not wide:
+        np.testing.assert_array_equal(_avx2_product(xq, wq), xq @ q)
+    exact = (xq @ q) * (np.float64(x_scale) * w_scale.astype(np.float64))
     np.testing.assert_allclose(_run(after, x)["y"], exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
@@ -149,7 +161,7 @@ def test_shared_weight_is_quantized_once_and_a_shared_input_once(tmp_path):
     ops = [n.op_type for n in model.graph]
     assert ops.count("DynamicQuantizeLinear") == 2  # x for fc1; h2 once for fc2 and fc3
     after = save_ir(model, tmp_path / "after.onnx")
-    int8 = [t for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.UINT8 and len(t.dims) == 2]
+    int8 = [t for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.INT8 and len(t.dims) == 2]
     assert len(int8) == 2  # W1 once for fc1 and fc3, W2t once
     x = np.random.default_rng(3).standard_normal((6, K)).astype(np.float32)
     ref, out = _run(source, x), _run(after, x)
@@ -297,7 +309,7 @@ def test_outlier_channels_kept_out_of_the_int8_product(tmp_path):
         # apart: a Mul zeroes them before the quantization, Gather -> MatMul -> Add brings them back in fp32
         assert (ops.count("Mul"), ops.count("Gather"), ops.count("MatMul")) == ((1, 1, 1) if outliers else (0, 0, 0))
         int8_weight = next(v for v in model.graph.initializers.values() if v.name.startswith("W_int8"))
-        assert (int8_weight.const_value.numpy()[list(outliers)] == 128).all()  # 0: would widen the scales
+        assert (int8_weight.const_value.numpy()[list(outliers)] == 0).all()  # zeroed: they would widen the scales
         out = _run(save_ir(model, tmp_path / f"after{len(outliers)}.onnx"), x)["y"]
         errors[outliers] = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     assert errors[(5, 9)] < errors[()] / 3 and errors[(5, 9)] < 0.02, errors
@@ -327,7 +339,7 @@ def test_two_pass_activations_cut_the_activation_rounding_error(tmp_path):
         assert ops.count("DynamicQuantizeLinear") == (4 if two_pass else 2)
         assert ops.count("DequantizeLinear") == ops.count("Sub") == ops.count("Add") == (2 if two_pass else 0)
         after = save_ir(model, tmp_path / f"two_pass_{two_pass}.onnx")
-        int8 = [t for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.UINT8 and len(t.dims) == 2]
+        int8 = [t for t in onnx.load(after).graph.initializer if t.data_type == TensorProto.INT8 and len(t.dims) == 2]
         assert len(int8) == 2  # one int8 weight per Linear, read by both passes
         errors[two_pass] = _rel_error(source, after, x)
     assert 0 < errors[True] < 0.5 * errors[False]

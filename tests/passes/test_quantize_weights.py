@@ -207,19 +207,21 @@ def test_a_graph_without_constant_matmul_weights_is_unchanged(save_proto):
 
 
 def test_error_compensated_rounding_weighs_errors_by_the_inputs():
-    """GPTQ rounding of passes/quantization.py: the scales of rounding to nearest, int8 within ±127, and a
-    smaller ||X (w - w_int8)|| on inputs X like the calibration's; an input channel never seen is rounded to nearest."""
+    """GPTQ rounding of passes/quantization.py: the scales of rounding to nearest, int8 within ±127 and every pair of
+    rows within PAIR_LIMIT, and a smaller ||X (w - w_int8)|| on inputs X like the calibration's; an input channel
+    never seen is rounded to nearest."""
     rng = np.random.default_rng(0)
     k, n = 64, 32
     mixing = rng.standard_normal((k, k)) * np.geomspace(10.0, 0.1, k)[:, None]
     calibration = rng.standard_normal((1000, k)) @ mixing
     calibration[:, 5] = 0.0  # a channel the calibration never saw
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
-    plain = qz.quantize_per_channel_int8(w, axis=1)
+    plain = qz.quantize_linear_int8(w)
     compensated = qz.quantize_columns_compensated(w, qz.compensation_factor(calibration.T @ calibration))
     assert compensated.q.dtype == np.int8 and compensated.q.shape == w.shape and compensated.axis == 1
     np.testing.assert_array_equal(compensated.scale, plain.scale)
-    assert np.abs(compensated.q.astype(int)).max() <= 127
+    q = compensated.q.astype(int)
+    assert np.abs(q).max() <= 127 and (np.abs(q[0::2]) + np.abs(q[1::2])).max() <= qz.PAIR_LIMIT
     np.testing.assert_array_equal(compensated.q[5], plain.q[5])
     x = rng.standard_normal((500, k)) @ mixing
     x[:, 5] = 0.0
@@ -228,6 +230,19 @@ def test_error_compensated_rounding_weighs_errors_by_the_inputs():
         return np.linalg.norm(x @ (w - qz.dequantize_per_channel(p))) / np.linalg.norm(x @ w)
 
     assert 0 < error(compensated) < 0.7 * error(plain)
+
+
+def test_compensated_rounding_keeps_each_pair_within_its_room():
+    """Row 0's rounding error, compensated into row 1 ten-fold, asks row 1 for more than its pair leaves: it is cut
+    back to the room (then its own error is compensated onward), and the pair stays within PAIR_LIMIT."""
+    scale = 1.0 / 127
+    w = np.array([[63.7 * scale], [63.3 * scale]], np.float32)  # the widest pair: its sum maps to 127
+    factor = np.array([[1.0, 10.0], [0.0, 1.0]])
+    q = qz.quantize_columns_compensated(w, factor).q.astype(int)[:, 0]
+    wanted = round(63.3 - 10 * (63.7 - 64))  # row 1 after row 0's error (-0.3 steps) compensated: 66
+    assert wanted > qz.PAIR_LIMIT - 64 and list(q) == [64, qz.PAIR_LIMIT - 64]
+    wide = qz.quantize_columns_compensated(w, factor, pairs=False).q.astype(int)[:, 0]
+    assert abs(wide).sum() > qz.PAIR_LIMIT  # all 8 bits: nothing cut
 
 
 @pytest.mark.parametrize("fmt", ["nbits", "qdq"])

@@ -7,4 +7,6 @@ from onnxsmith.settings.int8 import INT8
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    register_transform(parser, INT8, samples=2)
+    # calibrated and verified on 4 made-up input sets: on 2, rxnmapper's int8 filled its error budget with choices that
+    # moved an attention argmax on other text (docs/int8.md)
+    register_transform(parser, INT8, samples=4)

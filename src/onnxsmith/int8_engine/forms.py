@@ -7,7 +7,17 @@ from types import MappingProxyType
 import numpy as np
 
 from onnxsmith.int8_engine.measure import measure_layer_errors
-from onnxsmith.int8_engine.parts import ALPHAS, COMPENSATION_ROWS, OUTLIERS, Part, Parts, replaced
+from onnxsmith.int8_engine.parts import (
+    ALPHAS,
+    COMPENSATION_ROWS,
+    OUTLIERS,
+    WIDE,
+    WIDE_GAIN,
+    WIDE_PREFERRED,
+    Part,
+    Parts,
+    replaced,
+)
 from onnxsmith.int8_engine.statistics import announced, input_grams
 from onnxsmith.passes import quantization as qz
 from onnxsmith.passes.quantize_linears import (
@@ -35,19 +45,26 @@ def offer_forms(
 ) -> tuple[dict, dict[str, Part]]:
     """(per candidate: form label -> :class:`LinearPlan`, the parts with what was measured of the forms).
 
-    The forms: plain, smoothed per alpha, and where the input has outlier channels, those apart. Measured: the
-    per-layer ``errors``, the ``outliers``, the form ``offered`` (the one that cuts the input's Linears' mean
-    error most, if by ``gain``) and ``offered_smoothing`` (the same among the smoothing alphas). With
-    ``two_pass`` activations (measured so): the plain form only (they leave almost no activation rounding error
-    for other forms to trade away); so do the readers of a weight in ``shared`` (:func:`shared_weights`: its one
-    int8 copy cannot change for one input)."""
+    The forms: plain (int8 weights within pairs), its weights in all 8 bits (WIDE: where the weights' half bit is
+    most of the error, at the cost of a slower kernel), smoothed per alpha, and where the input has outlier
+    channels, those apart. Measured: the per-layer ``errors``, the ``outliers``, the form ``offered`` (the one that
+    cuts the input's Linears' mean error most, if by ``gain``; WIDE if it cuts it by WIDE_GAIN and nearly as much)
+    and ``offered_smoothing`` (the same among the smoothing alphas). With ``two_pass`` activations (measured so):
+    plain and WIDE only (they leave almost no activation rounding error for other forms to trade away); the
+    readers of a weight in ``shared`` (:func:`shared_weights`: its one int8 copy cannot change for one input)
+    plain only."""
     forms: dict[str, dict] = {}
     outliers_of: dict[str, tuple[int, ...]] = {}
     for readers in by_input(candidates).values():
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
-        if two_pass or any(r.weight in shared for r in readers):
+        if any(r.weight in shared for r in readers):
+            for r in readers:
+                forms[r.name] = per_input
+            continue
+        per_input[WIDE] = LinearPlan(wide=True)
+        if two_pass:
             for r in readers:
                 forms[r.name] = per_input
             continue
@@ -63,7 +80,7 @@ def offer_forms(
             outliers_of[r.name] = outliers
     if not forms:
         return forms, dict(parts)
-    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, smoothed, outliers apart)")
+    context.progress(f"int8: measuring the int8 error of {len(forms)} Linears (plain, 8-bit weights, smoothed, ...)")
     errors = measure_layer_errors(path, context.feeds, forms, two_pass)
     changed: dict[str, Part] = {}
     for readers in by_input(candidates).values():
@@ -72,10 +89,17 @@ def offer_forms(
         offered = smoothing = None
         if labels:
             mean = {a: np.mean([measured[r.name].get(a, np.inf) for r in readers]) for a in (None, *labels)}
-            best = min(labels, key=lambda a: (mean[a], str(a)))
-            alpha = min(ALPHAS, key=lambda a: (mean[a], a))
-            offered = best if mean[best] < (1.0 - gain) * mean[None] else None
-            smoothing = alpha if mean[alpha] < (1.0 - gain) * mean[None] else None
+            others = [a for a in labels if a != WIDE and mean[a] < (1.0 - gain) * mean[None]]
+            best = min(others, key=lambda a: (mean[a], str(a)), default=None)
+            # 8-bit weights wherever they cut the error at all and nearly as much as the best other form: they
+            # cost no Mul and fit nothing to the calibration inputs (smoothing factors fitted to made-up inputs
+            # measured well on them and put fsmn-vad's decisions at 59 % on speech-level ones)
+            wide = WIDE in mean and mean[WIDE] < (1.0 - WIDE_GAIN) * mean[None]
+            offered = WIDE if wide and (best is None or mean[WIDE] <= WIDE_PREFERRED * mean[best]) else best
+            alphas = [a for a in ALPHAS if a in mean]
+            if alphas:
+                alpha = min(alphas, key=lambda a: (mean[a], a))
+                smoothing = alpha if mean[alpha] < (1.0 - gain) * mean[None] else None
         for r in readers:
             changed[r.name] = parts[r.name].measured(
                 errors=MappingProxyType(dict(measured[r.name])),
@@ -115,7 +139,7 @@ def compensated_weights(path, context, candidates, shared: set, forms, parts: Pa
         context.progress, f"int8: error-compensated rounding of {len(by_name)} Linears (XᵀX of their inputs)"
     )
     for readers, gram in input_grams(path, context.feeds, set(by_name), engine=context.engine, progress=shards):
-        factors: dict = {}  # form label -> compensation factor of this input as that form prepares it
+        factors: dict = {}  # input key -> compensation factor of this input as a form prepares it
         for name in readers:
             linear, facts = by_name[name], parts[name].facts
             if linear.weight in shared:
@@ -126,12 +150,15 @@ def compensated_weights(path, context, candidates, shared: set, forms, parts: Pa
                 plan = forms[name].get(label)
                 if plan is None:
                     continue
-                if label not in factors:
+                prepared = plan.input_key()
+                if prepared not in factors:
                     scaling = plan.input_factor(linear.kn()[0])
-                    factors[label] = qz.compensation_factor(
+                    factors[prepared] = qz.compensation_factor(
                         gram if scaling is None else gram * np.outer(scaling, scaling)
                     )
-                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(plan.int8_weight(w), factors[label])
+                rounded[rounding_key(name, plan)] = qz.quantize_columns_compensated(
+                    plan.int8_weight(w), factors[prepared], pairs=not plan.wide
+                )
     # One rounding for every reader of a shared weight (the same array: stored once), compensated for all their
     # inputs together: what it minimises is the sum of their errors.
     for weight, gram in shared_grams.items():

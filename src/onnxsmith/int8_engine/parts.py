@@ -26,6 +26,12 @@ COMPENSATION_ROWS = 0.25
 ALPHAS: tuple[float, ...] = (0.5, 0.75, 0.9)
 #: The form label of an input's outlier channels kept out of the int8 product (passes/quantize_linears.py).
 OUTLIERS = "outliers"
+#: The form label of weights in all 8 bits (uint8: exact, a slower kernel) where int8 within pairs is the default.
+WIDE = "8-bit weights"
+#: ... offered where they cut an input's Linears' int8 error by this share (a slower kernel, nothing fitted) ...
+WIDE_GAIN = 0.05
+#: ... and their error is within this factor of the best other form's.
+WIDE_PREFERRED = 1.1
 #: Linears smaller than this on either side stay fp32 (nothing to gain).
 MIN_SIDE = 16
 #: Convs with fewer multiply-adds per output (input channels per group x kernel) stay fp32: QLinearConv
@@ -37,7 +43,7 @@ MIN_CONV_DEPTH = 128
 #: readers get that rounding for at most this share of speed (docs/int8.md: the ViT patch embedding).
 MIN_CONV_SHARE = 0.01
 
-#: A Linear's int8 form: a smoothing alpha, OUTLIERS, or None (plain).
+#: A Linear's int8 form: a smoothing alpha, OUTLIERS, WIDE, or None (plain).
 Form = float | str | None
 
 
@@ -161,7 +167,7 @@ def _linear_row(part: Part) -> dict[str, Any]:
         "rows": f.rows,
         "input outlier ratio": round(f.outlier_ratio, 1),
         "layer error": "-" if plain is None else f"{plain:.4f}",
-        "smoothing": _form_text(d.form, f.outliers, f.errors),
+        "form": _form_text(d.form, f.outliers, f.errors),
         "end-to-end error": "-" if d.piece_error is None else f"{d.piece_error:.2e} ({d.piece})",
         "int8": "yes" if d.int8 else "no",
         "rounding": ("error-compensated" if d.compensated else "nearest") if d.int8 else "-",
@@ -202,7 +208,9 @@ def _form_text(form: Form, outliers: tuple[int, ...], errors: Mapping[Form, floa
     error = f" ({errors[form]:.4f})" if form in errors else ""
     if form == OUTLIERS:
         return f"channel(s) {', '.join(map(str, outliers))} fp32 beside it{error}"
-    return f"alpha {form:g}{error}"
+    if form == WIDE:
+        return f"{WIDE} (uint8, a slower kernel){error}"
+    return f"smoothed, alpha {form:g}{error}"
 
 
 def vectors_per_sample(feeds: dict[str, np.ndarray]) -> int:

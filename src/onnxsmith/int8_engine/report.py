@@ -14,7 +14,7 @@ from onnxsmith.analysis.int8_policy import SpeedCheck
 from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.transform import StepReport, TransformContext
 from onnxsmith.int8_engine.convs import why_convs_fp32
-from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, Part, Parts, of_kind, vectors_per_sample
+from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, WIDE, Part, Parts, of_kind, vectors_per_sample
 from onnxsmith.settings.int8 import Int8Options
 
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
@@ -50,8 +50,9 @@ def describe_parts(report: StepReport, parts: Parts, budget, form) -> None:
     int8 = [p for p in linears if p.int8]
     flops = sum(p.flops for p in linears) or 1
     share = sum(p.flops for p in int8) / flops
-    smoothed = [p for p in int8 if p.decision.form is not None and p.decision.form != OUTLIERS]
+    smoothed = [p for p in int8 if p.decision.form not in (None, OUTLIERS, WIDE)]
     apart = [p for p in int8 if p.decision.form == OUTLIERS]
+    wide = [p for p in int8 if p.decision.form == WIDE]
     compensated = [p for p in int8 if p.decision.compensated]
     few_rows = [p for p in int8 if p.facts.few_rows]
     kernel = KERNEL_SPEEDUP / (2 if form.two_pass else 1)  # two-pass activations: two int8 GEMMs per Linear
@@ -65,8 +66,10 @@ def describe_parts(report: StepReport, parts: Parts, budget, form) -> None:
         )
     report.notes.insert(
         0,
-        f"{len(int8)} of {len(linears)} Linears int8 (int8 weights per output column, activations per tensor at "
-        f"run time{', in two passes' if form.two_pass else ''}), {share:.0%} of the Linears' multiply-adds"
+        f"{len(int8)} of {len(linears)} Linears int8 (int8 weights per output column, within pairs along K, "
+        f"activations per tensor at run time{', in two passes' if form.two_pass else ''}), {share:.0%} of the "
+        "Linears' multiply-adds"
+        + (f"; {len(wide)} with {WIDE} (uint8: exact, a slower kernel; within pairs over the budget)" if wide else "")
         + (f"; {len(compensated)} with error-compensated rounding" if compensated else "")
         + (
             f"; {len(few_rows)} rounded to nearest: calibrated on fewer rows than {COMPENSATION_ROWS:g} of their "

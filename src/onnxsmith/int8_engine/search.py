@@ -11,7 +11,7 @@ import numpy as np
 from onnxsmith.analysis.int8_policy import Selection, SpeedCheck, keep_fast, search
 from onnxsmith.int8_engine.forms import folding_linears
 from onnxsmith.int8_engine.measure import SensitivityProbe, unsmoothed_name
-from onnxsmith.int8_engine.parts import OUTLIERS, Part, Parts, replaced
+from onnxsmith.int8_engine.parts import OUTLIERS, WIDE, Part, Parts, replaced
 from onnxsmith.passes.quantize_convs import ConvPlan
 from onnxsmith.passes.quantize_linears import Int8Form, Linear, LinearPlan, by_input, smoothing_folds
 from onnxsmith.passes.quantize_tables import Table
@@ -89,8 +89,8 @@ def search_parts(space: SearchSpace, context, budget, options, report):
                 probe = open_probe(offered)
                 smoothed = _measured(probe, every, context.judge, budget)
                 report.notes.append(
-                    f"smoothing or outliers apart offered for {len(costly)} more Linears (a Mul each input): "
-                    f"everything int8 {plain:.2e} without, {smoothed:.2e} with it"
+                    f"another form offered for {len(costly)} more Linears (smoothing or outliers apart: a Mul each "
+                    f"input; {WIDE}: a slower kernel): everything int8 {plain:.2e} without, {smoothed:.2e} with it"
                 )
                 if smoothed < plain:
                     used, everything = dict(offered), smoothed
@@ -164,7 +164,7 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
             probe.close()
             runs += probe.runs
         for label, n_names, error in dropped:
-            steps.append(f"smoothing of {label} dropped: {error:.2e}")
+            steps.append(f"{label} dropped: {error:.2e}")
             for n in n_names:
                 del used[n]
     report.notes.append(
@@ -187,14 +187,15 @@ def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> 
 
 def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budget, runs_left, measured):
     """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
-    dropped where the outputs stay within ``budget`` without it, the least helpful first: one measured run per
+    outliers apart and 8-bit weights (a slower kernel), dropped where the outputs stay within ``budget`` without, the least helpful first: one measured run per
     role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
     for each drop, the final measured error)."""
     units: dict[tuple, list] = {}
     for x, readers in by_input(candidates).items():
         smoothed = [r for r in readers if r.name in used]
-        apart = any(used[r.name] == OUTLIERS for r in smoothed)  # the Gather reads the input: no fold
-        if not smoothed or (not apart and smoothing_folds(x, [r.node for r in readers if r.name in chosen])):
+        # outliers apart (the Gather reads the input) and wide weights (a slower kernel) cost where nothing folds
+        costs = any(used[r.name] in (OUTLIERS, WIDE) for r in smoothed)
+        if not smoothed or (not costs and smoothing_folds(x, [r.node for r in readers if r.name in chosen])):
             continue
         key = tuple(sorted({parts[r.name].role.split(" #")[0] for r in smoothed}))
         units.setdefault(key, []).extend(smoothed)
@@ -218,7 +219,8 @@ def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budg
         if error <= budget:
             current, measured = trial, error
             roles = key[0] + (f" and {len(key) - 1} more role(s)" if len(key) > 1 else "")
-            dropped.append((f"{len(linears)} Linears ({roles})", [r.name for r in linears], error))
+            what = WIDE if all(used[r.name] == WIDE for r in linears) else "smoothing"
+            dropped.append((f"{what} of {len(linears)} Linears ({roles})", [r.name for r in linears], error))
     return dropped, measured
 
 

@@ -12,11 +12,14 @@ Two layouts, both of a weight ``w`` of a MatMul ``x @ w`` (``w`` is [K, N]):
 
 A weight that onnxruntime's integer kernels multiply by uint8 activations must not use all of int8:
 on x86 CPUs without VNNI (AVX2; CI's runners are a mix) uint8 x int8 goes through vpmaddubsw, which
-adds each pair of products into int16 with saturation, and full-range weights overflow it
-(255 * 127 * 2; measured: a product 10 % off, where VNNI's kernels are exact). So a Linear's weight
-(MatMulIntegerToFloat) is stored uint8 (:func:`as_uint8`: uint8 x uint8 widens to int16 first, exact
-in 8 bits), and a Conv's int8 weight (QLinearConv, whose symmetric kernels need int8) keeps
-|q| <= :data:`CONV_INT8_LIMIT` (255 * 64 * 2 = 32,640 fits). docs/int8.md has the measurements.
+adds each pair of products along K (rows k and k + 1, k even: MLAS packs K in fours) into int16 with
+saturation, and full-range weights overflow it (255 * 127 * 2; measured: a product 10 % off, where VNNI's
+kernels are exact). So a Linear's int8 weight (MatMulIntegerToFloat) either keeps each such pair's
+``|q_k| + |q_k+1| <= PAIR_LIMIT`` (:func:`quantize_linear_int8`; 255 * 128 = 32,640 fits), which costs
+about half a bit of a column's range, or is stored uint8 with all 8 bits (:func:`as_uint8`: uint8 x uint8
+widens to int16 first, exact), which runs onnxruntime's uint8 x uint8 GEMM, 1.5-2x slower in whole models.
+A Conv's int8 weight (QLinearConv, whose symmetric kernels need int8) keeps |q| <= :data:`CONV_INT8_LIMIT`
+(255 * 64 * 2 = 32,640 fits). docs/int8.md has the measurements.
 
 The zero point is an integer, so the asymmetric range always includes 0 (as
 onnxruntime's own quantizer does): a block of one sign still restores 0 exactly.
@@ -34,6 +37,8 @@ from onnxsmith.irutil.names import FreshNames
 from onnxsmith.irutil.tensors import add_initializer
 from onnxsmith.irutil.types import set_dtype
 
+#: The most a pair of a Linear's int8 weights along K may add up to (the module doc).
+PAIR_LIMIT = 128
 #: Blocked DequantizeLinear (its block_size attribute, the 4-bit types) is opset 21, which needs IR version 10.
 BLOCKED_DQ_OPSET = 21
 BLOCKED_DQ_IR_VERSION = 10
@@ -229,26 +234,52 @@ def compensation_factor(gram: np.ndarray, damping: float = 0.01) -> np.ndarray |
         return None
 
 
-def quantize_columns_compensated(w: np.ndarray, factor: np.ndarray | None, block: int = 128) -> PerChannel:
-    """Symmetric int8 per output column of ``w`` [K, N] (the scales of :func:`quantize_per_channel_int8`),
-    rounded with error compensation (GPTQ, Frantar et al. 2022): rows are rounded in order and each row's
-    rounding error is spread over the rows not yet rounded, weighted by the calibration inputs' XᵀX (through
-    ``factor``, :func:`compensation_factor`; None: to nearest), so that ``||X (w - w_int8)||`` rather than
-    ``||w - w_int8||`` is small.
+def quantize_linear_int8(w: np.ndarray, pairs: bool = True) -> PerChannel:
+    """Symmetric int8 per output column of ``w`` [K, N]; with ``pairs``, one that no CPU's integer kernel
+    saturates on (the module doc): each pair of rows (k, k + 1), k even, keeps ``|q_k| + |q_k+1| <= PAIR_LIMIT``,
+    the scale mapping the column's largest pair sum to 127 so that rounding alone keeps the pairs within."""
+    if not pairs:
+        return quantize_per_channel_int8(w, axis=1)
+    magnitudes = np.abs(w.astype(np.float64))
+    even = w.shape[0] - w.shape[0] % 2
+    widest = magnitudes.max(axis=0, initial=0.0)
+    if even:
+        widest = np.maximum(widest, (magnitudes[:even:2] + magnitudes[1:even:2]).max(axis=0))
+    scale = (widest / 127).astype(w.dtype)
+    safe = np.where(scale == 0, 1, scale).astype(np.float64)
+    q = np.clip(np.rint(w / safe), -127, 127)
+    room = PAIR_LIMIT - np.abs(q[:even:2])  # a rounding up on both sides of a pair may still reach 129
+    q[1:even:2] = np.clip(q[1:even:2], -room, room)
+    return PerChannel(q.astype(np.int8), scale, 1)
+
+
+def quantize_columns_compensated(
+    w: np.ndarray, factor: np.ndarray | None, block: int = 128, pairs: bool = True
+) -> PerChannel:
+    """Symmetric int8 per output column of ``w`` [K, N] (the scales, and with ``pairs`` the pairs, of
+    :func:`quantize_linear_int8`), rounded with error compensation (GPTQ, Frantar et al. 2022): rows are rounded
+    in order and each row's rounding error is spread over the rows not yet rounded, weighted by the calibration
+    inputs' XᵀX (through ``factor``, :func:`compensation_factor`; None: to nearest), so that
+    ``||X (w - w_int8)||`` rather than ``||w - w_int8||`` is small. A pair's second row is cut back to the pair's
+    room before its own error is compensated.
     """
     k, n = w.shape
-    plain = quantize_per_channel_int8(w, axis=1)
+    plain = quantize_linear_int8(w, pairs)
     if factor is None:
         return plain
     scale = np.where(plain.scale == 0, 1, plain.scale).astype(np.float64)
     work = w.astype(np.float64)  # rounded rows are replaced by what is left to compensate
     q = np.zeros((k, n), dtype=np.float64)
-    for start in range(0, k, block):
+    for start in range(0, k, block):  # ``block`` is even: a pair never straddles two blocks
         stop = min(start + block, k)
         rows, errors, u = work[start:stop].copy(), np.zeros((stop - start, n)), factor[start:stop, start:stop]
         for i in range(stop - start):
-            q[start + i] = np.clip(np.rint(rows[i] / scale), -127, 127)
-            errors[i] = (rows[i] - q[start + i] * scale) / u[i, i]
+            row = q[start + i]  # a view
+            row[:] = np.clip(np.rint(rows[i] / scale), -127, 127)
+            if pairs and (start + i) % 2:
+                room = PAIR_LIMIT - np.abs(q[start + i - 1])
+                row[:] = np.clip(row, -room, room)
+            errors[i] = (rows[i] - row * scale) / u[i, i]
             rows[i:] -= u[i, i:, None] * errors[i]
         work[stop:] -= factor[start:stop, stop:].T @ errors
     return PerChannel(q.astype(np.int8), plain.scale, 1)

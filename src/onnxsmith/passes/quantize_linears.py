@@ -2,9 +2,10 @@
 
 ``x @ W (+ b)`` becomes ``MatMulIntegerToFloat(xq, Wq, x_scale, w_scale, x_zero_point, w_zero_point, b)``
 after one ``DynamicQuantizeLinear(x) -> xq, x_scale, x_zero_point``: the weight 8-bit, symmetric, one scale
-per output column, stored quantized (the integers and their scales are what the file holds) as uint8 with
-zero point 128: uint8 x uint8 is exact on every CPU (passes/quantization.py says why int8 is not,
-docs/int8.md what it costs); the activation quantized per tensor to uint8 at run time (no
+per output column, stored quantized (the integers and their scales are what the file holds) as int8 whose
+pairs along K stay within ``PAIR_LIMIT`` or, ``wide``, as uint8 with zero point 128 in all 8 bits (both
+exact on every CPU: passes/quantization.py says why full-range int8 is not; uint8 x uint8 runs a slower GEMM,
+docs/int8.md has what each costs); the activation quantized per tensor to uint8 at run time (no
 calibrated scale to go stale). Linears reading the same input share its quantization (the
 query, key and value projections quantize their input once). On AVX-512 VNNI / AMX CPUs this was
 onnxruntime's fastest int8 form for transformer shapes (measured with int8 weights), and sharing the
@@ -203,30 +204,39 @@ def outlier_channels(channel_absmax: np.ndarray) -> tuple[int, ...]:
     return tuple(sorted(int(c) for c in order[:k]))
 
 
-#: What makes two plans prepare an input (and its weights) the same way (:meth:`LinearPlan.key`).
-PlanKey = tuple[bytes | None, tuple[int, ...]]
+#: What makes two plans prepare an input (:meth:`LinearPlan.input_key`): smoothing factors, outlier channels.
+InputKey = tuple[bytes | None, tuple[int, ...]]
+#: ... and its weights the same way too (:meth:`LinearPlan.key`): and whether they are wide.
+PlanKey = tuple[InputKey, bool]
 
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """How one Linear goes int8: smoothing factors per input channel (or none), and the input channels kept
-    out of the int8 product and multiplied in fp32 beside it (outliers; none by default)."""
+    """How one Linear goes int8: smoothing factors per input channel (or none), the input channels kept out of
+    the int8 product and multiplied in fp32 beside it (outliers; none by default), and its weights ``wide``:
+    all 8 bits, stored uint8 with zero point 128 and run by onnxruntime's slower uint8 x uint8 GEMM, where
+    by default they are int8 within pairs (passes/quantization.py says why both are exact on every CPU)."""
 
     smoothing: np.ndarray | None = None
     outliers: tuple[int, ...] = ()
+    wide: bool = False
 
     @property
     def plain(self) -> bool:
-        """Neither smoothing nor outliers: the input is quantized as it is."""
-        return self.smoothing is None and not self.outliers
+        """The default form: the input quantized as it is (neither smoothing nor outliers), int8 weights in pairs."""
+        return self.smoothing is None and not self.outliers and not self.wide
+
+    def input_key(self) -> InputKey:
+        """What makes two plans prepare an input the same way."""
+        return (None if self.smoothing is None else self.smoothing.tobytes(), self.outliers)
 
     def key(self) -> PlanKey:
-        """What makes two plans prepare an input (and its weights) the same way."""
-        return (None if self.smoothing is None else self.smoothing.tobytes(), self.outliers)
+        """What makes two plans prepare an input and its weights the same way."""
+        return self.input_key(), self.wide
 
     def input_factor(self, k: int) -> np.ndarray | None:
         """The Mul's factor per input channel (1/s, 0 for an outlier channel), or None when nothing is done."""
-        if self.plain:
+        if self.smoothing is None and not self.outliers:
             return None
         factor = np.ones(k, np.float32) if self.smoothing is None else (1.0 / self.smoothing).astype(np.float32)
         factor[list(self.outliers)] = 0.0
@@ -290,17 +300,17 @@ class Int8Builder(qz.NodeMaker):
     """Makes Linears' int8 nodes in ``graph``; a weight, a smoothed input or a quantized input is made once."""
 
     form: Int8Form = field(default_factory=Int8Form)
-    #: (weight, plan key, id of its rounded weight) -> (uint8 weight, scales, zero points)
+    #: (weight, plan key, id of its rounded weight) -> (8-bit weight, scales, zero points)
     _weights: dict[tuple[ir.Value, PlanKey, int | None], tuple[ir.Value, ir.Value, ir.Value]] = field(
         default_factory=dict
     )
-    #: (input, plan key) -> each pass's (quantized, scale, zero point)
-    _inputs: dict[tuple[ir.Value, PlanKey], list[list[ir.Value]]] = field(default_factory=dict)
+    #: (input, input key) -> each pass's (quantized, scale, zero point)
+    _inputs: dict[tuple[ir.Value, InputKey], list[list[ir.Value]]] = field(default_factory=dict)
     smoothing_muls: list[ir.Node] = field(default_factory=list)  # the Muls made, in order
 
     def linear(self, linear: Linear, plan: LinearPlan) -> Int8Nodes:
         prepare: list[ir.Node] = []
-        key = (linear.input, plan.key())
+        key = (linear.input, plan.input_key())
         quantized = self._inputs.get(key)
         if quantized is None:
             x = linear.input
@@ -327,8 +337,8 @@ class Int8Builder(qz.NodeMaker):
         w_key = (linear.weight, plan.key(), id(rounded) if rounded is not None else None)
         stored = self._weights.get(w_key)
         if stored is None:
-            p = rounded or qz.quantize_per_channel_int8(plan.int8_weight(linear.weight_array()), axis=1)
-            q, zero_point = qz.as_uint8(p)
+            p = rounded or qz.quantize_linear_int8(plan.int8_weight(linear.weight_array()), pairs=not plan.wide)
+            q, zero_point = qz.as_uint8(p) if plan.wide else (p.q, np.zeros(p.q.shape[1], np.int8))
             stored = self._weights[w_key] = (
                 self._add(f"{linear.weight.name}_int8", q),
                 self._add(f"{linear.weight.name}_scale", p.scale.astype(np.float32)),
