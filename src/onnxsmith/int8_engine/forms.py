@@ -91,7 +91,7 @@ def offer_forms(
             mean = {a: np.mean([measured[r.name].get(a, np.inf) for r in readers]) for a in (None, *labels)}
             others = [a for a in labels if a != WIDE and mean[a] < (1.0 - gain) * mean[None]]
             best = min(others, key=lambda a: (mean[a], str(a)), default=None)
-            # 8-bit weights wherever they cut the error at all and nearly as much as the best other form: they
+            # 8-bit weights where they cut the error by WIDE_GAIN and nearly as much as the best other form: they
             # cost no Mul and fit nothing to the calibration inputs (smoothing factors fitted to made-up inputs
             # measured well on them and put fsmn-vad's decisions at 59 % on speech-level ones)
             wide = WIDE in mean and mean[WIDE] < (1.0 - WIDE_GAIN) * mean[None]
