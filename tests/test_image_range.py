@@ -19,6 +19,7 @@ from onnxsmith.runtime import runner
 from onnxsmith.runtime.image_range import infer_image_ranges
 from onnxsmith.runtime.plausible import image
 from onnxsmith.runtime.sizing import inputs_that_run
+from tests.support.realmodels import real_model
 
 SHAPE = (1, 3, 64, 64)
 OPSET = [helper.make_opsetid("", 17)]
@@ -89,13 +90,19 @@ def test_a_batch_norm_s_running_statistics_tell_the_range(save_proto, convention
     assert "matches its BatchNormalization's statistics in " + convention in why
 
 
-@pytest.mark.parametrize("convention", ["0..255", "normalized"])
-def test_a_folded_first_conv_s_output_scale_tells_the_likely_range(save_proto, convention):
-    """Pictures are made in the range the output scale points to, but a trained layer's scale is not fixed: it
-    stays a guess for what would fix activation scales from made-up pictures (int8's Convs)."""
-    value_range, guessed, why = _taken(_folded(save_proto, convention))
-    assert (value_range, guessed) == (convention, True)
-    assert "near unit scale on photos in " + convention in why and "not a stated one" in why
+def test_a_folded_first_conv_s_output_scale_tells_0_to_255_apart(save_proto):
+    """0..255 is 50-255 times the other conventions' scale: unit scale there is evidence (int8 calibrates on it)."""
+    value_range, guessed, why = _taken(_folded(save_proto, "0..255"))
+    assert (value_range, guessed) == ("0..255", False)
+    assert "near unit scale on photos in 0..255, 16 times off in the others" in why
+
+
+def test_a_folded_first_conv_s_output_scale_tells_the_likely_range(save_proto):
+    """Normalized is only about 4 times 0..1's scale, which a trained layer's scale may blur: pictures are made
+    in the range it points to, but it stays a guess for what would fix activation scales from them (int8)."""
+    value_range, guessed, why = _taken(_folded(save_proto, "normalized"))
+    assert (value_range, guessed) == ("normalized", True)
+    assert "near unit scale on photos in normalized" in why and "not a stated one" in why
 
 
 def test_pictures_are_made_again_in_the_range_read(save_proto):
@@ -161,4 +168,21 @@ def test_torch_exports_of_a_conv_bn_stem(tmp_path, dynamo, convention, focus):
     inputs_that_run(model)
     role = input_roles(model)[x]
     kept = any(node.op_type == "BatchNormalization" for node in model.graph)  # evidence: the range is known
-    assert (role.value_range, role.range_guessed) == (convention, not kept), role.why
+    # folded, unit scale tells 0..255 from the others (50-255 times apart), not normalized from 0..1 (about 4)
+    guessed = not kept and convention == "normalized"
+    assert (role.value_range, role.range_guessed) == (convention, guessed), role.why
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize(
+    ("name", "taken"),
+    [("ddddocr_det", ("0..255", False)), ("open_nsfw", ("0..255", False)), ("ppocr_v6_det_tiny", ("normalized", True))],
+)
+def test_real_stems_folded_into_their_first_conv(name, taken):
+    """ddddocr's YOLOX detector (through a Focus) and open_nsfw's ResNet (NHWC, Caffe's 0..255 less the mean) are
+    near unit scale on 0..255 photos and far from it on the others; PP-OCRv6's detector, fed -1..1, is near unit
+    scale on normalized photos and only about 4 times off on 0..1 ones: likely, still a guess."""
+    model = load_model(real_model(name))
+    inputs_that_run(model)
+    (role,) = [r for r in input_roles(model).values() if r.kind == "image"]
+    assert (role.value_range, role.range_guessed) == taken, role.why

@@ -436,6 +436,36 @@ def test_a_speech_input_is_a_waveform_only_in_a_waveform_s_shape(save_proto, sha
     assert input_roles(model)["speech"].kind == kind
 
 
+@pytest.mark.parametrize(("in_channels", "kind"), [(1, WAVEFORM), (4, GENERIC)])
+def test_samples_a_1d_conv_filters_over_one_channel_are_a_waveform(save_proto, in_channels, kind):
+    """silero VAD's `input` [batch, samples]: padded, unsqueezed to [B, 1, T] and read by a Conv with weight
+    [258, 1, 256] (its STFT). The same signal split into 4 channels is something else."""
+    nodes = [
+        helper.make_node("Reshape", ["input", "split"], ["frames"]),
+        helper.make_node("Conv", ["frames", "w"], ["y"], strides=[16]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "filters",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            _const("split", np.array([1, in_channels, 512 // in_channels], np.int64)),
+            _const("w", np.ones((8, in_channels, 16), np.float32)),
+        ],
+    )
+    model = load_model(save_proto(helper.make_model(graph, opset_imports=OPSET), f"conv{in_channels}.onnx"))
+    assert input_roles(model)["input"].kind == kind
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ["silero_vad", "silero_vad_op15"])
+def test_silero_vad_s_input_is_a_waveform(name):
+    """Named only `input`: its STFT is a Conv over one channel (in an If per sample rate, or not)."""
+    roles = input_roles(load_model(real_model(name)))
+    assert (roles["input"].kind, roles["state"].kind, roles["sr"].kind) == (WAVEFORM, STATE, SCALAR)
+
+
 @pytest.mark.realmodel
 def test_fsmn_vad_streams_from_zero_caches():
     """Its `speech` is [1, frames, 400]: features per frame (80 mel bins x 5 frames stacked), not samples."""

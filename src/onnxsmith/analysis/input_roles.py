@@ -289,14 +289,17 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
     if image is not None:
         return image
     # a waveform: a float [T], [B, T] or [B, C, T] (C a channel or two) named so, measured by a length, or read
-    # by an STFT; not [B, T, F] (FunASR's FSMN VAD names its 400 features per frame `speech`)
+    # by an STFT or a 1-D Conv over one channel; not [B, T, F] (FunASR's FSMN VAD names its 400 features per
+    # frame `speech`)
     if kind == "f" and rank in (1, 2, 3) and (rank != 3 or _audio_channels(value.shape[1])):
         if name in measured:
             return InputRole(name, WAVEFORM, "a length input measures it")
         if _WAVEFORM_NAME.search(lowered):
             return InputRole(name, WAVEFORM, "by its name")
-        if _reaches(value, {"STFT", "DFT"}):
+        if _reaches(value, lambda node, _index: node.op_type in ("STFT", "DFT")):
             return InputRole(name, WAVEFORM, "an STFT reads it")
+        if _reaches(value, _filters_one_channel):
+            return InputRole(name, WAVEFORM, "a 1-D Conv over one channel reads it: a filter bank over samples")
     return InputRole(name, GENERIC)
 
 
@@ -356,14 +359,15 @@ def _uses_through(value: ir.Value, ops: set[str] | frozenset[str], hops: int = _
         frontier = following
 
 
-def _reaches(value: ir.Value, ops: set[str]) -> bool:
-    """Whether ``value`` feeds one of ``ops`` within a few ops (through any op: an STFT after a Pad)."""
+def _reaches(value: ir.Value, reader) -> bool:
+    """Whether ``value`` feeds a node that ``reader(node, input index)`` accepts within a few ops (through any
+    op: an STFT after a Pad)."""
     frontier, seen = [value], {value}
     for _ in range(_HOPS):
         following = []
         for v in frontier:
-            for user, _index in v.uses():
-                if user.op_type in ops:
+            for user, index in v.uses():
+                if reader(user, index):
                     return True
                 for out in user.outputs:
                     if out not in seen:
@@ -371,6 +375,15 @@ def _reaches(value: ir.Value, ops: set[str]) -> bool:
                         following.append(out)
         frontier = following
     return False
+
+
+def _filters_one_channel(node: ir.Node, index: int) -> bool:
+    """A 1-D Conv whose data input has one channel (weight [out, 1, k]): silero VAD's STFT as a Conv, wav2vec2's
+    first layer. Reading [B, T] samples unsqueezed to [B, 1, T], it says they are a waveform."""
+    if node.op_type != "Conv" or node.domain != "" or index != 0 or len(node.inputs) < 2:
+        return False
+    weight = constant(node.inputs[1])
+    return weight is not None and weight.ndim == 3 and weight.shape[1] == 1
 
 
 def _length(value: ir.Value, inputs: list[ir.Value]) -> InputRole | None:

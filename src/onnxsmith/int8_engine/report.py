@@ -39,6 +39,24 @@ def _kept_counts(parts: list[Part]) -> dict[str, int]:
     return dict(sorted(kept.items()))
 
 
+def _kept_lines(parts: list[Part], noun: str, budget: float) -> list[str]:
+    """'3 Linear(s) stay fp32: end-to-end error (2.1e-02 to 1.2e-01 alone, budget 0.03)': the fp32 ones by the kind
+    of reason, with what their end-to-end measurements found alone where that decided."""
+    lines = []
+    for kind, n in _kept_counts(parts).items():
+        errors = sorted(
+            p.decision.piece_error
+            for p in parts
+            if not p.int8 and p.decision.kind == kind and p.decision.piece_error is not None
+        )
+        alone = ""
+        if errors:
+            span = f"{errors[0]:.1e}" + (f" to {errors[-1]:.1e}" if errors[-1] > errors[0] else "")
+            alone = f" ({span} alone, budget {budget:g})"
+        lines.append(f"{n} {noun}(s) stay fp32: {kind}{alone}")
+    return lines
+
+
 def _kept(parts: list[Part]) -> str:
     """The fp32 ones counted by the kind of reason: '2 (one vector per sample), 1 (too small)'."""
     return ", ".join(f"{n} ({k})" for k, n in _kept_counts(parts).items())
@@ -89,8 +107,7 @@ def describe_parts(report: StepReport, parts: Parts, budget, form) -> None:
         + (", two GEMMs each" if form.two_pass else "")
         + ")"
     )
-    report.why_not_more += [f"{n} Linear(s) stay fp32: {kind}" for kind, n in _kept_counts(linears).items()]
-    report.why_not_more += [f"{n} Conv(s) stay fp32: {kind}" for kind, n in _kept_counts(convs).items()]
+    report.why_not_more += _kept_lines(linears, "Linear", budget) + _kept_lines(convs, "Conv", budget)
     report.tables["Linears"] = [p.row() for p in linears]
     if tables:
         report.tables["Embedding tables"] = [t.row() for t in tables]

@@ -14,9 +14,10 @@ with them shows it. Photos in each convention go through it (nothing else of the
 Conventions that score about as well are all plausible: if 0..255 is among them with another, nothing is
 decided (the range stays a guess); otherwise the widest of them is taken (normalized before 0..1: activation
 scales fit to the wider range do not clip the narrower one). The running statistics are evidence: the range is
-then known, and int8 calibrates Convs on pictures in it. The unit-scale rule only says which range is likely
-(a layer's scale after training is not fixed): made-up pictures are made in it, but the range stays a guess for
-what would fix activation scales from them. The result is kept on the model in memory
+then known, and int8 calibrates Convs on pictures in it. The unit-scale rule is evidence only where every other
+convention is at least 16 times off (0..255 against the others: a trained layer's scale is not fixed, but not
+that loose); otherwise (normalized against 0..1, about 4 times apart) it says which range is likely: made-up
+pictures are made in it, but the range stays a guess for what would fix activation scales from them. The result is kept on the model in memory
 (``model.meta``) and read by :func:`onnxsmith.analysis.input_roles.input_roles`, so every input set made for
 that model afterwards, and the report's line on what each input was taken to be, use it.
 """
@@ -50,6 +51,9 @@ _MIN_SIDE = 16
 #: A convention scoring within this of the best is as plausible (BatchNormalization: a factor; else log units).
 _BN_FACTOR = 2.0
 _SCALE_MARGIN = math.log(4.0)
+#: Unit scale is evidence where every other convention is this far off: 0..255 is 50-255 times the others'
+#: scale, which no trained layer's scale blurs; normalized is only about 4 times 0..1's.
+_DECISIVE = math.log(16.0)
 
 
 def infer_image_ranges(
@@ -141,6 +145,9 @@ def _decide(model: ir.Model, conv: ir.Node, feeds: dict[str, np.ndarray], role: 
             f"its first Conv's response to photos matches its BatchNormalization's statistics in {close[0]}",
             True,
         )
+    if min(score - best for c, score in scores.items() if c != close[0]) >= _DECISIVE:
+        why = f"its first Conv's normalized outputs are near unit scale on photos in {close[0]}, 16 times off in the others"
+        return close[0], why, True
     why = f"its first Conv's normalized outputs are near unit scale on photos in {close[0]}: a likely range, not a stated one"
     return close[0], why, False
 
