@@ -5,6 +5,7 @@ calibrated around it; see tests/test_fuse.py): the bounds below are end-to-end a
 example's real face crops, the way a user judges the variant.
 """
 
+import itertools
 import json
 import re
 
@@ -462,6 +463,45 @@ def test_a_small_conv_read_by_fp32_ops_stays_fp32(tmp_path, layers, int8):
     assert result.comparison.passed
     thin = "the 1 int8 Convs' activation ranges come from 2 calibration sample(s)"
     assert any(note.startswith(thin) for note in result.reports[0].notes) == int8
+
+
+def test_an_opset_9_cnn_is_raised_to_13_for_its_int8_convs(tmp_path):
+    """tf2onnx's opset 9 exports (open_nsfw's) predate QuantizeLinear (opset 10): the model is raised to 13, where
+    weights quantize per channel, and its Convs go int8; the variant computes what its source does."""
+    rng = np.random.default_rng(0)
+    channels = [3, 32, 64, 64]
+    inits = [
+        onnx.numpy_helper.from_array(
+            (rng.standard_normal((c_out, c_in, 3, 3)) / np.sqrt(9 * c_in)).astype(np.float32), f"W{i}"
+        )
+        for i, (c_in, c_out) in enumerate(itertools.pairwise(channels))
+    ]
+    nodes, x = [], "image"
+    for i in range(len(inits)):
+        nodes += [
+            helper.make_node("Conv", [x, f"W{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+        ]
+        x = f"r{i}"
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "opset9_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        inits,
+    )
+    source = tmp_path / "opset9.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), source)
+    feeds = [{"image": rng.uniform(0, 1, (1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+    options = Int8.Options(speed=False, sensitivity=False)
+    result = produce_variant(source, tmp_path / "int8.onnx", [("int8", options)], feeds=feeds, real_inputs=True)
+    variant = load_model(tmp_path / "int8.onnx")
+    assert variant.opset_imports[""] == 13 and op_count(variant, "QuantizeLinear") > 0
+    assert any(note.startswith("opset raised 9 -> 13") for note in result.reports[0].notes)
+    assert result.comparison.passed
+    expected, got = (ort.InferenceSession(str(p)).run(None, feeds[0])[0] for p in (source, tmp_path / "int8.onnx"))
+    assert np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got) > 0.99
 
 
 def test_int8_convs_calibrated_on_32_samples_or_more_get_no_clipping_note(tmp_path):

@@ -45,7 +45,7 @@ from onnxsmith.int8_engine.speed import Int8Timer
 from onnxsmith.int8_engine.statistics import announced, measure_inputs
 from onnxsmith.irutil.tensors import weight_bytes
 from onnxsmith.passes.cpu_unfuse import CpuUnfusePass
-from onnxsmith.passes.quantize_convs import ConvPlan, QuantizeConvsPass, find_convs
+from onnxsmith.passes.quantize_convs import MIN_OPSET, PER_CHANNEL_OPSET, ConvPlan, QuantizeConvsPass, find_convs
 from onnxsmith.passes.quantize_linears import (
     Int8Form,
     Linear,
@@ -56,6 +56,7 @@ from onnxsmith.passes.quantize_linears import (
     shared_weights,
 )
 from onnxsmith.passes.quantize_tables import QuantizeTablesPass, Table, find_tables
+from onnxsmith.passes.raise_opset import RaiseOpsetPass, default_opset
 from onnxsmith.rules.batchnorm import batchnorm_rules
 from onnxsmith.rules.hardswish import hardswish_rules
 from onnxsmith.settings.int8 import Int8Options
@@ -85,6 +86,8 @@ def make_int8(
     # guessed range (an image "normalized" that is really 0..255) every scale would be off 100-fold.
     with_convs = options.convs if options.convs is not None else ranges_are_real(context)
     unfused, hard_swishes = _prepare(model, context, with_convs)
+    if with_convs and find_convs(model):
+        report.notes.extend(_opset_for_convs(model, context))
     linears = find_linears(model)
     tables = {t.name: t for t in find_tables(model)} if options.tables else {}
     found_convs = find_convs(model)
@@ -140,6 +143,19 @@ def _prepare(model: ir.Model, context: TransformContext, with_convs: bool):
     if changed or unfused.modified or hard_swishes:
         context.changed()
     return unfused, hard_swishes
+
+
+def _opset_for_convs(model: ir.Model, context: TransformContext) -> list[str]:
+    """A model older than QuantizeLinear (opset 10: tf2onnx's opset 9 exports) raised to 13, where it quantizes
+    per channel, so that its Convs can go int8; what was done, or why not (the Convs then stay fp32)."""
+    before = default_opset(model)
+    if before is None or before >= MIN_OPSET:
+        return []
+    raised = RaiseOpsetPass(PER_CHANNEL_OPSET)(model)
+    if not raised.modified:
+        return [f"opset {before} kept (the Convs need {MIN_OPSET} for QuantizeLinear): {raised.reason}"]
+    context.changed()
+    return [f"opset raised {before} -> {PER_CHANNEL_OPSET}: QuantizeLinear (per channel from 13) for the Convs"]
 
 
 def _linear_parts(path: Path, context: TransformContext, linears: list[Linear], role: dict[str, str]):
