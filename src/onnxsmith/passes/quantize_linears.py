@@ -222,9 +222,14 @@ class LinearPlan:
     wide: bool = False
 
     @property
+    def prepares_input(self) -> bool:
+        """Whether a Mul prepares the input (smoothing factors, outlier channels zeroed) before it is quantized."""
+        return self.smoothing is not None or bool(self.outliers)
+
+    @property
     def plain(self) -> bool:
-        """The default form: the input quantized as it is (neither smoothing nor outliers), int8 weights in pairs."""
-        return self.smoothing is None and not self.outliers and not self.wide
+        """The default form: the input quantized as it is, int8 weights in pairs."""
+        return not self.prepares_input and not self.wide
 
     def input_key(self) -> InputKey:
         """What makes two plans prepare an input the same way."""
@@ -236,7 +241,7 @@ class LinearPlan:
 
     def input_factor(self, k: int) -> np.ndarray | None:
         """The Mul's factor per input channel (1/s, 0 for an outlier channel), or None when nothing is done."""
-        if self.smoothing is None and not self.outliers:
+        if not self.prepares_input:
             return None
         factor = np.ones(k, np.float32) if self.smoothing is None else (1.0 / self.smoothing).astype(np.float32)
         factor[list(self.outliers)] = 0.0
