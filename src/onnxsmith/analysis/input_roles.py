@@ -12,6 +12,7 @@ steer which plausible values an input gets, and are shown quoted.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import groupby
 
@@ -359,7 +360,7 @@ def _uses_through(value: ir.Value, ops: set[str] | frozenset[str], hops: int = _
         frontier = following
 
 
-def _reaches(value: ir.Value, reader) -> bool:
+def _reaches(value: ir.Value, reader: Callable[[ir.Node, int], bool]) -> bool:
     """Whether ``value`` feeds a node that ``reader(node, input index)`` accepts within a few ops (through any
     op: an STFT after a Pad)."""
     frontier, seen = [value], {value}
