@@ -64,8 +64,9 @@ class InputRole:
     ``measures``: the input a length or mask counts along (its ``axis``); ``value_range``: an image's
     ``"0..255"``, ``"0..1"`` or ``"normalized"``; ``range_guessed``: that range is a guess (nothing in the graph,
     its metadata or the user said it: a calibration must not fix scales from it); ``vocab``: how many token ids
-    a table holds; ``axis``: a kv cache's past axis; ``value``: a fixed scalar (a sample rate); ``why``: the rule
-    that decided.
+    a table holds; ``axis``: a kv cache's past axis; ``value``: a fixed scalar (a sample rate); ``pages``: why an
+    image's pictures are pages of printed text with a photo (an output maps the picture), else ""; ``why``:
+    the rule that decided.
     """
 
     name: str
@@ -79,6 +80,7 @@ class InputRole:
     vocab: int | None = None
     value: float | None = None
     range_guessed: bool = False
+    pages: str = ""
 
     def describe(self) -> str:
         """One line for a report: ``'waveforms_lens': length of 'waveforms' (axis 1), full length (...)``."""
@@ -87,7 +89,8 @@ class InputRole:
     def what(self) -> str:
         """What the input is taken to be, and why, without its name."""
         text = {
-            IMAGE: f"image {self.layout}, {self.channels or '?'} channel(s), values {self.value_range}",
+            IMAGE: f"image {self.layout}, {self.channels or '?'} channel(s), values {self.value_range}"
+            + (f", pages of printed text with a photo ({self.pages})" if self.pages else ""),
             WAVEFORM: f"audio waveform, a spoken sentence at speech level, {SAMPLE_RATE} Hz",
             LENGTH: f"length of '{self.measures}' (axis {self.axis}), its full length"
             if self.measures
@@ -110,6 +113,9 @@ class InputRole:
 #: does not say (runtime/image_range.py; ``{}`` once tried); :func:`input_roles` takes them for the guesses (still
 #: a guess where it is not evidence).
 INFERRED_RANGES = "onnxsmith.inferred_image_ranges"
+#: ``model.meta`` key: {image input: why its pictures are pages of printed text} where running the model
+#: showed an output that maps the picture (runtime/image_content.py; ``{}`` once tried).
+PAGE_INPUTS = "onnxsmith.page_inputs"
 
 
 def input_roles(model: ir.Model) -> dict[str, InputRole]:
@@ -131,6 +137,9 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
         if inferred is not None and roles[value.name].range_guessed:
             value_range, why, evidence = inferred
             roles[value.name] = replace(roles[value.name], value_range=value_range, range_guessed=not evidence, why=why)
+        pages = model.meta.get(PAGE_INPUTS, {}).get(value.name)
+        if pages and roles[value.name].kind == IMAGE:
+            roles[value.name] = replace(roles[value.name], pages=pages)
     floats = [v.name for v in inputs if v.dtype is not None and v.dtype.is_floating_point()]
     if floats and all(roles[name].kind == STATE for name in floats):
         # A state is zeros beside the data a stream feeds; with no such data beside it, a tensor named like a

@@ -74,7 +74,7 @@ def role_value(
     if kind == TIMESTEP:
         return _timestep(role, dtype, shape, rng)
     if kind == IMAGE:
-        return image(shape, role.layout or "NCHW", role.value_range or "normalized", dtype, rng)
+        return image(shape, role.layout or "NCHW", role.value_range or "normalized", dtype, rng, pages=bool(role.pages))
     if kind == WAVEFORM:
         return waveform(shape, rng).astype(dtype)
     return None
@@ -97,11 +97,14 @@ def _timestep(role: InputRole, dtype: np.dtype, shape: tuple[int, ...], rng: np.
     return rng.integers(0, DIFFUSION_STEPS, size=shape).astype(dtype)  # diffusers feeds whole steps as floats
 
 
-def image(shape: tuple[int, ...], layout: str, value_range: str, dtype: np.dtype, rng: np.random.Generator):
+def image(
+    shape: tuple[int, ...], layout: str, value_range: str, dtype: np.dtype, rng: np.random.Generator, pages=False
+):
     """Pictures at ``shape`` in ``value_range`` (0..255, 0..1, or ImageNet-normalized) and ``layout``: crops of
-    the shipped photos (:func:`~onnxsmith.runtime.real_data.photo_pictures`), else generated ones."""
+    the shipped photos (:func:`~onnxsmith.runtime.real_data.photo_pictures`; with ``pages``, pages of
+    printed text with a photo on each), else generated ones."""
     n, c, h, w = (shape[0], shape[3], shape[1], shape[2]) if layout == "NHWC" else shape
-    pictures = photo_pictures(n, c, h, w, rng)
+    pictures = photo_pictures(n, c, h, w, rng, pages=pages)
     if pictures is None:
         pictures = generated_pictures((n, c, h, w), rng)
     return in_range(pictures, layout, value_range, dtype)

@@ -86,10 +86,13 @@ def speech() -> np.ndarray:
         return np.zeros(0)
 
 
-def photo_pictures(n: int, channels: int, height: int, width: int, rng: np.random.Generator) -> np.ndarray | None:
+def photo_pictures(
+    n: int, channels: int, height: int, width: int, rng: np.random.Generator, *, pages: bool = False
+) -> np.ndarray | None:
     """``n`` pictures [n, channels, height, width] in 0..1: seeded crops of the shipped photos (random place,
-    scale and mirroring), or rendered text lines for a wide, short input; None where there are no photos or the
-    channels are not 1-4."""
+    scale and mirroring), with ``pages`` pages of printed text with a photo on them (a text detector finds
+    nothing in a portrait), or rendered text lines for a wide, short input; None where there are no photos or
+    the channels are not 1-4."""
     if not 1 <= channels <= 4 or height < 1 or width < 1:
         return None
     wide = width >= TEXT_LINE_ASPECT * height
@@ -97,11 +100,39 @@ def photo_pictures(n: int, channels: int, height: int, width: int, rng: np.rando
         return None
     pictures = np.empty((n, channels, height, width), np.float32)
     for i in range(n):
-        rgb = (
-            text_line(height, width, rng) if wide else _crop(photos()[rng.integers(len(photos()))], height, width, rng)
-        )
+        if wide:
+            rgb = text_line(height, width, rng)
+        elif pages:
+            rgb = _page_with_figure(height, width, rng)
+        else:
+            rgb = _crop(photos()[rng.integers(len(photos()))], height, width, rng)
         pictures[i] = with_channels(rgb, channels)
     return pictures
+
+
+def _page_with_figure(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """A page of printed lines with a photo on it (a document with a figure), RGB [H, W, 3] in 0..1: text in
+    every picture, and a photo's content too."""
+    page = text_page(height, width, rng)
+    fh, fw = (max(1, round(side * rng.uniform(0.3, 0.6))) for side in (height, width))
+    top, left = int(rng.integers(0, height - fh + 1)), int(rng.integers(0, width - fw + 1))
+    page[top : top + fh, left : left + fw] = _crop(photos()[rng.integers(len(photos()))], fh, fw, rng)
+    return page
+
+
+def text_page(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """A page of printed lines (seeded sizes, places and words: dark ink on light paper), RGB [H, W, 3] in 0..1."""
+    paper, ink = rng.uniform(0.7, 1.0, 3), rng.uniform(0.0, 0.35, 3)
+    page = Image.new("RGB", (width, height), tuple(int(v * 255) for v in paper))
+    draw = ImageDraw.Draw(page)
+    y = int(rng.integers(2, 12))
+    while y < height - 16:
+        size = int(rng.integers(14, 32))
+        words = " ".join(rng.choice(_WORDS, size=int(rng.integers(3, 12))).tolist())
+        x = int(rng.integers(0, max(1, width // 4)))
+        draw.text((x, y), words, fill=tuple(int(v * 255) for v in ink), font=ImageFont.load_default(size=size))
+        y += size + int(rng.integers(6, 24))
+    return np.asarray(page, np.float32) / 255
 
 
 def with_channels(rgb: np.ndarray, channels: int) -> np.ndarray:

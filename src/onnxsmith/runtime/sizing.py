@@ -18,7 +18,8 @@ itself that they run:
   length 0.
 
 An image input whose value range nothing in the graph says is then read from how its first Conv responds to
-photos (:mod:`onnxsmith.runtime.image_range`), and its pictures made again in that range.
+photos (:mod:`onnxsmith.runtime.image_range`), and one an output maps gets pages of printed text with a photo
+on each (:mod:`onnxsmith.runtime.image_content`): its pictures are made again.
 
 The first assignment the model runs at wins; the old guess (1 for every side) is the last
 resort. When none runs, the one-line error names the dims that were guessed and says how
@@ -34,10 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.input_roles import INFERRED_RANGES, LENGTH, SAMPLE_RATE, WAVEFORM, input_roles
+from onnxsmith.analysis.input_roles import INFERRED_RANGES, LENGTH, PAGE_INPUTS, SAMPLE_RATE, WAVEFORM, input_roles
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
+from onnxsmith.runtime.image_content import infer_page_inputs
 from onnxsmith.runtime.image_range import infer_image_ranges
 from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape, sum_terms
 
@@ -83,9 +85,11 @@ def inputs_that_run(
     unsized dims are batches (or past lengths) is not run here: there is nothing to choose. ``given``: the
     user's corrections of what the inputs are (:func:`~onnxsmith.runtime.inputs.random_inputs`).
     """
-    fresh = INFERRED_RANGES not in model.meta
+    fresh, fresh_pages = INFERRED_RANGES not in model.meta, PAGE_INPUTS not in model.meta
     sets = _sized_inputs(model, shapes, dims, samples, seed, given)
-    if fresh and sets and infer_image_ranges(model, sets[0], given):  # the pictures again, in the range measured
+    again = fresh and sets and infer_image_ranges(model, sets[0], given)  # the pictures again, in the range measured
+    again = (fresh_pages and sets and infer_page_inputs(model, sets[0])) or again  # ... and with pages
+    if again:
         sized = {name: tuple(array.shape) for name, array in sets[0].items()}
         sets = _seeded(model, sized, dict(dims or {}), range(samples), seed, given)
     return sets
