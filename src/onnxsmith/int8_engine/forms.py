@@ -59,12 +59,10 @@ def offer_forms(
         weights = [r.weight_array() for r in readers]
         absmax = stats[readers[0].name].channel_absmax
         per_input: dict = {None: LinearPlan()}
-        if any(r.weight in shared for r in readers):
-            for r in readers:
-                forms[r.name] = per_input
-            continue
-        per_input[WIDE] = LinearPlan(wide=True)
-        if two_pass:
+        one_copy = any(r.weight in shared for r in readers)
+        if not one_copy:
+            per_input[WIDE] = LinearPlan(wide=True)
+        if one_copy or two_pass:
             for r in readers:
                 forms[r.name] = per_input
             continue

@@ -187,8 +187,8 @@ def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> 
 
 def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budget, runs_left, measured):
     """Smoothing that costs a Mul (its input is not a normalisation's output only the smoothed Linears read),
-    outliers apart and 8-bit weights (a slower kernel), dropped where the outputs stay within ``budget`` without, the least helpful first: one measured run per
-    role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
+    outliers apart and 8-bit weights (a slower kernel), dropped where the outputs stay within ``budget``
+    without, the least helpful first: one measured run per role of inputs (the query/key/value inputs of every block together). Returns ((label, Linears, error)
     for each drop, the final measured error)."""
     units: dict[tuple, list] = {}
     for x, readers in by_input(candidates).items():

@@ -7,8 +7,9 @@ with vectors; pages among its pictures would only make them less like its real i
 int8 drifted by 0.2 years more). So the model is run once on the sized pictures: an output of rank 4 whose
 spatial size is the picture's, or a half or a quarter of it, maps the picture, and that input's pictures are
 pages of printed text with a photo on each (a document with a figure: every picture has text and a photo's
-content; with pages in half the pictures, two sets of photos left PP-OCR's map exactly 0). The result is kept on the model in memory (``model.meta``), as image ranges are
-(runtime/image_range.py), and read by :func:`onnxsmith.analysis.input_roles.input_roles`.
+content; with pages in half the pictures, two sets of photos left PP-OCR's map exactly 0). The result is kept
+on the model in memory (``model.meta``), as image ranges are (runtime/image_range.py), and read by
+:func:`onnxsmith.analysis.input_roles.input_roles`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ MIN_SIDE = 64
 _STRIDES = (1, 2, 4)
 
 
-def infer_page_inputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, str]:
+def infer_page_inputs(
+    model: ir.Model, feeds: dict[str, np.ndarray], output_shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, str]:
     """Each image input some output maps (see the module doc), with why; ``feeds``: an input set the model runs
-    on (its shapes are the pictures'). Kept in ``model.meta``: measured once per model."""
+    on (its shapes are the pictures'); ``output_shapes``: the float outputs' shapes on them where a run already
+    gave them (sizing's), else the model is run. Kept in ``model.meta``: measured once per model."""
     if PAGE_INPUTS in model.meta:
         return model.meta[PAGE_INPUTS]
     model.meta[PAGE_INPUTS] = {}
@@ -41,20 +45,27 @@ def infer_page_inputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str
                 sides[role.name] = (h, w)
     if not sides:
         return {}
-    try:
-        outputs = runner.run(runner.open_session(model, label="the model"), feeds, label="the model")
-    except InputError:  # it does not run on these: nothing said
-        return {}
+    if output_shapes is None:
+        try:
+            output_shapes = float_output_shapes(runner.open_session(model, label="the model"), feeds, "the model")
+        except InputError:  # it does not run on these: nothing said
+            return {}
     found = {}
     for name, (h, w) in sides.items():
-        for output, value in outputs.items():
-            stride = _maps(np.shape(value), h, w)
-            if stride is not None and np.asarray(value).dtype.kind == "f":
+        for output, shape in output_shapes.items():
+            stride = _maps(shape, h, w)
+            if stride is not None:
                 size = "its size" if stride == 1 else f"1/{stride} of its size"
                 found[name] = f"its output '{output}' maps the picture at {size}"
                 break
     model.meta[PAGE_INPUTS] = found
     return found
+
+
+def float_output_shapes(session, feeds: dict[str, np.ndarray], label=None) -> dict[str, tuple[int, ...]]:
+    """The shapes of the float outputs ``session`` gives on ``feeds`` (raises InputError where it does not run)."""
+    outputs = runner.run(session, feeds, label=label)
+    return {name: np.shape(value) for name, value in outputs.items() if np.asarray(value).dtype.kind == "f"}
 
 
 def _maps(shape: tuple[int, ...], h: int, w: int) -> int | None:

@@ -39,7 +39,7 @@ from onnxsmith.analysis.input_roles import INFERRED_RANGES, LENGTH, PAGE_INPUTS,
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
-from onnxsmith.runtime.image_content import infer_page_inputs
+from onnxsmith.runtime.image_content import float_output_shapes, infer_page_inputs
 from onnxsmith.runtime.image_range import infer_image_ranges
 from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape, sum_terms
 
@@ -86,21 +86,24 @@ def inputs_that_run(
     user's corrections of what the inputs are (:func:`~onnxsmith.runtime.inputs.random_inputs`).
     """
     fresh, fresh_pages = INFERRED_RANGES not in model.meta, PAGE_INPUTS not in model.meta
-    sets = _sized_inputs(model, shapes, dims, samples, seed, given)
+    sets, output_shapes = _sized_inputs(model, shapes, dims, samples, seed, given)
     again = fresh and sets and infer_image_ranges(model, sets[0], given)  # the pictures again, in the range measured
-    again = (fresh_pages and sets and infer_page_inputs(model, sets[0])) or again  # ... and with pages
+    # ... and with pages (the sizing run's output shapes are the same on those pictures)
+    again = (fresh_pages and sets and infer_page_inputs(model, sets[0], output_shapes)) or again
     if again:
         sized = {name: tuple(array.shape) for name, array in sets[0].items()}
         sets = _seeded(model, sized, dict(dims or {}), range(samples), seed, given)
     return sets
 
 
-def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given) -> list[dict[str, np.ndarray]]:
+def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given):
+    """(the input sets, the float outputs' shapes on the first where the model was run to choose sizes, else
+    None)."""
     shapes, dims = dict(shapes or {}), dict(dims or {})
     guesses = unsized_dims(model, shapes, dims)
     choices = [g for g in guesses if len(g.sizes) > 1]
     if not choices:
-        return _seeded(model, shapes, dims, range(samples), seed, given)
+        return _seeded(model, shapes, dims, range(samples), seed, given), None
     label = model.meta.get(SOURCE_PATH)
     session = runner.open_session(model, label=label)
     tried: list[str] = []
@@ -114,11 +117,11 @@ def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given)
         sized = _shapes(model, shapes, dims, sizes)
         feeds = random_inputs(model, shapes=sized, dims=dims, seed=seed, given=given)
         try:
-            runner.run(session, feeds, label=label)
+            output_shapes = float_output_shapes(session, feeds, label)
         except InputError as err:
             problem = err.problem.removeprefix(_FAILED)
             continue
-        return [feeds] + _seeded(model, sized, dims, range(1, samples), seed, given)
+        return [feeds] + _seeded(model, sized, dims, range(1, samples), seed, given), output_shapes
     raise InputError(
         f"onnxruntime failed to run the model at every size tried for its unsized dims ({'; '.join(tried)}): "
         f"{problem}; give the sizes it runs at with --shape, e.g. --shape {_example(model, shapes, guesses)}",
