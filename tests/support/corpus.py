@@ -272,10 +272,11 @@ def run_model(
     source = Path(source)
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Observed] = dict(before or {})
+    judged: dict[str, Observed] = {}  # validate's verdict on each variant, taken as soon as it was written
     for command in commands:
         started = time.perf_counter()
         if command == "validate":
-            observed = _validate_all(source, work, feeds, results, isolated)
+            observed = _validate_all(source, work, feeds, results, isolated, judged)
         else:
             output = report = None
             if command == "inspect":
@@ -292,26 +293,52 @@ def run_model(
         observed.stderr = [line.replace(str(source), "MODEL").replace(str(work), "WORK") for line in observed.stderr]
         observed.seconds = round(time.perf_counter() - started, 2)
         results[command] = observed
+        if observed.kind == "variant" and "validate" in commands:
+            judged[command] = _validate_one(source, work, feeds, command, Path(observed.output), isolated)
+            if isolated:  # a model over 1 GB: one variant on disk at a time (CI's disk is not ours)
+                _remove_variant(Path(observed.output))
     return {c: results[c] for c in commands}
 
 
-def _validate_all(source: Path, work: Path, feeds: Path, results: dict[str, Observed], isolated: bool) -> Observed:
-    """``validate --task generic --data FEEDS`` of each written variant (of the source itself if none)."""
+def _validate_all(
+    source: Path,
+    work: Path,
+    feeds: Path,
+    results: dict[str, Observed],
+    isolated: bool,
+    judged: dict[str, Observed] | None = None,
+) -> Observed:
+    """``validate --task generic --data FEEDS`` of each written variant (of the source itself if none);
+    ``judged``: the verdicts already taken on some of them."""
     written = [c for c in VALIDATE_AGAINST if c in results and results[c].kind == "variant"]
-    candidates = [(c, Path(results[c].output)) for c in written] or [("source", source)]
     cosines = []
-    for name, candidate in candidates:
-        report = work / f"validate-{name}.json"
-        args = ["validate", str(source), str(candidate), "--task", "generic", "--data", str(feeds)]
-        code, stdout, stderr = cli([*args, "--json", str(report)], isolated)
-        observed = _observe("validate", code, stdout, stderr, source, None, report)
-        observed.against = name
-        if observed.kind != "ok":  # "fuse-fp32: <the problem>", without the line's prefix and file name
-            observed.message = f"{name}: " + re.sub(r"^onnxsmith: error: [^ ]+: ", "", observed.message)
+    for name in written or ["source"]:
+        observed = (judged or {}).get(name)
+        if observed is None:
+            candidate = Path(results[name].output) if written else source
+            observed = _validate_one(source, work, feeds, name, candidate, isolated)
+        if observed.kind != "ok":
             return observed
         cosines.append(observed.cosine)
     floats = [c for c in cosines if c is not None]
     return Observed("validate", "ok", 0, cosine=min(floats) if floats else None, against=",".join(written) or "source")
+
+
+def _validate_one(source: Path, work: Path, feeds: Path, name: str, candidate: Path, isolated: bool) -> Observed:
+    report = work / f"validate-{name}.json"
+    args = ["validate", str(source), str(candidate), "--task", "generic", "--data", str(feeds)]
+    code, stdout, stderr = cli([*args, "--json", str(report)], isolated)
+    observed = _observe("validate", code, stdout, stderr, source, None, report)
+    observed.against = name
+    if observed.kind != "ok":  # "fuse-fp32: <the problem>", without the line's prefix and file name
+        observed.message = f"{name}: " + re.sub(r"^onnxsmith: error: [^ ]+: ", "", observed.message)
+    return observed
+
+
+def _remove_variant(output: Path) -> None:
+    """The variant's model file and its data file; its report stays."""
+    for path in (output, output.with_name(output.name + ".data")):
+        path.unlink(missing_ok=True)
 
 
 def _observe(command, code, stdout, stderr, source, output, report) -> Observed:
