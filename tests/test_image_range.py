@@ -13,7 +13,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.input_roles import INFERRED_RANGES, input_roles, parse_role_options, with_given
+from onnxsmith.analysis.input_roles import INFERRED_RANGES, input_roles, parse_role_options, ranges_alike, with_given
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.image_range import infer_image_ranges
@@ -100,9 +100,16 @@ def test_a_folded_first_conv_s_output_scale_tells_0_to_255_apart(save_proto):
 def test_a_folded_first_conv_s_output_scale_tells_the_likely_range(save_proto):
     """Normalized is only about 4 times 0..1's scale, which a trained layer's scale may blur: pictures are made
     in the range it points to, but it stays a guess for what would fix activation scales from them (int8)."""
-    value_range, guessed, why = _taken(_folded(save_proto, "normalized"))
+    model = _folded(save_proto, "normalized")
+    value_range, guessed, why = _taken(model)
     assert (value_range, guessed) == ("normalized", True)
-    assert "near unit scale on photos in normalized" in why and "not a stated one" in why
+    assert "near unit scale on photos in normalized, and about as near in 0..1" in why and "not a stated one" in why
+    # 0..255 is ruled out: the guess lies between two ranges, and pictures in both cover it (int8)
+    assert input_roles(model)["x"].ranges_alike == ("0..1",)
+    assert (
+        ranges_alike(model) == {"x": ("normalized", "0..1")}
+        and ranges_alike(model, {"x": {"value_range": "0..1"}}) == {}
+    )
 
 
 def test_pictures_are_made_again_in_the_range_read(save_proto):

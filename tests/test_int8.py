@@ -8,6 +8,7 @@ example's real face crops, the way a user judges the variant.
 import itertools
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from onnxsmith.core.errors import NothingGained
 from onnxsmith.io.load import load_model
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.runtime.inputs import random_inputs
+from onnxsmith.runtime.plausible import image
 from onnxsmith.runtime.runner import prepare_session, run_all
 from onnxsmith.tasks.faceage import FaceAge, FaceAgeOptions
 from onnxsmith.transforms.fuse import Fuse
@@ -488,9 +490,8 @@ def test_a_small_conv_read_by_fp32_ops_stays_fp32(tmp_path, layers, int8):
     assert any(note.startswith(thin) for note in result.reports[0].notes) == int8
 
 
-def test_an_opset_9_cnn_is_raised_to_13_for_its_int8_convs(tmp_path):
-    """tf2onnx's opset 9 exports (open_nsfw's) predate QuantizeLinear (opset 10): the model is raised to 13, where
-    weights quantize per channel, and its Convs go int8; the variant computes what its source does."""
+def _cnn(path: Path, opset: int, *, relu_first: bool = False) -> Path:
+    """image [1, 3, 32, 32] -> (Relu ->) three 3x3 Convs with Relus -> GlobalAveragePool -> y [1, 64]."""
     rng = np.random.default_rng(0)
     channels = [3, 32, 64, 64]
     inits = [
@@ -500,6 +501,8 @@ def test_an_opset_9_cnn_is_raised_to_13_for_its_int8_convs(tmp_path):
         for i, (c_in, c_out) in enumerate(itertools.pairwise(channels))
     ]
     nodes, x = [], "image"
+    if relu_first:
+        nodes, x = [helper.make_node("Relu", ["image"], ["positive"])], "positive"
     for i in range(len(inits)):
         nodes += [
             helper.make_node("Conv", [x, f"W{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
@@ -509,13 +512,20 @@ def test_an_opset_9_cnn_is_raised_to_13_for_its_int8_convs(tmp_path):
     nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["y"])]
     graph = helper.make_graph(
         nodes,
-        "opset9_cnn",
+        "cnn",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
         inits,
     )
-    source = tmp_path / "opset9.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), source)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path
+
+
+def test_an_opset_9_cnn_is_raised_to_13_for_its_int8_convs(tmp_path):
+    """tf2onnx's opset 9 exports (open_nsfw's) predate QuantizeLinear (opset 10): the model is raised to 13, where
+    weights quantize per channel, and its Convs go int8; the variant computes what its source does."""
+    rng = np.random.default_rng(0)
+    source = _cnn(tmp_path / "opset9.onnx", 9)
     feeds = [{"image": rng.uniform(0, 1, (1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
     options = Int8.Options(speed=False, sensitivity=False)
     result = produce_variant(source, tmp_path / "int8.onnx", [("int8", options)], feeds=feeds, real_inputs=True)
@@ -540,9 +550,8 @@ def test_int8_convs_calibrated_on_32_samples_or_more_get_no_clipping_note(tmp_pa
 def test_cli_convs_are_calibrated_on_inputs_in_a_known_value_range(tmp_path, cli):
     """A CNN's Convs go int8 by default on real inputs (``--inputs``), or on made-up pictures once the image's value
     range is known: given with ``--input-role``, or read from how its first Conv responds to photos (ppocr_cls's
-    BatchNormalization: the graph itself does not say it). Where nothing tells for sure (PP-OCRv6's tiny
-    detector: its folded stem is near unit scale on normalized photos, but on 0..1 ones only about 4 times off),
-    made-up inputs in a guessed range would fix every activation scale off by up to 100-fold: nothing goes int8,
+    BatchNormalization: the graph itself does not say it). Where nothing tells (a Relu before the first Conv),
+    made-up inputs in a guessed range would fix every activation scale off by up to 255-fold: nothing goes int8,
     no variant is written, and the one line says which option gives the range."""
     source = real_model("ppocr_cls_mobile")
     arrays = tmp_path / "inputs.npz"
@@ -554,9 +563,29 @@ def test_cli_convs_are_calibrated_on_inputs_in_a_known_value_range(tmp_path, cli
         assert op_count(load_model(out), "QuantizeLinear") > 0
         if not given:
             assert "its first Conv's response to photos matches its BatchNormalization's statistics" in result.stdout
-    guessed = cli("int8", real_model("ppocr_v6_det_tiny"), tmp_path / "det.onnx", "--no-speed")
-    assert_one_line_error(guessed, "the value range of 'x' is a guess", code=1)
-    assert "--input-role x=0..255" in guessed.stderr and not (tmp_path / "det.onnx").exists()
+    guessed = cli("int8", _cnn(tmp_path / "relu_first.onnx", 13, relu_first=True), tmp_path / "cnn.onnx", "--no-speed")
+    assert_one_line_error(guessed, "the value range of 'image' is a guess", code=1)
+    assert "--input-role image=0..255" in guessed.stderr and not (tmp_path / "cnn.onnx").exists()
+
+
+def test_cli_an_image_between_two_likely_ranges_is_calibrated_and_verified_in_both(tmp_path, cli):
+    """PP-OCRv6's tiny detector: its folded stem is near unit scale on normalized photos and only about 4 times off
+    on 0..1 ones (0..255: 60 times). Its Convs go int8 on made-up pages in both ranges and the gate judges the
+    variant on pages in both, so it holds for either: calibrated on 0..1 alone, a variant of the larger detector
+    failed on normalized pages."""
+    source, out = real_model("ppocr_v6_det_tiny"), tmp_path / "det.onnx"
+    result = cli("int8", source, out, "--no-speed")
+    assert result.returncode == 0, result.stderr
+    assert "'x': its value range is a guess between normalized and 0..1, as likely" in " ".join(result.stdout.split())
+    assert "(int8 gate; 8 input set(s))" in result.stdout
+    assert op_count(load_model(out), "QuantizeLinear") > 0
+    rng = np.random.default_rng(11)
+    for value_range in ("normalized", "0..1"):
+        pages = {"x": image((1, 3, 320, 320), "NCHW", value_range, np.dtype(np.float32), rng, pages=True)}
+        expected, got = (ort.InferenceSession(str(p)).run(None, pages)[0] for p in (source, out))
+        assert np.dot(expected.ravel(), got.ravel()) / np.linalg.norm(expected) / np.linalg.norm(got) > 0.99, (
+            value_range
+        )
 
 
 def _layernorm_linears(path, *, residual):

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.int8_engine.measure import SensitivityProbe, measure_layer_errors, unsmoothed_name
+from onnxsmith.int8_engine.search import JUDGED_SHARE, _measured
 from onnxsmith.int8_engine.statistics import input_grams, measure_inputs
 from onnxsmith.io.load import load_model
 from onnxsmith.passes.quantize_linears import LinearPlan, find_linears, smoothing_factors
@@ -113,3 +114,18 @@ def test_layer_errors_are_measured_in_the_activation_form_the_variant_uses():
     # where the activation's rounding is most of the error: roughly halved (the rest is the weights'; measured
     # 0.3-0.7, and 0.11 on the Linear reading a quiet input); where the weights' is, either may come out ahead
     assert (ratio > 0).all() and np.median(ratio) < 0.7 and (ratio < 1).mean() >= 0.8
+
+
+def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
+    """Once the gate refused a variant, the search measures its choices with the gate on the calibration inputs,
+    but the gate judges other ones: PP-OCR's detector's choice at 0.63 of its per-element bound came to 1.10 there.
+    A choice using more than JUDGED_SHARE of the bounds counts as over the budget by as much."""
+
+    class Probe:
+        def judged(self, int8, judge):
+            return 0.01, {frozenset({"a"}): 0.4, frozenset({"a", "b"}): 0.63}[frozenset(int8)]
+
+    budget = 0.03
+    assert _measured(Probe(), {"a"}, judge=object(), budget=budget) == 0.01
+    over = _measured(Probe(), {"a", "b"}, judge=object(), budget=budget)
+    assert over > budget and over == pytest.approx(budget * 0.63 / JUDGED_SHARE)

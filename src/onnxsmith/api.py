@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, parse_role_options, plausible
+from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, parse_role_options, plausible, ranges_alike
 from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
@@ -321,10 +321,27 @@ class VerifySettings(InputOptions):
     input_role: str | Sequence[str] | None = opts.same_option(InputOptions, "input_role")
     gate: GateOptions = dataclasses.field(default_factory=GateOptions)
 
-    def input_sets(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
+    def input_sets(self, model: ir.Model, ranges: dict[str, str] | None = None) -> list[dict[str, np.ndarray]]:
+        """The input sets; ``ranges``: made-up images of these inputs in these value ranges instead."""
         return _input_sets(
-            model, self.feeds, samples=self.samples, seed=self.seed, shape=self.shape, input_role=self.input_role
+            model,
+            self.feeds,
+            samples=self.samples,
+            seed=self.seed,
+            shape=self.shape,
+            input_role=self.input_role,
+            ranges=ranges,
         )
+
+    def in_every_range(self, model: ir.Model) -> list[dict[str, np.ndarray]]:
+        """The input sets, and as many again in each other value range as likely for an image input whose range
+        is a guess between some (:func:`~onnxsmith.analysis.input_roles.ranges_alike`): static scales fit to all
+        of them, and a gate passed on all of them, hold whichever one real pictures are in."""
+        sets = self.input_sets(model)  # made first: sizing them measures the ranges
+        alike = ranges_alike(model, parse_role_options(self.input_role)) if self.feeds is None else {}
+        for k in range(1, max(map(len, alike.values()), default=1)):
+            sets += self.input_sets(model, {name: ranges[min(k, len(ranges) - 1)] for name, ranges in alike.items()})
+        return sets
 
     def inputs_taken_as(self, model: ir.Model) -> tuple[str, ...]:
         """What each input was taken to be, where onnxsmith makes the inputs or converts a folder of files."""
@@ -816,21 +833,30 @@ def _prepared(
             # Static scales from made-up inputs: their ranges from more of them (the first sets are the calibration's),
             # and what calibrated the variant does not judge it: the seeds after all of those do.
             calibrated = max(verify.samples, RANGE_SAMPLES)
-            range_feeds = dataclasses.replace(verify, samples=calibrated).input_sets(loaded)
-            gate_feeds = dataclasses.replace(verify, seed=verify.seed + calibrated).input_sets(loaded)
+            range_feeds = dataclasses.replace(verify, samples=calibrated).in_every_range(loaded)
+            gate_feeds = dataclasses.replace(verify, seed=verify.seed + calibrated).in_every_range(loaded)
+        # int8's pictures cover each range an image input is as likely in: that guess no longer stops its Convs
+        covered = ranges_alike(loaded, given) if made_up and unseen else {}
         verification = Verification(
-            verify.input_sets(loaded),
+            verify.in_every_range(loaded) if covered else verify.input_sets(loaded),
             gate_feeds,
             gate=verify.gate,
             real_inputs=not made_up,
             plausible_inputs=made_up and plausible(loaded, given),
-            guessed_ranges=tuple(guessed_ranges(loaded, given)) if made_up else (),
+            guessed_ranges=tuple(n for n in guessed_ranges(loaded, given) if n not in covered) if made_up else (),
             range_feeds=range_feeds,
-            inputs=verify.inputs_taken_as(loaded),
+            inputs=verify.inputs_taken_as(loaded) + tuple(_covered_line(n, r) for n, r in covered.items()),
         )
         del loaded
         output = None if out is None else Path(out)
         yield read, verification, Staging(output, external_data, source.name, source.origin)
+
+
+def _covered_line(name: str, ranges: tuple[str, ...]) -> str:
+    return (
+        f"'{name}': its value range is a guess between {' and '.join(ranges)}, as likely: calibrated and verified "
+        "on as many pictures in each"
+    )
 
 
 def _input_sets(
@@ -841,9 +867,13 @@ def _input_sets(
     seed: int,
     shape: Shape | None,
     input_role: str | Sequence[str] | None = None,
+    ranges: dict[str, str] | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """The input sets a call calibrates and verifies on (see the module doc)."""
+    """The input sets a call calibrates and verifies on (see the module doc); ``ranges``: made-up images of these
+    inputs in these value ranges instead."""
     given = parse_role_options(input_role)
+    for name, value_range in (ranges or {}).items():
+        given.setdefault(name, {})["value_range"] = value_range
     if feeds is not None:
         if isinstance(feeds, (str, os.PathLike)):
             shapes, dims = _shape(shape)

@@ -63,7 +63,8 @@ class InputRole:
 
     ``measures``: the input a length or mask counts along (its ``axis``); ``value_range``: an image's
     ``"0..255"``, ``"0..1"`` or ``"normalized"``; ``range_guessed``: that range is a guess (nothing in the graph,
-    its metadata or the user said it: a calibration must not fix scales from it); ``vocab``: how many token ids
+    its metadata or the user said it: a calibration must not fix scales from it); ``ranges_alike``: where it is
+    a guess, the other ranges as likely, 0..255 ruled out (int8 calibrates and verifies in each); ``vocab``: how many token ids
     a table holds; ``axis``: a kv cache's past axis; ``value``: a fixed scalar (a sample rate); ``pages``: why an
     image's pictures are pages of printed text with a photo (an output maps the picture), else ""; ``why``:
     the rule that decided.
@@ -80,6 +81,7 @@ class InputRole:
     vocab: int | None = None
     value: float | None = None
     range_guessed: bool = False
+    ranges_alike: tuple[str, ...] = ()
     pages: str = ""
 
     def describe(self) -> str:
@@ -135,8 +137,10 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
             )
         inferred = model.meta.get(INFERRED_RANGES, {}).get(value.name)
         if inferred is not None and roles[value.name].range_guessed:
-            value_range, why, evidence = inferred
-            roles[value.name] = replace(roles[value.name], value_range=value_range, range_guessed=not evidence, why=why)
+            value_range, why, evidence, alike = inferred
+            roles[value.name] = replace(
+                roles[value.name], value_range=value_range, range_guessed=not evidence, ranges_alike=alike, why=why
+            )
         pages = model.meta.get(PAGE_INPUTS, {}).get(value.name)
         if pages and roles[value.name].kind == IMAGE:
             roles[value.name] = replace(roles[value.name], pages=pages)
@@ -153,6 +157,17 @@ def guessed_ranges(model: ir.Model, given: dict[str, dict[str, str]] | None = No
     """The image inputs whose value range is still a guess (not read from the graph, its metadata or ``given``,
     the user's corrections: :func:`parse_role_options`): made-up inputs there may be 255 times off."""
     return [r.name for r in with_given(input_roles(model), given).values() if r.kind == IMAGE and r.range_guessed]
+
+
+def ranges_alike(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> dict[str, tuple[str, ...]]:
+    """The image inputs whose range is a guess between ranges about as likely, 0..255 ruled out (PP-OCRv6's
+    detector: normalized or 0..1), each with them, the likeliest first: pictures in every one of them cover it."""
+    roles = with_given(input_roles(model), given).values()
+    return {
+        r.name: (r.value_range, *r.ranges_alike)
+        for r in roles
+        if r.kind == IMAGE and r.range_guessed and r.ranges_alike
+    }
 
 
 def describe_inputs(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> list[str]:
@@ -219,8 +234,9 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
             changes["value_range"] = fields.get("value_range") or role.value_range or "normalized"
             # the user's range is known; without one, what the graph read stays known, a new image's is a guess
             changes["range_guessed"] = "value_range" not in fields and (role.kind != IMAGE or role.range_guessed)
+            changes["ranges_alike"] = role.ranges_alike if changes["range_guessed"] else ()
         else:
-            changes["range_guessed"] = False
+            changes["range_guessed"], changes["ranges_alike"] = False, ()
         corrected[name] = replace(role, **changes)
     return corrected
 

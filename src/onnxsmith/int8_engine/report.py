@@ -16,6 +16,7 @@ from onnxsmith.core.errors import NothingGained
 from onnxsmith.core.transform import StepReport, TransformContext
 from onnxsmith.int8_engine.convs import why_convs_fp32
 from onnxsmith.int8_engine.parts import COMPENSATION_ROWS, OUTLIERS, WIDE, Part, Parts, of_kind, vectors_per_sample
+from onnxsmith.int8_engine.search import JUDGED_SHARE
 from onnxsmith.settings.int8 import Int8Options
 
 #: int8 GEMM speed-up over fp32 measured for transformer shapes on AVX-512 VNNI/AMX (docs/int8.md).
@@ -226,8 +227,8 @@ def two_pass_note(options: Int8Options, two_pass: bool) -> list[str]:
     if not two_pass or options.two_pass_activations:
         return []
     return [
-        "activations in two passes, and every choice measured with the gate: it refused the variant made "
-        "with one pass and without it"
+        f"activations in two passes, and every choice measured with the gate, within {JUDGED_SHARE:.0%} of its "
+        "bounds (it judges other inputs): it refused the variant made with one pass and without it"
     ]
 
 

@@ -17,6 +17,11 @@ from onnxsmith.passes.quantize_linears import Int8Form, Linear, LinearPlan, by_i
 from onnxsmith.passes.quantize_tables import Table
 from onnxsmith.settings.int8 import Int8Options
 
+#: The share of the gate's bounds a choice may use on the calibration inputs once the gate refused a variant:
+#: the gate judges other inputs, where the worst element is elsewhere (PP-OCR's detector: a choice at 0.63 of
+#: its per-element bound there came to 1.10 on the gate's inputs).
+JUDGED_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class SearchSpace:
@@ -178,11 +183,13 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
 
 def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> float:
     """The outputs' relative error with ``int8`` switched on; told how the gate measures (``judge``: it refused
-    the first variant), a choice it would refuse counts as over ``budget`` by as much as it is over the gate."""
+    the first variant), a choice using more than :data:`JUDGED_SHARE` of the gate's bounds counts as over
+    ``budget`` by as much."""
     if judge is None:
         return probe.error(int8)
     error, severity = probe.judged(int8, judge)
-    return error if severity <= 1 else max(error, budget * severity)
+    share = severity / JUDGED_SHARE
+    return error if share <= 1 else max(error, budget * share)
 
 
 def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budget, runs_left, measured):

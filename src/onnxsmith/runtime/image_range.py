@@ -17,7 +17,9 @@ scales fit to the wider range do not clip the narrower one). The running statist
 then known, and int8 calibrates Convs on pictures in it. The unit-scale rule is evidence only where every other
 convention is at least 16 times off (0..255 against the others: a trained layer's scale is not fixed, but not
 that loose); otherwise (normalized against 0..1, about 4 times apart) it says which range is likely: made-up
-pictures are made in it, but the range stays a guess for what would fix activation scales from them. The result is kept on the model in memory
+pictures are made in it, but the range stays a guess for what would fix activation scales from them; where
+0..255 is ruled out, the others as near are kept beside it, and int8 calibrates and verifies on pictures in each
+(a variant right whichever of them real pictures are in). The result is kept on the model in memory
 (``model.meta``) and read by :func:`onnxsmith.analysis.input_roles.input_roles`, so every input set made for
 that model afterwards, and the report's line on what each input was taken to be, use it.
 """
@@ -35,8 +37,9 @@ from onnxsmith.irutil.walk import computing_model, constant
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.plausible import image
 
-#: (value range, why, whether it is evidence enough to fix int8's activation scales from made-up pictures).
-Inferred = tuple[str, str, bool]
+#: (value range, why, whether it is evidence enough to fix int8's activation scales from made-up pictures, the
+#: other ranges as likely where it is not and 0..255 is ruled out: int8 calibrates and verifies in each of them).
+Inferred = tuple[str, str, bool, tuple[str, ...]]
 #: The conventions tried, widest first (what is taken where several score alike).
 CONVENTIONS = ("0..255", "normalized", "0..1")
 #: What a per-channel normalization after the first Conv is written with (with constant operands).
@@ -140,16 +143,16 @@ def _decide(model: ir.Model, conv: ir.Node, feeds: dict[str, np.ndarray], role: 
     if "0..255" in close and len(close) > 1:
         return None
     if norm is not None:
-        return (
-            close[0],
-            f"its first Conv's response to photos matches its BatchNormalization's statistics in {close[0]}",
-            True,
-        )
-    if min(score - best for c, score in scores.items() if c != close[0]) >= _DECISIVE:
-        why = f"its first Conv's normalized outputs are near unit scale on photos in {close[0]}, 16 times off in the others"
-        return close[0], why, True
-    why = f"its first Conv's normalized outputs are near unit scale on photos in {close[0]}: a likely range, not a stated one"
-    return close[0], why, False
+        why = f"its first Conv's response to photos matches its BatchNormalization's statistics in {close[0]}"
+        return close[0], why, True, ()
+    likely = f"its first Conv's normalized outputs are near unit scale on photos in {close[0]}"
+    others = [c for c in CONVENTIONS if c != close[0] and scores[c] - best < _DECISIVE]
+    if not others:
+        return close[0], f"{likely}, 16 times off in the others", True, ()
+    if "0..255" in (close[0], *others):  # a 255-fold guess: no pictures cover both ends of it
+        return close[0], f"{likely}: a likely range, not a stated one", False, ()
+    why = f"{likely}, and about as near in {' and '.join(others)}: a likely range, not a stated one"
+    return close[0], why, False, tuple(others)
 
 
 def _channel_axis(shape: tuple[int, ...], conv: ir.Node) -> int:
