@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import onnxsmith
 from onnxsmith.cli.main import COMMANDS as COMMAND_MODULES
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.io.save import save_model
 from tests.conftest import assert_one_line_error
@@ -85,6 +88,20 @@ def test_bad_options_are_one_line(cli, save_proto, tmp_path):
     good = save_proto(mlp())
     assert_one_line_error(cli("compare", good, good, "--shape", "x:1,2,3"), "3 dims given")
     assert_one_line_error(cli("compare", good, good, "--inputs", tmp_path / "none.npz"), "none.npz", "no such file")
+
+
+def test_input_sets_of_different_shapes_are_one_line(cli, save_proto, tmp_path):
+    """The outputs of every input set are compared stacked: a folder whose arrays differ in shape was a traceback
+    from numpy; it is the second file, named, and the shapes."""
+    good = save_proto(mlp())
+    folder = tmp_path / "sets"
+    folder.mkdir()
+    np.savez(folder / "a.npz", x=np.zeros((3, 8), np.float32))
+    np.savez(folder / "b.npz", x=np.zeros((2, 8), np.float32))
+    result = cli("compare", good, good, "--inputs", folder)
+    assert_one_line_error(result, "b.npz", "'x' is [2, 8], a.npz's [3, 8]: every input set must have the same shapes")
+    with pytest.raises(UsageError, match=r"feeds: input set 1: 'x' is \[2, 8\], the first input set's \[3, 8\]"):
+        onnxsmith.compare(good, good, feeds=[{"x": np.zeros((3, 8), np.float32)}, {"x": np.zeros((2, 8), np.float32)}])
 
 
 def test_a_model_onnxruntime_cannot_run_is_one_line_without_its_log(tmp_path, save_proto):

@@ -65,6 +65,7 @@ from onnxsmith.runtime.inputs import (
     adapt_feeds,
     input_specs,
     parse_shape_options,
+    unlike_first,
 )
 from onnxsmith.runtime.runner import prepare_session
 from onnxsmith.runtime.sizing import inputs_that_run
@@ -881,7 +882,11 @@ def _input_sets(
         sets = [feeds] if isinstance(feeds, Mapping) else list(feeds)
         if not sets or not all(isinstance(s, Mapping) for s in sets):
             raise UsageError("feeds: expected {input name: array}, a list of them, or an .npz path")
-        return [_matched(model, s) for s in sets]
+        matched = [_matched(model, s) for s in sets]
+        unlike = unlike_first(matched)
+        if unlike is not None:
+            raise UsageError(f"feeds: input set {unlike[0]}: {unlike[1]}")
+        return matched
     if samples < 1:
         raise UsageError(f"samples must be at least 1, not {samples}")
     shapes, dims = _shape(shape)

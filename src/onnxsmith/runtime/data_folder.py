@@ -29,7 +29,7 @@ from onnxsmith.analysis.input_roles import (
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.io.paths import read_text
-from onnxsmith.runtime.inputs import input_specs, load_npz, random_inputs, symbolic_dim_size
+from onnxsmith.runtime.inputs import input_specs, load_npz, random_inputs, symbolic_dim_size, unlike_first
 from onnxsmith.runtime.plausible import in_range
 from onnxsmith.runtime.real_data import read_image, read_wav, resize, with_channels
 from onnxsmith.runtime.sizing import inputs_that_run
@@ -82,7 +82,11 @@ def load_data(
     path = Path(path)
     kind, files = data_files(path)
     if kind == "npz":
-        return [load_npz(f, model) for f in files]
+        sets = [load_npz(f, model) for f in files]
+        unlike = unlike_first(sets, first=files[0].name)
+        if unlike is not None:
+            raise InputError(unlike[1], files[unlike[0]])
+        return sets
     roles = with_given(input_roles(model), given)
     target = _target(kind, roles, path)
     shapes, dims = dict(shapes or {}), dict(dims or {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +226,22 @@ def _type_name(model: ir.Model, spec: InputSpec) -> str:
     """The input's ONNX element type (STRING), not numpy's name for how it holds it (object)."""
     value = next((v for v in model.graph.inputs if v.name == spec.name), None)
     return value.dtype.name if value is not None and value.dtype is not None else str(spec.dtype)
+
+
+def unlike_first(
+    sets: Sequence[Mapping[str, np.ndarray]], first: str = "the first input set"
+) -> tuple[int, str] | None:
+    """(the index of the first input set, the problem) where an input's shape differs from the first set's
+    (``first`` names it): the outputs of every set are compared stacked."""
+    for i, feeds in enumerate(sets[1:], 1):
+        for name, array in feeds.items():
+            shape = np.shape(sets[0].get(name))
+            if np.shape(array) != shape:
+                return i, (
+                    f"'{name}' is {list(np.shape(array))}, {first}'s {list(shape)}: every input set must have the "
+                    "same shapes"
+                )
+    return None
 
 
 def load_npz(path: str | os.PathLike, model: ir.Model) -> dict[str, np.ndarray]:
