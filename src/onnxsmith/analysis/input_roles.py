@@ -24,6 +24,7 @@ from onnxsmith.irutil.walk import constant
 
 IMAGE, WAVEFORM, LENGTH, MASK, TOKEN_IDS, POSITIONS = "image", "waveform", "length", "mask", "token_ids", "positions"
 KV_CACHE, STATE, TIMESTEP, SCALAR, GENERIC = "kv_cache", "state", "timestep", "scalar", "generic"
+MEL = "mel"
 
 #: An integer scalar input with such a name is a sample rate (silero VAD's ``sr``): it gets :data:`SAMPLE_RATE`.
 SAMPLE_RATE_NAME = re.compile(r"sr|sample_?rate|sampling_?rate|sample_?rate_?hz")
@@ -38,6 +39,9 @@ _TIMESTEP_NAME = re.compile(r"t|timesteps?|time_?steps?|sigmas?|noise_?level|ts"
 _TOKEN_NAME = re.compile(r".*(input_ids|token|_ids)$|ids", re.IGNORECASE)
 _LATENT_NAME = re.compile(r"latent|sample|noise", re.IGNORECASE)
 _IMAGE_NAME = re.compile(r"pixel|image|img|picture|frame", re.IGNORECASE)
+_MEL_NAME = re.compile(r"mel|spectrogram|spec|fbank", re.IGNORECASE)
+#: How many mel bands a spectrogram input has (LPCNet's 20 cepstra are not one; BigVGAN's 128 are).
+_MEL_BANDS = range(40, 129)
 #: Ops a value passes through unchanged in meaning (what it is, not how much), on the way to the op that tells.
 _PASS_THROUGH = frozenset({"Cast", "CastLike", "Identity", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Expand"})
 _COMPARISONS = frozenset({"Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
@@ -104,6 +108,8 @@ class InputRole:
             if self.axis is not None
             else "kv cache",
             STATE: "recurrent state, zeros (a stream's start)",
+            MEL: f"log-mel spectrogram, {self.channels} bands, of a spoken sentence ({self.value_range}: "
+            "HiFi-GAN's features)",
             TIMESTEP: "diffusion sigma, 0.03..14.6" if "sigma" in self.name.lower() else "diffusion timestep, 0..999",
             SCALAR: f"scalar {self.value:g}" if self.value is not None else "scalar",
             GENERIC: "random values",
@@ -118,6 +124,9 @@ INFERRED_RANGES = "onnxsmith.inferred_image_ranges"
 #: ``model.meta`` key: {image input: why its pictures are pages of printed text} where running the model
 #: showed an output that maps the picture (runtime/image_content.py; ``{}`` once tried).
 PAGE_INPUTS = "onnxsmith.page_inputs"
+#: ``model.meta`` key: {mel input: (log scale, why, evidence)} where a round trip through the model told
+#: (runtime/spectrogram.py; ``{}`` once tried).
+MEL_SCALES = "onnxsmith.mel_scales"
 
 
 def input_roles(model: ir.Model) -> dict[str, InputRole]:
@@ -141,6 +150,10 @@ def input_roles(model: ir.Model) -> dict[str, InputRole]:
             roles[value.name] = replace(
                 roles[value.name], value_range=value_range, range_guessed=not evidence, ranges_alike=alike, why=why
             )
+        scale = model.meta.get(MEL_SCALES, {}).get(value.name)
+        if scale is not None and roles[value.name].kind == MEL:
+            value_range, why, evidence = scale
+            roles[value.name] = replace(roles[value.name], value_range=value_range, range_guessed=not evidence, why=why)
         pages = model.meta.get(PAGE_INPUTS, {}).get(value.name)
         if pages and roles[value.name].kind == IMAGE:
             roles[value.name] = replace(roles[value.name], pages=pages)
@@ -251,8 +264,11 @@ def plausible(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -
         for r, v in zip(with_given(input_roles(model), given).values(), _inputs(model))
         if v.dtype is not None and v.dtype.is_floating_point()
     ]
-    signals = [r for r in roles if r.kind in (IMAGE, WAVEFORM)]
-    return bool(signals) and all(r.kind in (IMAGE, WAVEFORM, STATE, KV_CACHE, MASK, TIMESTEP) for r in roles)
+    # a mel spectrogram looks like the real thing once its log scale is known (a vocoder's round trip)
+    signals = [r for r in roles if r.kind in (IMAGE, WAVEFORM) or (r.kind == MEL and not r.range_guessed)]
+    return bool(signals) and all(
+        r.kind in (IMAGE, WAVEFORM, STATE, KV_CACHE, MASK, TIMESTEP) or r in signals for r in roles
+    )
 
 
 def past_dims(model: ir.Model) -> frozenset[str]:
@@ -314,6 +330,12 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
     image = _image(value)
     if image is not None:
         return image
+    # a log-mel spectrogram [B, bands, T] named so, read by a 1-D Conv over its bands (a vocoder's first layer)
+    bands = value.shape[1] if kind == "f" and rank == 3 and value.shape is not None else None
+    named = isinstance(bands, int) and bands in _MEL_BANDS and _MEL_NAME.search(lowered)
+    if named and _reaches(value, lambda node, index: _convolves_channels(node, index, bands)):
+        why = f"by its name, and a 1-D Conv over its {bands} bands reads it"
+        return InputRole(name, MEL, why, channels=bands, value_range="ln", range_guessed=True)
     # a waveform: a float [T], [B, T] or [B, C, T] (C a channel or two) named so, measured by a length, or read
     # by an STFT or a 1-D Conv over one channel; not [B, T, F] (FunASR's FSMN VAD names its 400 features per
     # frame `speech`)
@@ -401,6 +423,14 @@ def _reaches(value: ir.Value, reader: Callable[[ir.Node, int], bool]) -> bool:
                         following.append(out)
         frontier = following
     return False
+
+
+def _convolves_channels(node: ir.Node, index: int, channels: int) -> bool:
+    """A 1-D Conv over ``channels`` input channels (weight [out, channels, k]) reading the value as its data."""
+    if node.op_type != "Conv" or node.domain != "" or index != 0 or len(node.inputs) < 2:
+        return False
+    weight = constant(node.inputs[1])
+    return weight is not None and weight.ndim == 3 and weight.shape[1] == channels
 
 
 def _filters_one_channel(node: ir.Node, index: int) -> bool:

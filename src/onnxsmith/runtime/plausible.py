@@ -18,6 +18,7 @@ from onnxsmith.analysis.input_roles import (
     KV_CACHE,
     LENGTH,
     MASK,
+    MEL,
     POSITIONS,
     SAMPLE_RATE,
     SCALAR,
@@ -28,6 +29,7 @@ from onnxsmith.analysis.input_roles import (
     InputRole,
 )
 from onnxsmith.runtime.real_data import photo_pictures, speech_clips
+from onnxsmith.runtime.spectrogram import mel_frames
 
 #: The mean and std torchvision normalizes 3-channel images with (what "normalized" input most often means).
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -77,6 +79,8 @@ def role_value(
         return image(shape, role.layout or "NCHW", role.value_range or "normalized", dtype, rng, pages=bool(role.pages))
     if kind == WAVEFORM:
         return waveform(shape, rng).astype(dtype)
+    if kind == MEL and len(shape) == 3:
+        return mel_frames(shape, rng, role.value_range or "ln").astype(dtype)
     return None
 
 

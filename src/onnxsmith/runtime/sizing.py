@@ -35,13 +35,24 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsmith.analysis.input_roles import INFERRED_RANGES, LENGTH, PAGE_INPUTS, SAMPLE_RATE, WAVEFORM, input_roles
+from onnxsmith.analysis.input_roles import (
+    INFERRED_RANGES,
+    LENGTH,
+    MEL,
+    MEL_SCALES,
+    PAGE_INPUTS,
+    SAMPLE_RATE,
+    WAVEFORM,
+    input_roles,
+)
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.image_content import float_output_shapes, infer_page_inputs
 from onnxsmith.runtime.image_range import infer_image_ranges
 from onnxsmith.runtime.inputs import InputSpec, default_dim, input_specs, random_inputs, resolve_shape, sum_terms
+from onnxsmith.runtime.mel_scale import infer_mel_scales
+from onnxsmith.runtime.spectrogram import FRAMES as MEL_FRAMES
 
 #: Image sides tried in turn, after the model's own (metadata).
 IMAGE_SIDES = (224, 320, 640)
@@ -86,10 +97,12 @@ def inputs_that_run(
     user's corrections of what the inputs are (:func:`~onnxsmith.runtime.inputs.random_inputs`).
     """
     fresh, fresh_pages = INFERRED_RANGES not in model.meta, PAGE_INPUTS not in model.meta
+    fresh_mels = MEL_SCALES not in model.meta
     sets, output_shapes = _sized_inputs(model, shapes, dims, samples, seed, given)
     again = fresh and sets and infer_image_ranges(model, sets[0], given)  # the pictures again, in the range measured
     # ... and with pages (the sizing run's output shapes are the same on those pictures)
     again = (fresh_pages and sets and infer_page_inputs(model, sets[0], output_shapes)) or again
+    again = (fresh_mels and sets and infer_mel_scales(model, sets[0])) or again  # frames in the scale measured
     if again:
         sized = {name: tuple(array.shape) for name, array in sets[0].items()}
         sets = _seeded(model, sized, dict(dims or {}), range(samples), seed, given)
@@ -147,6 +160,10 @@ def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict
             if isinstance(dim, int) or (dim is not None and dim in dims):
                 continue
             utterance = roles[spec.name].kind == WAVEFORM and measured.get(spec.name) == axis
+            if roles[spec.name].kind == MEL and axis == len(spec.dims) - 1:  # a vocoder's frames: about 1.2 s first
+                guess = Guess(dim, spec.name, axis, (MEL_FRAMES, default_dim(dim)))
+                found.setdefault(guess.label, guess)
+                continue
             # a sum (optimum's attention mask: "past_sequence_length + sequence_length") is its terms' sizes added
             terms = [t for t in sum_terms(dim) if not t.isdigit() and t not in dims] if dim else [dim]
             for term in terms:
