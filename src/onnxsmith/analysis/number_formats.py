@@ -48,6 +48,8 @@ FP8 = NumberFormat(4, "fp8", smallest_normal=2.0**-6)
 INT16 = NumberFormat(16, "int16", quantized=True)
 INT8 = NumberFormat(8, "int8", quantized=True)
 INT4 = NumberFormat(4, "int4", quantized=True)
+#: Each format by its name.
+FORMATS = {f.name: f for f in (FP64, FP32, FP16, BF16, FP8, INT16, INT8, INT4)}
 
 _FLOATS = {
     ir.DataType.DOUBLE: FP64,

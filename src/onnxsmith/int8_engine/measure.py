@@ -210,6 +210,7 @@ class SensitivityProbe:
     form: Int8Form = field(default_factory=Int8Form)  # rounded weights, two-pass activations
     runs: int = 0  # measurements made (the reference run not counted)
     _stacked_reference: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False)
+    _ranked: bool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         model = load_probed(self.model_path)
@@ -293,6 +294,17 @@ class SensitivityProbe:
         if self._stacked_reference is None:  # stacked once: the reference is the same for every judged run
             self._stacked_reference = _stacked(self.reference)
         return relative_output_error(self.reference, candidate), judge(self._stacked_reference, _stacked(candidate))
+
+    def ranked(self, ranked_judge) -> bool:
+        """Whether ``ranked_judge`` (``TransformContext.ranked_judge``) judges some reference output as a ranked
+        list (it says None where none is)."""
+        if ranked_judge is None:
+            return False
+        if self._ranked is None:  # the same reference for every run: asked once
+            if self._stacked_reference is None:
+                self._stacked_reference = _stacked(self.reference)
+            self._ranked = ranked_judge(self._stacked_reference, self._stacked_reference) is not None
+        return self._ranked
 
     def close(self) -> None:
         del self.session

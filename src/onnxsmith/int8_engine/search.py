@@ -86,13 +86,13 @@ def search_parts(space: SearchSpace, context, budget, options, report):
             report.notes.append(f"smoothing folded into LayerNorms (no run-time cost) for {len(free)} Linears")
         costly = [n for n in offered if offered[n] != free.get(n)]
         if costly:
-            plain = everything = _measured(probe, every, context.judge, budget)
+            plain = everything = _measured(probe, every, context, budget)
             if plain > budget:
                 # Smoothing that costs a Mul, where it was offered: measured in a second probe, kept if it helps.
                 probe.close()
                 runs += probe.runs
                 probe = open_probe(offered)
-                smoothed = _measured(probe, every, context.judge, budget)
+                smoothed = _measured(probe, every, context, budget)
                 report.notes.append(
                     f"another form offered for {len(costly)} more Linears (smoothing or outliers apart: a Mul each "
                     f"input; {WIDE}: a slower kernel): everything int8 {plain:.2e} without, {smoothed:.2e} with it"
@@ -107,7 +107,7 @@ def search_parts(space: SearchSpace, context, budget, options, report):
 
         def error(chosen: set[str]) -> float:
             context.progress(f"int8: end-to-end run {runs + probe.runs + 1}")
-            return _measured(probe, chosen, context.judge, budget)
+            return _measured(probe, chosen, context, budget)
 
         selection = search(
             list(groups.items()),
@@ -181,14 +181,20 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
     return set(chosen), used, parts
 
 
-def _measured(probe: SensitivityProbe, int8: set[str], judge, budget: float) -> float:
-    """The outputs' relative error with ``int8`` switched on; told how the gate measures (``judge``: it refused
-    the first variant), a choice using more than :data:`JUDGED_SHARE` of the gate's bounds counts as over
-    ``budget`` by as much."""
+def _measured(probe: SensitivityProbe, int8: set[str], context, budget: float) -> float:
+    """The outputs' relative error with ``int8`` switched on; told how the gate measures (``context.judge``: it
+    refused the first variant), a choice using more than :data:`JUDGED_SHARE` of the gate's bounds counts as over
+    ``budget`` by as much. Where an output is a ranked list the gate matches (a detector's rows:
+    ``context.ranked_judge``), the error is that share of the gate's bounds, in the budget's units: rounding
+    reorders near-tied rows, and row by row isbnx's YOLO measured 0.42-0.50 alone with every detection matched."""
+    ranked = probe.ranked(context.ranked_judge)
+    judge = context.judge or (context.ranked_judge if ranked else None)
     if judge is None:
         return probe.error(int8)
     error, severity = probe.judged(int8, judge)
     share = severity / JUDGED_SHARE
+    if ranked:
+        return budget * share
     return error if share <= 1 else max(error, budget * share)
 
 
@@ -222,7 +228,7 @@ def _drop_smoothing(probe, context, candidates, chosen, used, parts: Parts, budg
             break
         context.progress(f"int8: without the smoothing of {len(linears)} Linears ({key[0]}, ...)")
         trial = current | {unsmoothed_name(r.name) for r in linears}
-        error = _measured(probe, trial, context.judge, budget)
+        error = _measured(probe, trial, context, budget)
         if error <= budget:
             current, measured = trial, error
             roles = key[0] + (f" and {len(key) - 1} more role(s)" if len(key) > 1 else "")

@@ -601,6 +601,22 @@ def channel_magnitude(ref: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.maximum(magnitude, CHANNEL_FLOOR * whole)
 
 
+def ranked_outputs(reference: dict[str, np.ndarray]) -> list[str]:
+    """The outputs the gate matches rather than compares by position: ranked detection lists (one output, or
+    boxes, scores and labels apart) and top-k pairs (verify/structure.py)."""
+    names = [name for layout in structure.separate_detections(reference) for name in layout.outputs]
+    names += [n for pair in structure.ranked_pairs(reference) for n in (pair.values, pair.indices) if n not in names]
+    return names + [n for n, ref in reference.items() if n not in names and structure.detection_layout(n, ref)]
+
+
+def ranked_severity(
+    reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *, bounds: Bounds
+) -> float | None:
+    """:func:`severity` where some output is a ranked list (:func:`ranked_outputs`: any rounding reorders its
+    rows, so a positional error says nothing of it), else None."""
+    return severity(reference, candidate, bounds) if ranked_outputs(reference) else None
+
+
 def severity(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds) -> float:
     """How far ``candidate``'s outputs are outside ``bounds`` (the largest ratio of measured to allowed
     error over every output; <= 1 passes, inf for new NaN/inf): what a repair measures its choices with."""
