@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -11,6 +12,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsmith.core.transform import TransformContext
 from onnxsmith.int8_engine.measure import SensitivityProbe, measure_layer_errors, unsmoothed_name
 from onnxsmith.int8_engine.search import JUDGED_SHARE, _measured
 from onnxsmith.int8_engine.statistics import input_grams, measure_inputs
@@ -125,7 +127,16 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
         def judged(self, int8, judge):
             return 0.01, {frozenset({"a"}): 0.4, frozenset({"a", "b"}): 0.63}[frozenset(int8)]
 
+        def ranked(self, ranked_judge):
+            return ranked_judge is not None
+
+    remake = TransformContext(source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, judge=lambda ref, cand: 0.0)
     budget = 0.03
-    assert _measured(Probe(), {"a"}, judge=object(), budget=budget) == 0.01
-    over = _measured(Probe(), {"a", "b"}, judge=object(), budget=budget)
+    assert _measured(Probe(), {"a"}, remake, budget=budget) == 0.01
+    over = _measured(Probe(), {"a", "b"}, remake, budget=budget)
     assert over > budget and over == pytest.approx(budget * 0.63 / JUDGED_SHARE)
+    # a ranked output (a detector's rows) on the first make: the gate's share is the error, whatever it is by position
+    first = TransformContext(
+        source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, ranked_judge=lambda ref, cand: 0.0
+    )
+    assert _measured(Probe(), {"a"}, first, budget=budget) == pytest.approx(budget * 0.4 / JUDGED_SHARE)
