@@ -34,11 +34,16 @@ def log_mel(samples: np.ndarray, bands: int, scale: str = "ln", rate: int = RATE
     frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop]
     magnitude = np.sqrt(np.abs(np.fft.rfft(frames * np.hanning(n_fft + 1)[:-1], axis=1)) ** 2 + 1e-9)
     mel = np.maximum(_filterbank(rate, n_fft, bands, min(FMAX, rate / 2)) @ magnitude.T, _FLOOR)
-    if scale == "ln":
-        return np.log(mel)
+    return rescaled(np.log(mel), scale)
+
+
+def rescaled(ln_frames: np.ndarray, scale: str) -> np.ndarray:
+    """Frames in ``ln`` (the natural log of magnitudes) in another of :data:`SCALES`."""
     if scale == "log10":
-        return np.log10(mel)
-    return 2 * np.log(mel)  # "ln power"
+        return ln_frames / np.log(10)
+    if scale == "ln power":
+        return 2 * ln_frames
+    return ln_frames
 
 
 @functools.cache
