@@ -633,3 +633,60 @@ def test_int8_of_an_end_to_end_yolo_measures_its_choices_by_matched_detections(t
     assert result.returncode == 0, result.stdout + result.stderr
     assert "detections 100% matched" in result.stdout
     assert op_count(load_model(out), "QuantizeLinear") > 10
+
+
+def _speech_like(rng, sets=2, samples=22050) -> np.ndarray:
+    """[sets, 1, 1, samples]: voiced tones with a decaying envelope over a little noise, at 22.05 kHz."""
+    t = np.arange(samples) / 22050
+    rows = []
+    for _ in range(sets):
+        f0 = rng.uniform(110, 240)
+        voiced = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 6.3)) / k for k in range(1, 6))
+        rows.append(0.3 * voiced * np.exp(-2 * t) + 0.005 * rng.standard_normal(samples))
+    return np.stack(rows)[:, None, None, :].astype(np.float32)
+
+
+def test_audio_is_told_by_its_values():
+    rng = np.random.default_rng(21)
+    audio = _speech_like(rng)
+    for signal in (audio, audio[:, :, 0], audio[:, 0, 0], np.concatenate([audio, audio], axis=2)):
+        assert structure.waveform(signal), signal.shape
+    assert not structure.waveform(rng.standard_normal((2, 1, 8000)).astype(np.float32))  # no neighbours alike
+    assert not structure.waveform(np.sort(rng.standard_normal((2, 1, 8000)), axis=-1))  # sorted logits: one sign
+    assert not structure.waveform(np.abs(audio))  # a magnitude, all one sign
+    assert not structure.waveform(audio[..., :4000])  # too short to be heard as frames
+    assert not structure.waveform(np.concatenate([audio] * 3, axis=2))  # three channels: not a signal's
+    assert not structure.waveform(audio.astype(np.int16))
+
+
+def test_audio_is_judged_frame_by_frame_in_its_spectrum():
+    """A sample is no channel of its own: a lone sample off by a third of the signal's RMS (inaudible) passes as
+    audio, where the per-sample bound refuses it; a click over a few ms fails by its frame's spectrum, with the
+    options that would accept it; a signal turned upside down is far from the source."""
+    rng = np.random.default_rng(22)
+    ref = _speech_like(rng)
+    bounds = Bounds.for_format(FP16)
+    rounded = ref.astype(np.float16).astype(np.float32)
+    assert judge_output("audio", ref, rounded, bounds).passed
+    rms = float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
+    spike = ref.copy()
+    quiet = int(np.argmin(np.abs(ref[0, 0, 0, 5000:6000]))) + 5000  # a zero crossing
+    spike[0, 0, 0, quiet] += rms / 3
+    assert "values" in judge_tensor("audio", ref, spike, bounds).failed
+    diff = judge_output("audio", ref, spike, bounds)
+    assert diff.kind == "waveform" and diff.passed, diff.problem(bounds)
+    assert diff.waveform["worst_error"] < bounds.rtol and diff.argmax_agreement is None
+    assert severity({"audio": ref}, {"audio": spike}, bounds) <= 1  # what the fp16 repair measures agrees
+    click = ref.copy()
+    click[1, 0, 0, 12000:12040] += 2 * rms  # 2 ms
+    diff = judge_output("audio", ref, click, bounds)
+    assert not diff.passed and "spectrum" in diff.failed and diff.worst_at[0] == 1
+    assert 12000 - 1024 <= diff.waveform["worst_frame"] * 256 <= 12040
+    line = verdict([diff], bounds)
+    assert line.startswith("output 'audio': audio: frame ") and "SNR " in line and "--rtol" in line
+    assert severity({"audio": click}, {"audio": ref}, bounds) > 1
+    flipped = judge_output("audio", ref, -ref, bounds)
+    assert not flipped.passed and "far from the source" in verdict([flipped], bounds)
+    # An absolute bound on values, given, keeps the samples judged one by one.
+    given = Bounds.for_format(FP16, GateOptions(atol=1e-6))
+    assert judge_output("audio", ref, spike, given).kind == "tensor"

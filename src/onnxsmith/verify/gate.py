@@ -52,7 +52,12 @@ probability's scale is 1, so no value's channel is taken below the probability b
 softmax's argmax) must agree in ``min_agreement`` of them (a source within the bound of the threshold is a
 near tie, excused); and where only the direction or magnitude failed (a softmax: or a few of its values, its
 argmax being its decision), an RMS |Δp| within the bound accepts them: on a text detector's map of 1e-7
-everywhere (ppocr_det on a photo) cosine measures noise.
+everywhere (ppocr_det on a photo) cosine measures noise. Audio (a vocoder's speech:
+:func:`onnxsmith.verify.structure.waveform`) keeps the direction and magnitude bounds, its SNR, and is judged
+frame by frame in its spectrum instead of sample by sample (:func:`_judge_waveform`): a sample near a zero
+crossing is no channel of its own, and what is heard is each short frame's spectrum, so each frame's
+magnitude spectrum may be off by rtol·(that frame's magnitude + a typical frame's), as a value by
+rtol·(|value| + m); a click in one frame fails where the whole output's cosine cannot see it.
 
 Each bound can be set instead (``--min-cosine``; ``--rtol``; ``--atol``: an absolute |Δ| in
 place of rtol·m; the magnitude follows the cosine bound; ``--min-agreement``). A refusal is one
@@ -95,6 +100,8 @@ PROBABILITY_UNITS = 2
 IOU_UNITS = 3
 MIN_IOU = 0.5
 MAX_IOU = 0.99
+#: Audio is judged in frames of this many samples (Hann-windowed, hop a quarter of it): 46 ms at 22.05 kHz.
+WAVEFORM_FRAME = 1024
 #: A refusal suggests no bound that would accept anything: a cosine below this, an rtol above
 #: MAX_SUGGESTED_RTOL (a value may move by as much as it is), an atol above MAX_SUGGESTED_ATOL_SHARE
 #: of the output's RMS (every value may move by as much as a typical one is), an agreement below this.
@@ -156,7 +163,7 @@ class Bounds:
         return (
             f"{origin}{self.format}: cosine >= {format_cosine(self.min_cosine)}, "
             f"RMS within ±{self.magnitude:.3g}, {values}; labels {labels}, detections IoU >= {self.min_iou:.3g}, "
-            f"probabilities RMS |Δp| <= {self.probability_rms:.2g}"
+            f"probabilities RMS |Δp| <= {self.probability_rms:.2g}, audio by each frame's spectrum"
         )
 
     def to_json(self) -> dict:
@@ -195,6 +202,8 @@ class OutputDiff:
     sequences: dict | None = None  # CTC label sequences: how many equal after the collapse, the error rate
     #: probabilities: softmax or sigmoid, RMS |Δp| and its bound, decisions agreeing, whether a low cosine was waived
     probabilities: dict | None = None
+    #: audio: its SNR, the frames judged and the worst frame's spectral error against what it may be
+    waveform: dict | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -233,6 +242,12 @@ class OutputDiff:
                 f"{p['kind']} probabilities: RMS |Δp| {p['rms_delta']:.3g} (a low cosine is excused at most "
                 f"{p['rms_bound']:.3g}), decisions {p['agreement']:.2%} the same "
                 f"(at least {bounds.min_agreement:.2%} required)"
+            )
+        if self.waveform is not None and "spectrum" in self.failed:
+            w = self.waveform
+            parts.append(
+                f"audio: frame {w['worst_frame']} of its spectrum off by {w['worst_error']:.3g} of that frame's "
+                f"magnitude and a typical frame's (at most {bounds.rtol:.3g}), SNR {w['snr_db']:.1f} dB"
             )
         if self.detections is not None:
             d = self.detections
@@ -289,7 +304,68 @@ def judge_output(name: str, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -
         diff = _judge_probabilities(diff, kind, ref, test, bounds)
     if frames is not None and np.all(np.isfinite(test)):  # probabilities of a CTC recogniser: their text too
         diff = _judge_sequences(diff, frames, np.argmax(test, axis=-1), bounds, replace_labels=False)
+    if bounds.atol is None and structure.waveform(ref) and np.all(np.isfinite(test)):
+        diff = _judge_waveform(diff, ref, test, bounds)
     return diff
+
+
+def _judge_waveform(diff: OutputDiff, ref: np.ndarray, test: np.ndarray, bounds: Bounds) -> OutputDiff:
+    """Audio (judged as a tensor in ``diff``) judged by its spectrum instead of its samples (see the module doc):
+    each frame's magnitude spectrum within rtol·(the frame's magnitude + the frames' RMS magnitude). The
+    direction and magnitude bounds stay. An ``--atol`` (an absolute bound on samples) keeps the samples judged."""
+    a = ref.astype(np.float64).reshape(-1, ref.shape[-1])
+    b = test.astype(np.float64).reshape(-1, ref.shape[-1])
+    spectrum_a, spectrum_b = _frame_spectra(a), _frame_spectra(b)
+    magnitude = np.linalg.norm(spectrum_a, axis=-1)  # [signals, frames]
+    error = np.linalg.norm(spectrum_b - spectrum_a, axis=-1)
+    typical = max(math.sqrt(float(np.mean(magnitude**2))), bounds.smallest_magnitude)
+    relative = error / (magnitude + typical)
+    flat = int(np.argmax(relative))
+    signal, frame = np.unravel_index(flat, relative.shape)
+    noise = float(np.sum((a - b) ** 2))
+    failed = [f for f in diff.failed if f != "values"]
+    worst = float(relative[signal, frame]) / bounds.rtol
+    if worst > 1:
+        failed.append("spectrum")
+    # The options that would accept it, none where only a bound accepting anything would (see _needed).
+    needed: dict[str, float] = {}
+    far = False
+    if {"cosine", "magnitude"} & set(failed):
+        needed = _needed(replace(diff, failed=[f for f in failed if f != "spectrum"]), bounds, None, None, None)
+        far = not needed
+    if "spectrum" in failed:
+        needed["rtol"] = _round_up(float(relative[signal, frame]))
+        far = far or needed["rtol"] > MAX_SUGGESTED_RTOL
+    at = np.unravel_index(int(signal), ref.shape[:-1])
+    return replace(
+        diff,
+        kind="waveform",
+        argmax_agreement=None,  # the loudest sample of a signal decides nothing
+        argmax_rows=0,
+        failed=failed,
+        passed=not failed,
+        needed={} if far else needed,
+        worst=worst,
+        worst_at=(*(int(i) for i in at), int(frame)),
+        worst_ref=float(magnitude[signal, frame]),
+        worst_delta=float(error[signal, frame]),
+        worst_allowed=bounds.rtol * float(magnitude[signal, frame] + typical),
+        waveform={
+            "frames": int(relative.size),
+            "frame_samples": WAVEFORM_FRAME,
+            "worst_frame": int(frame),
+            "worst_error": float(relative[signal, frame]),
+            "snr_db": 10 * math.log10(float(np.sum(a * a)) / noise) if noise > 0 else math.inf,
+        },
+    )
+
+
+def _frame_spectra(signals: np.ndarray) -> np.ndarray:
+    """[signals, frames, bins]: the magnitude spectrum of each Hann-windowed frame of each signal."""
+    hop = WAVEFORM_FRAME // 4
+    count = 1 + (signals.shape[-1] - WAVEFORM_FRAME) // hop
+    index = np.arange(WAVEFORM_FRAME)[None, :] + hop * np.arange(count)[:, None]
+    return np.abs(np.fft.rfft(signals[:, index] * np.hanning(WAVEFORM_FRAME), axis=-1))
 
 
 def _judge_probabilities(

@@ -1,5 +1,5 @@
 """What an output is, decided from the source's values: a detection list, a top-k (sorted values and
-their indices), a CTC label sequence, integer labels, or a tensor. (A decoder's KV cache is told by the
+their indices), a CTC label sequence, integer labels, audio, or a tensor. (A decoder's KV cache is told by the
 model's signature instead: :mod:`onnxsmith.verify.cache`.)
 
 A position-by-position comparison is right for a tensor and wrong for a list ranked by score: an
@@ -441,6 +441,40 @@ def probability_kind(ref: np.ndarray) -> ProbabilityKind | None:
         if ref.shape[axis] >= 2 and probabilities(np.moveaxis(ref, axis, -1)):
             return ProbabilityKind(axis)
     return ProbabilityKind()
+
+
+#: An audio output has at least this many samples along its last axis...
+WAVEFORM_SAMPLES = 4096
+#: ...and neighbouring samples this correlated (a sampled signal; a vector of logits or features is not)...
+WAVEFORM_CORRELATION = 0.5
+#: ...around zero: its mean at most this share of its RMS (a depth map or a mask is all one sign), crossing it
+#: this many times per signal at least (a sorted list crosses once; a 50 Hz hum, 37 times in 4096 samples at 22 kHz).
+WAVEFORM_OFFSET = 0.1
+WAVEFORM_CROSSINGS = 16
+
+
+def waveform(ref: np.ndarray) -> bool:
+    """Whether ``ref`` (input sets stacked on axis 0) is audio, told by its values as the other rules tell theirs:
+    float ``[T]``, ``[batch, T]`` or ``[batch, 1 or 2 channels, T]`` with at least :data:`WAVEFORM_SAMPLES`
+    samples, neighbouring samples correlated (at least :data:`WAVEFORM_CORRELATION`), oscillating around zero. A vocoder's
+    speech, a denoiser's or separator's output."""
+    dims = ref.shape[1:]
+    if ref.dtype.kind != "f" or not 1 <= len(dims) <= 3 or (len(dims) == 3 and dims[1] > 2):
+        return False
+    if dims[-1] < WAVEFORM_SAMPLES or not np.all(np.isfinite(ref)):
+        return False
+    x = ref.astype(np.float64).reshape(-1, dims[-1])
+    energy = float(np.sum(x * x))
+    if energy == 0:
+        return False
+    rms = np.sqrt(energy / x.size)
+    neighbours = float(np.sum(x[:, 1:] * x[:, :-1])) / energy
+    crossings = int(np.count_nonzero(np.signbit(x[:, 1:]) != np.signbit(x[:, :-1])))
+    return (
+        neighbours >= WAVEFORM_CORRELATION
+        and abs(float(x.mean())) <= WAVEFORM_OFFSET * rms
+        and crossings >= WAVEFORM_CROSSINGS * len(x)
+    )
 
 
 def ctc_collapse(frames: np.ndarray) -> list[list[int]]:
