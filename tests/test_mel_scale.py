@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsmith.analysis.input_roles import MEL, input_roles, plausible
+from onnxsmith.analysis.input_roles import MEL, input_roles, parse_role_options, plausible, with_given
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime.sizing import inputs_that_run
 from onnxsmith.runtime.spectrogram import FRAMES, HOP, RATE, log_mel
@@ -50,6 +50,23 @@ def test_a_mel_input_gets_frames_of_speech_and_its_scale_stays_a_guess_without_a
     # 20 cepstra (LPCNet) or an input named otherwise is not a mel spectrogram
     assert input_roles(_conv_reader(save_proto, "mel", bands=20))["mel"].kind != MEL
     assert input_roles(_conv_reader(save_proto, "hidden"))["hidden"].kind != MEL
+
+
+def test_a_user_says_an_input_is_a_mel_spectrogram_and_its_scale(save_proto):
+    """``--input-role feats=mel,log10``: an input no rule took for one gets frames of speech (100 of them) in the
+    scale given, a scale the user states is known (int8 may take activation scales from it)."""
+    model = _conv_reader(save_proto, "feats")
+    assert input_roles(model)["feats"].kind != MEL and not plausible(model)
+    given = parse_role_options("feats=mel,log10")
+    role = with_given(input_roles(model), given)["feats"]
+    assert (role.kind, role.value_range, role.range_guessed) == (MEL, "log10", False)
+    assert plausible(model, given) and "given with --input-role" in role.describe()
+    (feeds,) = inputs_that_run(model, given=given)
+    assert feeds["feats"].shape == (1, 80, FRAMES)
+    (ln,) = inputs_that_run(model, given=parse_role_options("feats=mel"))  # the kind alone: ln, a guess
+    assert np.allclose(feeds["feats"] * np.log(10), ln["feats"], atol=1e-4)
+    assert with_given(input_roles(model), parse_role_options("feats=ln-power"))["feats"].value_range == "ln power"
+    assert with_given(input_roles(model), parse_role_options("feats=mel"))["feats"].range_guessed
 
 
 def test_hifigan_s_audio_gives_back_its_frames_in_the_natural_log_of_magnitudes():

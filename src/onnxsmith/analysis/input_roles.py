@@ -108,7 +108,7 @@ class InputRole:
             if self.axis is not None
             else "kv cache",
             STATE: "recurrent state, zeros (a stream's start)",
-            MEL: f"log-mel spectrogram, {self.channels} bands, of a spoken sentence ({self.value_range}: "
+            MEL: f"log-mel spectrogram, {self.channels or '?'} bands, of a spoken sentence ({self.value_range}: "
             "HiFi-GAN's features)",
             TIMESTEP: "diffusion sigma, 0.03..14.6" if "sigma" in self.name.lower() else "diffusion timestep, 0..999",
             SCALAR: f"scalar {self.value:g}" if self.value is not None else "scalar",
@@ -197,18 +197,20 @@ def describe_inputs(model: ir.Model, given: dict[str, dict[str, str]] | None = N
     return lines
 
 
-#: What ``--input-role NAME=WORD,...`` may say of an input: what it is, an image's layout, its value range.
+#: What ``--input-role NAME=WORD,...`` may say of an input: what it is, an image's layout, its value range, a mel
+#: spectrogram's log scale (runtime/spectrogram.SCALES, "ln power" written with a hyphen).
 ROLE_WORDS = {
-    "kind": (IMAGE, WAVEFORM, GENERIC),
+    "kind": (IMAGE, WAVEFORM, MEL, GENERIC),
     "layout": ("NCHW", "NHWC"),
     "value_range": ("0..255", "0..1", "normalized"),
+    "mel_scale": ("ln", "log10", "ln-power"),
 }
 
 
 def parse_role_options(items: str | list[str] | None, *, option: str = "--input-role") -> dict[str, dict[str, str]]:
     """``NAME=WORD[,WORD...]`` items (``x=NHWC,0..255``, ``audio=waveform``): input name -> {field: word}, the
     corrections of what :func:`input_roles` inferred. A comma-split list option's pieces without '=' continue
-    the item before them. A layout or range makes the input an image."""
+    the item before them. A layout or range makes the input an image, a log scale a mel spectrogram."""
     pieces = [p.strip() for item in ([items] if isinstance(items, str) else items or []) for p in item.split(",")]
     given: dict[str, dict[str, str]] = {}
     name = None
@@ -239,6 +241,7 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
             )
         role = roles[name]
         kind = fields.get("kind") or (IMAGE if "layout" in fields or "value_range" in fields else role.kind)
+        kind = MEL if "mel_scale" in fields and not fields.get("kind") else kind
         changes: dict = {"kind": kind, "why": "given with --input-role"}
         if kind == IMAGE:
             changes["layout"] = fields.get("layout") or role.layout or "NCHW"
@@ -248,6 +251,13 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
             # the user's range is known; without one, what the graph read stays known, a new image's is a guess
             changes["range_guessed"] = "value_range" not in fields and (role.kind != IMAGE or role.range_guessed)
             changes["ranges_alike"] = role.ranges_alike if changes["range_guessed"] else ()
+        elif kind == MEL:  # the scale given is known; without one, what the round trip measured stays known
+            scale = fields.get("mel_scale")
+            changes["value_range"] = (
+                scale.replace("-", " ") if scale else (role.value_range if role.kind == MEL else "ln")
+            )
+            changes["range_guessed"] = scale is None and (role.kind != MEL or role.range_guessed)
+            changes["ranges_alike"] = ()
         else:
             changes["range_guessed"], changes["ranges_alike"] = False, ()
         corrected[name] = replace(role, **changes)

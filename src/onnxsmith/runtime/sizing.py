@@ -44,6 +44,7 @@ from onnxsmith.analysis.input_roles import (
     SAMPLE_RATE,
     WAVEFORM,
     input_roles,
+    with_given,
 )
 from onnxsmith.core.errors import InputError
 from onnxsmith.io.load import SOURCE_PATH
@@ -113,7 +114,7 @@ def _sized_inputs(model: ir.Model, shapes, dims, samples: int, seed: int, given)
     """(the input sets, the float outputs' shapes on the first where the model was run to choose sizes, else
     None)."""
     shapes, dims = dict(shapes or {}), dict(dims or {})
-    guesses = unsized_dims(model, shapes, dims)
+    guesses = unsized_dims(model, shapes, dims, given)
     choices = [g for g in guesses if len(g.sizes) > 1]
     if not choices:
         return _seeded(model, shapes, dims, range(samples), seed, given), None
@@ -147,10 +148,11 @@ def _seeded(model: ir.Model, shapes, dims, numbers: range, seed: int, given) -> 
     return [random_inputs(model, shapes=shapes, dims=dims, seed=seed + n, given=given) for n in numbers]
 
 
-def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> list[Guess]:
-    """The symbolic input dims that ``shapes`` and ``dims`` leave unsized, with the sizes to try."""
+def unsized_dims(model: ir.Model, shapes: dict[str, tuple[int, ...]], dims: dict[str, int], given=None) -> list[Guess]:
+    """The symbolic input dims that ``shapes`` and ``dims`` leave unsized, with the sizes to try (``given``: the
+    user's corrections of the inputs' roles)."""
     image = image_size(model)
-    roles = input_roles(model)
+    roles = with_given(input_roles(model), given)
     measured = {r.measures: r.axis for r in roles.values() if r.kind == LENGTH and r.measures}
     found: dict[str, Guess] = {}
     for spec in input_specs(model):
