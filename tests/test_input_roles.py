@@ -14,9 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.analysis.input_roles import (
+    CONDITION,
     GENERIC,
     IMAGE,
     KV_CACHE,
+    LATENT,
     LENGTH,
     MASK,
     POSITIONS,
@@ -29,6 +31,8 @@ from onnxsmith.analysis.input_roles import (
     guessed_ranges,
     input_roles,
     parse_role_options,
+    plausible,
+    unlike_real,
     with_given,
 )
 from onnxsmith.io.load import load_model
@@ -270,6 +274,93 @@ def test_token_ids_spread_over_the_vocabulary_and_the_rest_is_consistent(save_pr
     assert feeds["position_ids"].tolist() == [[3, 4, 5, 6]]
 
 
+def _edm_unet(save_proto):
+    """An EDM-preconditioned denoiser as terrain_unet is (reduced): ``noisy`` [B, 1, 16, 16] scaled by
+    1/sqrt(sigma² + 0.25) into a Conv, ``difficulty`` [B] embedded by a Linear of one input feature and added,
+    ``scale`` [1] (a Mul's) beside them."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Mul", ["sigma", "sigma"], ["s2"]),
+        helper.make_node("Add", ["s2", "quarter"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["sd"]),
+        helper.make_node("Reshape", ["sd", "b111"], ["sd4"]),
+        helper.make_node("Div", ["noisy", "sd4"], ["x"]),
+        helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("Unsqueeze", ["difficulty", "axis1"], ["d"]),
+        helper.make_node("Gemm", ["d", "emb", "emb_b"], ["e"], transB=1),
+        helper.make_node("Reshape", ["e", "b811"], ["e4"]),
+        helper.make_node("Add", ["h", "e4"], ["he"]),
+        helper.make_node("Mul", ["he", "scale"], ["denoised"]),
+    ]
+    inits = [
+        _const("quarter", np.float32(0.25)),
+        _const("b111", np.array([-1, 1, 1, 1], np.int64)),
+        _const("b811", np.array([-1, 8, 1, 1], np.int64)),
+        _const("axis1", np.array([1], np.int64)),
+        _const("w", rng.normal(0, 0.3, (8, 1, 3, 3)).astype(np.float32)),
+        _const("emb", rng.normal(0, 1, (8, 1)).astype(np.float32)),
+        _const("emb_b", np.zeros(8, np.float32)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "edm",
+        [
+            helper.make_tensor_value_info("noisy", TensorProto.FLOAT, ["batch", 1, 16, 16]),
+            helper.make_tensor_value_info("sigma", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("difficulty", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor_value_info("denoised", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return save_proto(helper.make_model(graph, opset_imports=OPSET), "edm.onnx")
+
+
+def test_a_diffusion_model_sees_a_picture_under_its_timestep_s_noise(save_proto):
+    """What a denoiser reads is a picture under noise of its timestep's level: at sigma 10 mostly noise, at a small
+    one mostly the picture; a DDPM timestep keeps √ᾱ_t of it. A condition a Linear embeds is found, fed 0..1 and
+    named as what keeps made-up inputs from looking real (its range is a guess); a Mul's scale is no condition."""
+    model = load_model(_edm_unet(save_proto))
+    roles = input_roles(model)
+    kinds = {name: role.kind for name, role in roles.items()}
+    assert kinds == {"noisy": LATENT, "sigma": TIMESTEP, "difficulty": CONDITION, "scale": GENERIC}
+    feeds = random_inputs(model, dims={"batch": 64}, seed=3)
+    sigma, noisy = feeds["sigma"].astype(np.float64), feeds["noisy"].astype(np.float64)
+    spread = noisy.reshape(64, -1).std(axis=1)
+    loud, quiet = sigma > 5, sigma < 0.1
+    assert loud.any() and quiet.any()
+    assert np.all(np.abs(spread[loud] / sigma[loud] - 1) < 0.2)  # noise of std sigma over the picture
+    assert np.all(np.abs(noisy[quiet]).max(axis=(1, 2, 3)) < 1.5)  # the picture in -1..1, barely noised
+    assert feeds["difficulty"].min() >= 0 and feeds["difficulty"].max() <= 1 and feeds["difficulty"].std() > 0.1
+    assert [r.name for r in unlike_real(model)] == ["difficulty", "scale"] and not plausible(model)
+
+    ddpm = _identity_model(
+        save_proto,
+        [
+            helper.make_tensor_value_info("latent_sample", TensorProto.FLOAT, ["batch", 4, 8, 8]),
+            helper.make_tensor_value_info("timestep", TensorProto.INT64, ["batch"]),
+        ],
+        "ddpm",
+    )
+    feeds = random_inputs(ddpm, dims={"batch": 64}, seed=4)
+    steps, latent = feeds["timestep"], feeds["latent_sample"].astype(np.float64)
+    late, early = steps > 900, steps < 30
+    assert late.any() and early.any()
+    assert np.all(np.abs(latent[late].reshape(late.sum(), -1).std(axis=1) - 1) < 0.15)  # nearly all noise
+    assert np.all(np.abs(latent[early]).max(axis=(1, 2, 3)) < 1.6)  # nearly all picture
+    assert plausible(ddpm)  # a latent and its timestep: what the model denoises
+
+
+def test_int8_names_the_input_whose_made_up_values_are_not_real(save_proto, cli, tmp_path):
+    path = _edm_unet(save_proto)
+    out = tmp_path / "int8.onnx"
+    result = cli("int8", str(path), str(out))
+    err = result.stderr
+    assert result.returncode == 1 and not out.exists(), err
+    assert "made-up values of 'difficulty' (a per-sample condition fed 0..1, a guess" in err, err
+    assert "'scale' (random values)" in err
+
+
 def _identity_model(save_proto, inputs: list[onnx.ValueInfoProto], name: str):
     nodes = [helper.make_node("Identity", [i.name], [f"out{k}"]) for k, i in enumerate(inputs)]
     outputs = [
@@ -290,7 +381,7 @@ def test_a_diffusion_timestep_is_in_the_models_range(save_proto):
         "unet",
     )
     roles = input_roles(model)
-    assert roles["sample"].kind == GENERIC  # a noisy latent: normal noise, not a picture
+    assert roles["sample"].kind == LATENT  # a noisy latent: a picture under its timestep's noise
     assert (roles["timestep"].kind, roles["sigma"].kind) == (TIMESTEP, TIMESTEP)
     steps = np.concatenate([random_inputs(model, dims={"batch": 16}, seed=s)["timestep"] for s in range(4)])
     assert steps.min() >= 0 and steps.max() <= 999 and steps.max() > 100  # 0..999, not 0..9

@@ -43,7 +43,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxsmith.analysis.input_roles import describe_inputs, guessed_ranges, parse_role_options, plausible, ranges_alike
+from onnxsmith.analysis.input_roles import (
+    describe_inputs,
+    guessed_ranges,
+    parse_role_options,
+    plausible,
+    ranges_alike,
+    unlike_real,
+)
 from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.summary import ModelSummary, summarize
 from onnxsmith.core import options as opts
@@ -845,6 +852,7 @@ def _prepared(
             real_inputs=not made_up,
             plausible_inputs=made_up and plausible(loaded, given),
             guessed_ranges=tuple(n for n in guessed_ranges(loaded, given) if n not in covered) if made_up else (),
+            unlike_real=tuple(f"'{r.name}' ({r.taken_as()})" for r in unlike_real(loaded, given)) if made_up else (),
             range_feeds=range_feeds,
             inputs=verify.inputs_taken_as(loaded) + tuple(_covered_line(n, r) for n, r in covered.items()),
         )

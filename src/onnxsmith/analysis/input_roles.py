@@ -24,7 +24,7 @@ from onnxsmith.irutil.walk import constant
 
 IMAGE, WAVEFORM, LENGTH, MASK, TOKEN_IDS, POSITIONS = "image", "waveform", "length", "mask", "token_ids", "positions"
 KV_CACHE, STATE, TIMESTEP, SCALAR, GENERIC = "kv_cache", "state", "timestep", "scalar", "generic"
-MEL = "mel"
+MEL, LATENT, CONDITION = "mel", "latent", "condition"
 
 #: An integer scalar input with such a name is a sample rate (silero VAD's ``sr``): it gets :data:`SAMPLE_RATE`.
 SAMPLE_RATE_NAME = re.compile(r"sr|sample_?rate|sampling_?rate|sample_?rate_?hz")
@@ -37,7 +37,7 @@ _STATE_NAME = re.compile(r"(.*[_.])?(states?|caches?)\d*([_.].*)?|h0|c0|h|c|hn|c
 _KV_NAME = re.compile(r"past|present|key_?values?|kv", re.IGNORECASE)
 _TIMESTEP_NAME = re.compile(r"t|timesteps?|time_?steps?|sigmas?|noise_?level|ts", re.IGNORECASE)
 _TOKEN_NAME = re.compile(r".*(input_ids|token|_ids)$|ids", re.IGNORECASE)
-_LATENT_NAME = re.compile(r"latent|sample|noise", re.IGNORECASE)
+_LATENT_NAME = re.compile(r"latent|sample|nois", re.IGNORECASE)
 _IMAGE_NAME = re.compile(r"pixel|image|img|picture|frame", re.IGNORECASE)
 _MEL_NAME = re.compile(r"mel|spectrogram|spec|fbank", re.IGNORECASE)
 #: How many mel bands a spectrogram input has (LPCNet's 20 cepstra are not one; BigVGAN's 128 are).
@@ -94,7 +94,11 @@ class InputRole:
 
     def what(self) -> str:
         """What the input is taken to be, and why, without its name."""
-        text = {
+        return self.taken_as() + (f" ({self.why})" if self.why else "")
+
+    def taken_as(self) -> str:
+        """What the input is taken to be, without why."""
+        return {
             IMAGE: f"image {self.layout}, {self.channels or '?'} channel(s), values {self.value_range}"
             + (f", pages of printed text with a photo ({self.pages})" if self.pages else ""),
             WAVEFORM: f"audio waveform, a spoken sentence at speech level, {SAMPLE_RATE} Hz",
@@ -111,10 +115,11 @@ class InputRole:
             MEL: f"log-mel spectrogram, {self.channels or '?'} bands, of a spoken sentence ({self.value_range}: "
             "HiFi-GAN's features)",
             TIMESTEP: "diffusion sigma, 0.03..14.6" if "sigma" in self.name.lower() else "diffusion timestep, 0..999",
+            LATENT: "diffusion's noisy sample: a picture in -1..1 with the noise its timestep's level puts on it",
+            CONDITION: "a per-sample condition fed 0..1, a guess: the graph does not say its range",
             SCALAR: f"scalar {self.value:g}" if self.value is not None else "scalar",
             GENERIC: "random values",
         }[self.kind]
-        return text + (f" ({self.why})" if self.why else "")
 
 
 #: ``model.meta`` key: {image input: (value range, why, evidence)} where running the model told what the graph
@@ -264,21 +269,30 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
     return corrected
 
 
+def unlike_real(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> list[InputRole]:
+    """The float inputs whose made-up values do not look like the real thing (see :func:`plausible`): nobody
+    identified them, or the range they are made in is a guess that no rule measures (a condition's, a mel
+    spectrogram's scale without a vocoder's round trip). An image's guessed range is :func:`guessed_ranges`'."""
+    roles = with_given(input_roles(model), given)
+    floats = [roles[v.name] for v in _inputs(model) if v.dtype is not None and v.dtype.is_floating_point()]
+    like_real = (IMAGE, WAVEFORM, LATENT, STATE, KV_CACHE, MASK, TIMESTEP)
+    return [r for r in floats if r.kind not in like_real and not (r.kind == MEL and not r.range_guessed)]
+
+
 def plausible(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> bool:
     """Whether made-up inputs look like the real thing: every float input a signal onnxsmith makes as real data
-    looks (an image, a waveform), or a state, cache, mask or timestep beside one. Then their ranges are a
-    calibration's to fix scales from; random normal values for an input nobody identified are not. ``given``:
-    the user's corrections (:func:`parse_role_options`)."""
+    looks (an image, a waveform, a diffusion model's noisy sample), or a state, cache, mask or timestep beside one.
+    Then their ranges are a calibration's to fix scales from; random normal values for an input nobody identified
+    are not, nor a condition's in a guessed range (:func:`unlike_real`). ``given``: the user's corrections
+    (:func:`parse_role_options`)."""
     roles = [
         r
         for r, v in zip(with_given(input_roles(model), given).values(), _inputs(model))
         if v.dtype is not None and v.dtype.is_floating_point()
     ]
     # a mel spectrogram looks like the real thing once its log scale is known (a vocoder's round trip)
-    signals = [r for r in roles if r.kind in (IMAGE, WAVEFORM) or (r.kind == MEL and not r.range_guessed)]
-    return bool(signals) and all(
-        r.kind in (IMAGE, WAVEFORM, STATE, KV_CACHE, MASK, TIMESTEP) or r in signals for r in roles
-    )
+    signals = [r for r in roles if r.kind in (IMAGE, WAVEFORM, LATENT) or (r.kind == MEL and not r.range_guessed)]
+    return bool(signals) and not unlike_real(model, given)
 
 
 def past_dims(model: ir.Model) -> frozenset[str]:
@@ -335,8 +349,15 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
     if kind in "iu" and _TOKEN_NAME.fullmatch(lowered):
         return InputRole(name, TOKEN_IDS, "by its name")
     # a diffusion UNet's `timestep` / a k-diffusion model's `sigma`: one number per batch item
-    if kind in "iuf" and _TIMESTEP_NAME.fullmatch(lowered) and (small or rank is None):
+    if _timestep(value):
         return InputRole(name, TIMESTEP, "by its name")
+    # what a diffusion model denoises (`sample`, `noisy`, `latent`) beside a timestep: noise on a picture
+    if kind == "f" and rank == 4 and _LATENT_NAME.search(lowered) and any(_timestep(v) for v in inputs):
+        return InputRole(name, LATENT, "by its name, beside a timestep", layout="NCHW", channels=value.shape[1])
+    # a class label or a continuous condition (terrain_unet's `difficulty`): one number a Linear of one input
+    # feature embeds, as the timestep's embedding is; its range is not in the graph
+    if kind == "f" and small and rank is not None and _embeds_one_number(value):
+        return InputRole(name, CONDITION, "a Linear of one input feature embeds it", range_guessed=True)
     image = _image(value)
     if image is not None:
         return image
@@ -359,6 +380,27 @@ def _role(value: ir.Value, inputs: list[ir.Value], measured: set[str | None]) ->
         if _reaches(value, _filters_one_channel):
             return InputRole(name, WAVEFORM, "a 1-D Conv over one channel reads it: a filter bank over samples")
     return InputRole(name, GENERIC)
+
+
+def _timestep(value: ir.Value) -> bool:
+    """Whether ``value`` is taken for a timestep (the rule in :func:`_role`)."""
+    rank = None if value.shape is None else len(value.shape)
+    small = rank is not None and (rank == 0 or (rank == 1 and not _fixed_above(value.shape[0], 1)))
+    return _kind(value) in "iuf" and bool(_TIMESTEP_NAME.fullmatch(value.name.lower())) and (small or rank is None)
+
+
+def _embeds_one_number(value: ir.Value) -> bool:
+    """A Gemm or MatMul whose constant weight has one input feature reads ``value`` (through shape ops)."""
+    for node, index in _uses_through(value, _PASS_THROUGH):
+        if node.op_type not in ("Gemm", "MatMul") or node.domain != "" or index != 0 or len(node.inputs) < 2:
+            continue
+        weight = constant(node.inputs[1])
+        if weight is None or weight.ndim != 2:
+            continue
+        transposed = node.op_type == "Gemm" and node.attributes.get_int("transB", 0)
+        if weight.shape[1 if transposed else 0] == 1:
+            return True
+    return False
 
 
 def _audio_channels(dim) -> bool:

@@ -98,6 +98,9 @@ class TransformContext:
     #: Image inputs whose value range (0..255, 0..1, normalized) is a guess, not read from the graph, its metadata
     #: or the user: made-up inputs in a guessed range give activation scales real data may overflow 100-fold.
     guessed_ranges: tuple[str, ...] = ()
+    #: Made-up float inputs that do not look like the real thing, each "'name' (what it was taken to be)": why
+    #: ``plausible_inputs`` is False (analysis/input_roles.unlike_real), for the words of what stays fp32.
+    unlike_real: tuple[str, ...] = ()
     #: Input sets to measure static activation ranges on (int8's Convs), a superset of ``feeds`` where onnxsmith
     #: makes them up: a scale from two photo crops clips a third's (None: ``feeds``).
     range_feeds: list[dict[str, np.ndarray]] | None = None

@@ -28,6 +28,11 @@ def why_convs_fp32(options: Int8Options, context: TransformContext) -> str:
             f"(the model does not say it): give it with --input-role {example}=0..255 (or 0..1, normalized), or "
             "real inputs (--inputs)"
         )
+    if context.unlike_real and not context.real_inputs:
+        return (
+            "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
+            f"made-up values of {', '.join(context.unlike_real)} are not real data's (--convs forces it)"
+        )
     return (
         "go int8 with real calibration inputs (--inputs): the activation scales come from their ranges, and "
         "random inputs' ranges are not real data's (--convs forces it)"

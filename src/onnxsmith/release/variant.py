@@ -263,8 +263,8 @@ class Verification:
     any variant was made, handed to the steps that repair (``TransformContext.judge``) from the first make
     on (a gate learnt from a refusal is :func:`make_variant`'s repair loop's, :class:`Acceptance`). ``real_inputs``: the feeds are
     real data, not random from the input spec (``TransformContext.real_inputs``); ``plausible_inputs``: made up,
-    but for what each input is (``TransformContext.plausible_inputs``); ``guessed_ranges`` and ``range_feeds``:
-    see :class:`TransformContext`.
+    but for what each input is (``TransformContext.plausible_inputs``); ``guessed_ranges``, ``unlike_real`` and
+    ``range_feeds``: see :class:`TransformContext`.
     """
 
     feeds: list[dict[str, np.ndarray]]
@@ -274,6 +274,7 @@ class Verification:
     real_inputs: bool = False
     plausible_inputs: bool = False
     guessed_ranges: tuple[str, ...] = ()
+    unlike_real: tuple[str, ...] = ()
     range_feeds: list[dict[str, np.ndarray]] | None = None
     #: What each input was taken to be (analysis/input_roles.py), where onnxsmith made or converted the inputs.
     inputs: tuple[str, ...] = ()
@@ -299,6 +300,7 @@ class Verification:
             real_inputs=self.real_inputs,
             plausible_inputs=self.plausible_inputs,
             guessed_ranges=self.guessed_ranges,
+            unlike_real=self.unlike_real,
             range_feeds=self.range_feeds,
             scratch=lambda: staging_dir(tempfile.gettempdir()),  # removed by a later run if this one is killed
             engine=self.engine,

@@ -17,7 +17,7 @@ from onnxsmith.core.errors import InputError, UsageError
 from onnxsmith.io.files import human_bytes
 from onnxsmith.io.load import SOURCE_PATH
 from onnxsmith.io.paths import open_readable
-from onnxsmith.runtime.plausible import past_length, role_value
+from onnxsmith.runtime.plausible import noised_latents, past_length, role_value
 from onnxsmith.settings.run import DEFAULT_SEED
 
 #: The most bytes onnxsmith makes for one input it invents (4 GiB, or a quarter of the machine's memory where
@@ -202,7 +202,7 @@ def random_inputs(
         shape = sized[spec.name]
         made = role_value(roles[spec.name], spec.dtype, shape, sized, rng, past=past)
         feeds[spec.name] = made if made is not None else _random_value(model, spec, shape, rng)
-    return feeds
+    return noised_latents(roles, feeds, rng)
 
 
 def _random_value(model: ir.Model, spec: InputSpec, shape: tuple[int, ...], rng) -> np.ndarray:

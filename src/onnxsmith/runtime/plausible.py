@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from onnxsmith.analysis.input_roles import (
+    CONDITION,
     IMAGE,
     KV_CACHE,
+    LATENT,
     LENGTH,
     MASK,
     MEL,
@@ -42,6 +44,8 @@ DEFAULT_LENGTH = 8
 #: k-diffusion's sigma range (Stable Diffusion's schedule runs from about 0.03 to 14.6).
 SIGMA_RANGE = (0.03, 14.6)
 DIFFUSION_STEPS = 1000
+#: How much of the picture a timestep keeps: Stable Diffusion's schedule (scaled linear betas), ᾱ_t.
+SIGNAL_KEPT = np.cumprod(1 - np.linspace(0.00085**0.5, 0.012**0.5, DIFFUSION_STEPS) ** 2)
 
 
 def role_value(
@@ -75,6 +79,10 @@ def role_value(
         return rng.standard_normal(shape).astype(dtype)  # empty at past length 0
     if kind == TIMESTEP:
         return _timestep(role, dtype, shape, rng)
+    if kind == LATENT:  # the clean picture: noised_latents adds the noise of its timestep's level
+        return image(shape, "NCHW", "0..1", np.float32, rng) * 2 - 1
+    if kind == CONDITION:
+        return rng.uniform(0, 1, size=shape).astype(dtype)
     if kind == IMAGE:
         return image(shape, role.layout or "NCHW", role.value_range or "normalized", dtype, rng, pages=bool(role.pages))
     if kind == WAVEFORM:
@@ -82,6 +90,31 @@ def role_value(
     if kind == MEL and len(shape) == 3:
         return mel_frames(shape, rng, role.value_range or "ln").astype(dtype)
     return None
+
+
+def noised_latents(
+    roles: dict[str, InputRole], feeds: dict[str, np.ndarray], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """``feeds`` with each diffusion latent (its clean picture, :func:`role_value`) noised as its timestep says: a
+    sigma adds that much noise (k-diffusion, EDM), a timestep t keeps √ᾱ_t of the picture under √(1 - ᾱ_t) of
+    noise (DDPM, Stable Diffusion's schedule). The model then sees what it denoises at that level, not a picture
+    at every level."""
+    step = next((r for r in roles.values() if r.kind == TIMESTEP and r.name in feeds), None)
+    noised = dict(feeds)
+    for role in roles.values():
+        if role.kind != LATENT or role.name not in feeds or step is None:
+            continue
+        clean = feeds[role.name].astype(np.float64)
+        level = np.asarray(feeds[step.name], dtype=np.float64).reshape(-1)
+        level = level.reshape(-1, 1, 1, 1) if level.size == clean.shape[0] else np.full((1, 1, 1, 1), level.mean())
+        noise = rng.standard_normal(clean.shape)
+        if "sigma" in step.name.lower() and np.dtype(feeds[step.name].dtype).kind == "f":
+            latent = clean + level * noise
+        else:
+            kept = SIGNAL_KEPT[np.clip(np.rint(level).astype(int), 0, DIFFUSION_STEPS - 1)]
+            latent = np.sqrt(kept) * clean + np.sqrt(1 - kept) * noise
+        noised[role.name] = latent.astype(feeds[role.name].dtype)
+    return noised
 
 
 def past_length(roles: dict[str, InputRole], shapes: dict[str, tuple[int, ...]]) -> int:
