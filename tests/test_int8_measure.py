@@ -124,11 +124,14 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
     A choice using more than JUDGED_SHARE of the bounds counts as over the budget by as much."""
 
     class Probe:
-        def judged(self, int8, judge):
+        outputs = "ranked"
+
+        def judged(self, int8, judge, labels_only=False):
+            self.labels_only = labels_only
             return 0.01, {frozenset({"a"}): 0.4, frozenset({"a", "b"}): 0.63}[frozenset(int8)]
 
-        def ranked(self, ranked_judge):
-            return ranked_judge is not None
+        def decisions(self, decision_judge):
+            return self.outputs if decision_judge is not None else None
 
     remake = TransformContext(source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, judge=lambda ref, cand: 0.0)
     budget = 0.03
@@ -137,6 +140,56 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
     assert over > budget and over == pytest.approx(budget * 0.63 / JUDGED_SHARE)
     # a ranked output (a detector's rows) on the first make: the gate's share is the error, whatever it is by position
     first = TransformContext(
-        source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, ranked_judge=lambda ref, cand: 0.0
+        source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, decision_judge=lambda ref, cand: 0.0
     )
     assert _measured(Probe(), {"a"}, first, budget=budget) == pytest.approx(budget * 0.4 / JUDGED_SHARE)
+    # labels (a token tagger's): the floats' relative error, or the labels' share of the gate if larger
+    labels = Probe()
+    labels.outputs = "labels"
+    assert _measured(labels, {"a"}, first, budget=budget) == pytest.approx(budget * 0.4 / JUDGED_SHARE)
+    assert labels.labels_only  # the gate judged the integer outputs alone
+    assert _measured(labels, {"a"}, remake, budget=budget) == 0.01  # a remake: the gate on every output, as before
+    assert not labels.labels_only
+
+
+def test_the_probe_counts_a_tagger_s_labels_and_measures_its_floats(save_proto):
+    """A token tagger (MatMul -> logits, ArgMax -> tags): its tags are decisions, judged by the gate's count of
+    the ones that flip; the logits beside them keep their relative error, the tags none as numbers."""
+    rng = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"]),
+            helper.make_node("ArgMax", ["logits"], ["tags"], axis=-1, keepdims=0),
+        ],
+        "tagger",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 96])],
+        [
+            helper.make_tensor_value_info("tags", TensorProto.INT64, None),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(rng.normal(0, 0.1, (96, 12)).astype(np.float32), "w")],
+    )
+    source = save_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "tagger.onnx")
+    model = load_model(source)
+    feeds = [{"x": rng.normal(size=(1, 64, 96)).astype(np.float32)} for _ in range(2)]
+    (linear,) = find_linears(model)
+    probe = SensitivityProbe(source, feeds, {linear.name: LinearPlan()})
+    seen = {}
+
+    def judge(reference, candidate):
+        seen["outputs"] = sorted(reference)
+        flips = sum(int(np.count_nonzero(reference[k] != candidate[k])) for k in reference if k == "tags")
+        return flips / 1.28 if "tags" in reference else None  # 1 % of the 128 tags allowed
+
+    try:
+        assert probe.decisions(judge) == "labels" and seen["outputs"] == ["logits", "tags"]
+        error, severity = probe.judged({linear.name}, judge, labels_only=True)
+        assert seen["outputs"] == ["tags"]  # the gate judged the labels alone
+        assert 0 < error < 0.05  # the logits' relative error, not the tags' distance as numbers
+        flipped = round(severity * 1.28)
+        assert flipped == int(
+            np.count_nonzero(probe.reference[0]["tags"] != probe.run({linear.name})[0]["tags"])
+        ) + int(np.count_nonzero(probe.reference[1]["tags"] != probe.run({linear.name})[1]["tags"]))
+        assert probe.decisions(lambda ref, cand: None) == "labels"  # asked once: the reference does not change
+    finally:
+        probe.close()

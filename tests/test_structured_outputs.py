@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsmith.analysis.number_formats import FP16, FP32, INT8
+from onnxsmith.int8_engine.measure import relative_output_error
 from onnxsmith.release.variant import produce_variant
 from onnxsmith.transforms.fp16 import Options as Fp16Options
 from onnxsmith.verify import structure
@@ -16,11 +17,11 @@ from onnxsmith.verify.compare import compare_models
 from onnxsmith.verify.gate import (
     Bounds,
     GateOptions,
+    decision_outputs,
+    decision_severity,
     judge_all,
     judge_output,
     judge_tensor,
-    ranked_outputs,
-    ranked_severity,
     severity,
     verdict,
 )
@@ -605,19 +606,30 @@ def test_a_softmax_with_a_few_small_probabilities_moved_passes_where_a_sigmoid_m
     assert not judge_output("softmax_0", probs, far, bounds).passed
 
 
-def test_the_ranked_judge_speaks_only_where_an_output_is_a_ranked_list():
-    """int8's search measures its choices with it (TransformContext.ranked_judge): on a detection list the gate's
-    share of its bounds, where the positional error of a reordered list is large; None for a plain tensor."""
+def test_the_decision_judge_speaks_only_where_an_output_is_a_decision():
+    """int8's search measures its choices with it (TransformContext.decision_judge): on a detection list the gate's
+    share of its bounds, where the positional error of a reordered list is large; on labels the share that flip
+    of the share allowed, not their distance as numbers; None for a plain tensor."""
     rng = np.random.default_rng(0)
     ref = {"output0": _ranked_rows(rng)}
     reordered = ref["output0"].copy()
     reordered[:, 5:] = reordered[:, 5:][:, ::-1]  # the near-tied tail reversed: the same detections
     bounds = Bounds.for_format(INT8, GateOptions(min_cosine=0.995))
-    assert ranked_outputs(ref) == ["output0"]
-    assert ranked_severity(ref, {"output0": reordered}, bounds=bounds) <= 1
+    assert decision_outputs(ref) == ["output0"]
+    assert decision_severity(ref, {"output0": reordered}, bounds=bounds) <= 1
     assert np.linalg.norm(reordered - ref["output0"]) / np.linalg.norm(ref["output0"]) > 0.1  # by position
     tensor = {"y": rng.normal(size=(2, 300, 6))}
-    assert ranked_outputs(tensor) == [] and ranked_severity(tensor, tensor, bounds=bounds) is None
+    assert decision_outputs(tensor) == [] and decision_severity(tensor, tensor, bounds=bounds) is None
+    # A token tagger's labels: one flip in 1000 from class 3 to 40 uses a tenth of the 1 % allowed, and as numbers
+    # it is far (||Δ|| / ||labels|| 0.37): the search's relative error leaves labels to the gate.
+    labels = {"tags": np.full((2, 500), 3, np.int64), "logits": rng.normal(size=(2, 500, 8))}
+    flipped = {**labels, "tags": labels["tags"].copy()}
+    flipped["tags"][0, 7] = 40
+    assert decision_outputs(labels) == ["tags"]
+    assert decision_severity(labels, flipped, bounds=bounds) == pytest.approx(0.1)
+    assert np.linalg.norm(flipped["tags"] - labels["tags"]) / np.linalg.norm(labels["tags"]) > 0.3
+    unstack = [{k: v[i] for k, v in labels.items()} for i in range(2)]
+    assert relative_output_error(unstack, [{k: v[i] for k, v in flipped.items()} for i in range(2)]) == 0.0
 
 
 def test_int8_of_an_end_to_end_yolo_measures_its_choices_by_matched_detections(tmp_path, cli):

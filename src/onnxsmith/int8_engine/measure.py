@@ -163,9 +163,12 @@ def measure_layer_errors(
 
 
 def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]]) -> float:
-    """The largest over float outputs of ||Δ|| / ||reference|| (every input set together)."""
+    """The largest over float outputs of ||Δ|| / ||reference|| (every input set together); integer outputs (labels)
+    have no relative error: the gate counts them (:meth:`SensitivityProbe.decisions`)."""
     worst = 0.0
     for name in reference[0]:
+        if np.asarray(reference[0][name]).dtype.kind not in "fc":
+            continue
         ref = np.concatenate([np.asarray(r[name], dtype=np.float64).reshape(-1) for r in reference])
         if ref.dtype.kind != "f" or not ref.size:
             continue
@@ -210,7 +213,7 @@ class SensitivityProbe:
     form: Int8Form = field(default_factory=Int8Form)  # rounded weights, two-pass activations
     runs: int = 0  # measurements made (the reference run not counted)
     _stacked_reference: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False)
-    _ranked: bool | None = field(default=None, init=False, repr=False)
+    _decisions: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         model = load_probed(self.model_path)
@@ -286,25 +289,42 @@ class SensitivityProbe:
         self.runs += 1
         return relative_output_error(self.reference, self.run(set(int8)))
 
-    def judged(self, int8: set[str], judge: Callable[[dict, dict], float]) -> tuple[float, float]:
+    def judged(
+        self, int8: set[str], judge: Callable[[dict, dict], float], *, labels_only: bool = False
+    ) -> tuple[float, float]:
         """The outputs' relative error with ``int8`` switched on, and how far the gate ``judge`` puts them from
-        the reference (in units of its bounds, <= 1 passes; both stacked over the input sets)."""
+        the reference (in units of its bounds, <= 1 passes; both stacked over the input sets); with ``labels_only``
+        the gate judges the integer outputs alone (the relative error measures the others)."""
         self.runs += 1
-        candidate = self.run(set(int8))
-        if self._stacked_reference is None:  # stacked once: the reference is the same for every judged run
-            self._stacked_reference = _stacked(self.reference)
-        return relative_output_error(self.reference, candidate), judge(self._stacked_reference, _stacked(candidate))
+        outputs = self.run(set(int8))
+        reference, candidate = self._stacked_outputs(), _stacked(outputs)
+        if labels_only:
+            reference = {k: v for k, v in reference.items() if v.dtype.kind not in "fc"}
+            candidate = {k: candidate[k] for k in reference}
+        return relative_output_error(self.reference, outputs), judge(reference, candidate)
 
-    def ranked(self, ranked_judge) -> bool:
-        """Whether ``ranked_judge`` (``TransformContext.ranked_judge``) judges some reference output as a ranked
-        list (it says None where none is)."""
-        if ranked_judge is None:
-            return False
-        if self._ranked is None:  # the same reference for every run: asked once
-            if self._stacked_reference is None:
-                self._stacked_reference = _stacked(self.reference)
-            self._ranked = ranked_judge(self._stacked_reference, self._stacked_reference) is not None
-        return self._ranked
+    def _stacked_outputs(self) -> dict[str, np.ndarray]:
+        """The reference outputs stacked over the input sets, once: the same for every judged run."""
+        if self._stacked_reference is None:
+            self._stacked_reference = _stacked(self.reference)
+        return self._stacked_reference
+
+    def decisions(self, decision_judge) -> str | None:
+        """What ``decision_judge`` (``TransformContext.decision_judge``: it says None where no output is a decision)
+        judges of the reference outputs as decisions: "ranked" where some float output is one (a detector's rows, a
+        top-k), "labels" where only integer outputs are, else None."""
+        if decision_judge is None:
+            return None
+        if self._decisions is None:  # the same reference for every run: asked once
+            reference = self._stacked_outputs()
+            floats = {k: v for k, v in reference.items() if v.dtype.kind in "fc"}
+            if floats and decision_judge(floats, floats) is not None:
+                self._decisions = "ranked"
+            elif decision_judge(reference, reference) is not None:
+                self._decisions = "labels"
+            else:
+                self._decisions = ""
+        return self._decisions or None
 
     def close(self) -> None:
         del self.session
