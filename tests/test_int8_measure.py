@@ -124,14 +124,14 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
     A choice using more than JUDGED_SHARE of the bounds counts as over the budget by as much."""
 
     class Probe:
-        outputs = "ranked"
+        outputs = "floats"
 
         def judged(self, int8, judge, labels_only=False):
             self.labels_only = labels_only
             return 0.01, {frozenset({"a"}): 0.4, frozenset({"a", "b"}): 0.63}[frozenset(int8)]
 
-        def decisions(self, decision_judge):
-            return self.outputs if decision_judge is not None else None
+        def structured(self, structured_judge):
+            return self.outputs if structured_judge is not None else None
 
     remake = TransformContext(source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, judge=lambda ref, cand: 0.0)
     budget = 0.03
@@ -140,7 +140,7 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
     assert over > budget and over == pytest.approx(budget * 0.63 / JUDGED_SHARE)
     # a ranked output (a detector's rows) on the first make: the gate's share is the error, whatever it is by position
     first = TransformContext(
-        source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, decision_judge=lambda ref, cand: 0.0
+        source_path=Path("m.onnx"), feeds=[], save=lambda *_: None, structured_judge=lambda ref, cand: 0.0
     )
     assert _measured(Probe(), {"a"}, first, budget=budget) == pytest.approx(budget * 0.4 / JUDGED_SHARE)
     # labels (a token tagger's): the floats' relative error, or the labels' share of the gate if larger
@@ -153,7 +153,7 @@ def test_after_a_refusal_a_choice_must_clear_the_gate_with_room_to_spare():
 
 
 def test_the_probe_counts_a_tagger_s_labels_and_measures_its_floats(save_proto):
-    """A token tagger (MatMul -> logits, ArgMax -> tags): its tags are decisions, judged by the gate's count of
+    """A token tagger (MatMul -> logits, ArgMax -> tags): its tags are labels, judged by the gate's count of
     the ones that flip; the logits beside them keep their relative error, the tags none as numbers."""
     rng = np.random.default_rng(5)
     graph = helper.make_graph(
@@ -182,7 +182,7 @@ def test_the_probe_counts_a_tagger_s_labels_and_measures_its_floats(save_proto):
         return flips / 1.28 if "tags" in reference else None  # 1 % of the 128 tags allowed
 
     try:
-        assert probe.decisions(judge) == "labels" and seen["outputs"] == ["logits", "tags"]
+        assert probe.structured(judge) == "labels" and seen["outputs"] == ["logits", "tags"]
         error, severity = probe.judged({linear.name}, judge, labels_only=True)
         assert seen["outputs"] == ["tags"]  # the gate judged the labels alone
         assert 0 < error < 0.05  # the logits' relative error, not the tags' distance as numbers
@@ -190,6 +190,6 @@ def test_the_probe_counts_a_tagger_s_labels_and_measures_its_floats(save_proto):
         assert flipped == int(
             np.count_nonzero(probe.reference[0]["tags"] != probe.run({linear.name})[0]["tags"])
         ) + int(np.count_nonzero(probe.reference[1]["tags"] != probe.run({linear.name})[1]["tags"]))
-        assert probe.decisions(lambda ref, cand: None) == "labels"  # asked once: the reference does not change
+        assert probe.structured(lambda ref, cand: None) == "labels"  # asked once: the reference does not change
     finally:
         probe.close()

@@ -17,12 +17,12 @@ from onnxsmith.verify.compare import compare_models
 from onnxsmith.verify.gate import (
     Bounds,
     GateOptions,
-    decision_outputs,
-    decision_severity,
     judge_all,
     judge_output,
     judge_tensor,
     severity,
+    structured_outputs,
+    structured_severity,
     verdict,
 )
 from onnxsmith.verify.structure import detection_layout
@@ -606,8 +606,8 @@ def test_a_softmax_with_a_few_small_probabilities_moved_passes_where_a_sigmoid_m
     assert not judge_output("softmax_0", probs, far, bounds).passed
 
 
-def test_the_decision_judge_speaks_only_where_an_output_is_a_decision():
-    """int8's search measures its choices with it (TransformContext.decision_judge): on a detection list the gate's
+def test_the_structured_judge_speaks_only_where_an_output_is_a_decision():
+    """int8's search measures its choices with it (TransformContext.structured_judge): on a detection list the gate's
     share of its bounds, where the positional error of a reordered list is large; on labels the share that flip
     of the share allowed, not their distance as numbers; None for a plain tensor."""
     rng = np.random.default_rng(0)
@@ -615,18 +615,18 @@ def test_the_decision_judge_speaks_only_where_an_output_is_a_decision():
     reordered = ref["output0"].copy()
     reordered[:, 5:] = reordered[:, 5:][:, ::-1]  # the near-tied tail reversed: the same detections
     bounds = Bounds.for_format(INT8, GateOptions(min_cosine=0.995))
-    assert decision_outputs(ref) == ["output0"]
-    assert decision_severity(ref, {"output0": reordered}, bounds=bounds) <= 1
+    assert structured_outputs(ref) == ["output0"]
+    assert structured_severity(ref, {"output0": reordered}, bounds=bounds) <= 1
     assert np.linalg.norm(reordered - ref["output0"]) / np.linalg.norm(ref["output0"]) > 0.1  # by position
     tensor = {"y": rng.normal(size=(2, 300, 6))}
-    assert decision_outputs(tensor) == [] and decision_severity(tensor, tensor, bounds=bounds) is None
+    assert structured_outputs(tensor) == [] and structured_severity(tensor, tensor, bounds=bounds) is None
     # A token tagger's labels: one flip in 1000 from class 3 to 40 uses a tenth of the 1 % allowed, and as numbers
     # it is far (||Δ|| / ||labels|| 0.37): the search's relative error leaves labels to the gate.
     labels = {"tags": np.full((2, 500), 3, np.int64), "logits": rng.normal(size=(2, 500, 8))}
     flipped = {**labels, "tags": labels["tags"].copy()}
     flipped["tags"][0, 7] = 40
-    assert decision_outputs(labels) == ["tags"]
-    assert decision_severity(labels, flipped, bounds=bounds) == pytest.approx(0.1)
+    assert structured_outputs(labels) == ["tags"]
+    assert structured_severity(labels, flipped, bounds=bounds) == pytest.approx(0.1)
     assert np.linalg.norm(flipped["tags"] - labels["tags"]) / np.linalg.norm(labels["tags"]) > 0.3
     unstack = [{k: v[i] for k, v in labels.items()} for i in range(2)]
     assert relative_output_error(unstack, [{k: v[i] for k, v in flipped.items()} for i in range(2)]) == 0.0
@@ -699,6 +699,9 @@ def test_audio_is_judged_frame_by_frame_in_its_spectrum():
     assert severity({"audio": click}, {"audio": ref}, bounds) > 1
     flipped = judge_output("audio", ref, -ref, bounds)
     assert not flipped.passed and "far from the source" in verdict([flipped], bounds)
+    # int8's search measures its choices on audio with the gate too (TransformContext.structured_judge)
+    assert structured_outputs({"audio": ref, "pooled": ref[..., :8]}) == ["audio"]
+    assert structured_severity({"audio": ref}, {"audio": spike}, bounds=bounds) <= 1
     # An absolute bound on values, given, keeps the samples judged one by one.
     given = Bounds.for_format(FP16, GateOptions(atol=1e-6))
     assert judge_output("audio", ref, spike, given).kind == "tensor"

@@ -45,8 +45,8 @@ class ReferenceOutputs:
 #: The gate as a function: how far ``candidate``'s outputs are from ``reference``'s (both stacked over
 #: the input sets), in units of its bounds (<= 1 passes; inf for new NaN/inf).
 Judge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float]
-#: A judge that says None where no output is what it judges (``TransformContext.decision_judge``).
-DecisionJudge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float | None]
+#: A judge that says None where no output is what it judges (``TransformContext.structured_judge``).
+StructuredJudge = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], float | None]
 
 
 @contextlib.contextmanager
@@ -86,9 +86,10 @@ class TransformContext:
     judge: Judge | None = None
     #: The gate as a function from the first make, for a step that measures its choices with it
     #: (:attr:`Transform.measured_as`): how far outputs are from reference outputs in units of its bounds where
-    #: some output is a decision the gate matches or counts (detections, a top-k: any rounding reorders its rows;
-    #: labels: a flip between class ids 3 and 40 is no larger than between 3 and 4), else None.
-    decision_judge: DecisionJudge | None = None
+    #: some output is one the gate judges for what it is (detections, a top-k: any rounding reorders its rows;
+    #: labels: a flip between class ids 3 and 40 is no larger than between 3 and 4; audio: heard by its spectrum),
+    #: else None.
+    structured_judge: StructuredJudge | None = None
     #: Whether ``feeds`` are real inputs (the user's, a task's data) rather than random ones from the input spec:
     #: what a calibration that fixes scales needs (int8's Convs: activation scales real data would overflow).
     real_inputs: bool = False
@@ -171,8 +172,8 @@ class Transform:
     #: Whether the variant holds what was measured on the calibration inputs (int8's static activation scales):
     #: then made-up inputs calibrate it and other made-up inputs judge it, so the gate sees inputs it was not fit to.
     judged_on_unseen: ClassVar[bool] = False
-    #: The number format its variant computes in, where its search measures choices with the gate on decision
-    #: outputs from the first make (``TransformContext.decision_judge``: int8's), else None.
+    #: The number format its variant computes in, where its search measures choices with the gate on structured
+    #: outputs from the first make (``TransformContext.structured_judge``: int8's), else None.
     measured_as: ClassVar[str | None] = None
     #: Whether it measures calibration statistics in shards on ``TransformContext.engine`` (settings' on_engines).
     on_engines: ClassVar[bool] = False

@@ -164,7 +164,7 @@ def measure_layer_errors(
 
 def relative_output_error(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]]) -> float:
     """The largest over float outputs of ||Δ|| / ||reference|| (every input set together); integer outputs (labels)
-    have no relative error: the gate counts them (:meth:`SensitivityProbe.decisions`)."""
+    have no relative error: the gate counts them (:meth:`SensitivityProbe.structured`)."""
     worst = 0.0
     for name in reference[0]:
         if np.asarray(reference[0][name]).dtype.kind not in "fc":
@@ -213,7 +213,7 @@ class SensitivityProbe:
     form: Int8Form = field(default_factory=Int8Form)  # rounded weights, two-pass activations
     runs: int = 0  # measurements made (the reference run not counted)
     _stacked_reference: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False)
-    _decisions: str | None = field(default=None, init=False, repr=False)
+    _structured: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         model = load_probed(self.model_path)
@@ -309,22 +309,22 @@ class SensitivityProbe:
             self._stacked_reference = _stacked(self.reference)
         return self._stacked_reference
 
-    def decisions(self, decision_judge) -> str | None:
-        """What ``decision_judge`` (``TransformContext.decision_judge``: it says None where no output is a decision)
-        judges of the reference outputs as decisions: "ranked" where some float output is one (a detector's rows, a
-        top-k), "labels" where only integer outputs are, else None."""
-        if decision_judge is None:
+    def structured(self, structured_judge) -> str | None:
+        """Which reference outputs ``structured_judge`` (``TransformContext.structured_judge``: None where it judges
+        none) judges for what they are: "floats" where some float output is one (a detector's rows, a top-k, audio),
+        "labels" where only integer outputs are, else None."""
+        if structured_judge is None:
             return None
-        if self._decisions is None:  # the same reference for every run: asked once
+        if self._structured is None:  # the same reference for every run: asked once
             reference = self._stacked_outputs()
             floats = {k: v for k, v in reference.items() if v.dtype.kind in "fc"}
-            if floats and decision_judge(floats, floats) is not None:
-                self._decisions = "ranked"
-            elif decision_judge(reference, reference) is not None:
-                self._decisions = "labels"
+            if floats and structured_judge(floats, floats) is not None:
+                self._structured = "floats"
+            elif structured_judge(reference, reference) is not None:
+                self._structured = "labels"
             else:
-                self._decisions = ""
-        return self._decisions or None
+                self._structured = ""
+        return self._structured or None
 
     def close(self) -> None:
         del self.session

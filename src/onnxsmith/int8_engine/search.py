@@ -184,21 +184,22 @@ def _settled(space: SearchSpace, context, budget, options, report, selection: Se
 def _measured(probe: SensitivityProbe, int8: set[str], context, budget: float) -> float:
     """The outputs' relative error with ``int8`` switched on; told how the gate measures (``context.judge``: it
     refused the first variant), a choice using more than :data:`JUDGED_SHARE` of the gate's bounds counts as over
-    ``budget`` by as much. Where an output is a ranked list the gate matches (a detector's rows, a top-k:
-    ``context.decision_judge``), the error is that share of the gate's bounds, in the budget's units: rounding
-    reorders near-tied rows, and row by row isbnx's YOLO measured 0.42-0.50 alone with every detection matched.
+    ``budget`` by as much. Where a float output is one the gate judges for what it is (a detector's rows, a top-k,
+    audio: ``context.structured_judge``), the error is that share of the gate's bounds, in the budget's units:
+    rounding reorders near-tied rows, and row by row isbnx's YOLO measured 0.42-0.50 alone with every detection
+    matched; lectura's HiFi-GAN's Convs, 0.022 and more alone by their samples, are judged by SNR and spectrum.
     Integer labels are counted so (the share that flip, of the share the gate allows), the floats beside them
     measured as before: taken for numbers, a flip between two class ids measured their distance."""
-    decided = probe.decisions(context.decision_judge)
+    decided = probe.structured(context.structured_judge)
     if context.judge is None and decided == "labels":  # the floats by their relative error, the labels counted
-        error, severity = probe.judged(int8, context.decision_judge, labels_only=True)
+        error, severity = probe.judged(int8, context.structured_judge, labels_only=True)
         return max(error, budget * severity / JUDGED_SHARE)
-    judge = context.judge or (context.decision_judge if decided else None)
+    judge = context.judge or (context.structured_judge if decided else None)
     if judge is None:
         return probe.error(int8)
     error, severity = probe.judged(int8, judge)
     share = severity / JUDGED_SHARE
-    if decided == "ranked":
+    if decided == "floats":
         return budget * share
     return error if share <= 1 else max(error, budget * share)
 

@@ -34,7 +34,7 @@ import onnx_ir as ir
 from onnxsmith.analysis.lm_signature import cache_layout
 from onnxsmith.analysis.number_formats import FORMATS, NumberFormat, formats_of
 from onnxsmith.core.errors import GateFailed
-from onnxsmith.core.transform import DecisionJudge, JobEngine, Judge, Progress, StepReport, TransformContext
+from onnxsmith.core.transform import JobEngine, Judge, Progress, StepReport, StructuredJudge, TransformContext
 from onnxsmith.io.files import FileRecord, PrivateFolder, sha256_file, staging_dir
 from onnxsmith.io.load import load_model, source_files
 from onnxsmith.io.paths import check_output
@@ -47,7 +47,7 @@ from onnxsmith.tasks import get_task, lm
 from onnxsmith.transforms import get_transform
 from onnxsmith.verify.compare import Comparison, compare_models
 from onnxsmith.verify.diagnose import first_nonfinite
-from onnxsmith.verify.gate import Bounds, GateOptions, decision_severity, severity
+from onnxsmith.verify.gate import Bounds, GateOptions, severity, structured_severity
 
 
 def _quiet(_: str) -> None:
@@ -286,17 +286,21 @@ class Verification:
         return self.gate_feeds or self.feeds
 
     def context(
-        self, source: Path, progress: Progress, judge: Judge | None = None, decision_judge: DecisionJudge | None = None
+        self,
+        source: Path,
+        progress: Progress,
+        judge: Judge | None = None,
+        structured_judge: StructuredJudge | None = None,
     ) -> TransformContext:
         """What the steps get: these feeds, and ``judge`` (a remake after a refusal) or this one's;
-        ``decision_judge``: :attr:`TransformContext.decision_judge`."""
+        ``structured_judge``: :attr:`TransformContext.structured_judge`."""
         return TransformContext(
             source_path=source,
             feeds=self.feeds,
             save=save_model,
             progress=progress,
             judge=judge or self.judge,
-            decision_judge=decision_judge,
+            structured_judge=structured_judge,
             real_inputs=self.real_inputs,
             plausible_inputs=self.plausible_inputs,
             guessed_ranges=self.guessed_ranges,
@@ -417,8 +421,8 @@ def make_variant(
     with ThreadPoolExecutor(max_workers=1) as hashing:
         source_sha256 = hashing.submit(sha256_file, source.path)
         nodes_before = count_nodes(model)
-        decision_judge = _decision_judge(steps, verification.gate)
-        context = verification.context(source.path, progress, decision_judge=decision_judge)
+        structured_judge = _structured_judge(steps, verification.gate)
+        context = verification.context(source.path, progress, structured_judge=structured_judge)
         reports, settings, task_gate = _apply_steps(model, steps, context, progress)
         info = SourceInfo.of(source.path, protect, source_sha256.result(), staging.source_name, staging.origin)
     bounds = _gate_options(settings, verification.gate)
@@ -461,7 +465,7 @@ def make_variant(
         variant.discard()
         remade_after = variant.failure
         model = source.take()
-        context = verification.context(source.path, progress, repair, decision_judge)
+        context = verification.context(source.path, progress, repair, structured_judge)
         reports, _, _ = _apply_steps(model, steps, context, progress)
 
 
@@ -502,8 +506,8 @@ def _apply_steps(
     return reports, settings, judge
 
 
-def _decision_judge(steps: list[tuple[str, Any]], given: GateOptions) -> DecisionJudge | None:
-    """The gate on decision outputs (:func:`~onnxsmith.verify.gate.decision_severity`) at the bounds the variant will
+def _structured_judge(steps: list[tuple[str, Any]], given: GateOptions) -> StructuredJudge | None:
+    """The gate on structured outputs (:func:`~onnxsmith.verify.gate.structured_severity`) at the bounds the variant will
     be judged by, for a chain with a step that measures with it (:attr:`Transform.measured_as`), else None."""
     formats = [get_transform(name).measured_as for name, _ in steps]
     fmt = next((f for f in formats if f is not None), None)
@@ -511,7 +515,7 @@ def _decision_judge(steps: list[tuple[str, Any]], given: GateOptions) -> Decisio
         return None
     settings = [get_transform(name).gate_settings(options) for name, options in steps]
     bounds = Bounds.for_format(FORMATS[fmt], _gate_options(settings, given))
-    return functools.partial(decision_severity, bounds=bounds)
+    return functools.partial(structured_severity, bounds=bounds)
 
 
 def repairable(steps: list[tuple[str, Any]]) -> bool:

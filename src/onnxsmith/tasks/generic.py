@@ -135,6 +135,8 @@ class Generic(Task, settings=settings.GENERIC):
             "within_gate": f"{sum(d.passed for d in diffs)}/{len(diffs)}",
             "nonfinite": "none" if nonfinite == 0 else str(nonfinite),
         }
+        if not argmaxes:  # no output has rows an argmax decides (audio, a scalar): nothing to agree on
+            display["argmax_agreement"] = "-"
         flat = np.concatenate(errors) if errors else np.zeros(0)
         if flat.size > _HISTOGRAM_VALUES:  # an even, deterministic subsample
             flat = flat[np.linspace(0, flat.size - 1, _HISTOGRAM_VALUES).astype(np.int64)]

@@ -677,23 +677,24 @@ def channel_magnitude(ref: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.maximum(magnitude, CHANNEL_FLOOR * whole)
 
 
-def decision_outputs(reference: dict[str, np.ndarray]) -> list[str]:
-    """The outputs that are decisions, which the gate matches or counts rather than measures by position: ranked
-    detection lists (one output, or boxes, scores and labels apart), top-k pairs (verify/structure.py) and integer
-    labels (judged by the share that agree: a class id's distance to another says nothing)."""
+def structured_outputs(reference: dict[str, np.ndarray]) -> list[str]:
+    """The outputs the gate judges for what they are rather than value by value (verify/structure.py): ranked
+    detection lists (one output, or boxes, scores and labels apart) and top-k pairs, matched; audio, by its SNR and
+    frames' spectra; integer labels, by the share that agree (a class id's distance to another says nothing)."""
     names = [name for layout in structure.separate_detections(reference) for name in layout.outputs]
     names += [n for pair in structure.ranked_pairs(reference) for n in (pair.values, pair.indices) if n not in names]
     names += [n for n, ref in reference.items() if n not in names and structure.detection_layout(n, ref)]
+    names += [n for n, ref in reference.items() if n not in names and structure.waveform(ref)]
     return names + [n for n, ref in reference.items() if n not in names and ref.dtype.kind in "iub"]
 
 
-def decision_severity(
+def structured_severity(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *, bounds: Bounds
 ) -> float | None:
-    """:func:`severity` where some output is a decision (:func:`decision_outputs`: any rounding reorders a ranked
-    list's rows, and flips a label between any two class ids, so a positional error says nothing of either), else
-    None."""
-    return severity(reference, candidate, bounds) if decision_outputs(reference) else None
+    """:func:`severity` where the gate judges some output for what it is (:func:`structured_outputs`: any rounding
+    reorders a ranked list's rows, a label flips between any two class ids, audio is heard by its spectrum, so a
+    positional error says little of them), else None."""
+    return severity(reference, candidate, bounds) if structured_outputs(reference) else None
 
 
 def severity(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], bounds: Bounds) -> float:
