@@ -35,6 +35,7 @@ from onnxsmith.analysis.input_roles import (
     unlike_real,
     with_given,
 )
+from onnxsmith.core.errors import UsageError
 from onnxsmith.io.load import load_model
 from onnxsmith.runtime import runner
 from onnxsmith.runtime.inputs import random_inputs
@@ -333,6 +334,14 @@ def test_a_diffusion_model_sees_a_picture_under_its_timestep_s_noise(save_proto)
     assert np.all(np.abs(noisy[quiet]).max(axis=(1, 2, 3)) < 1.5)  # the picture in -1..1, barely noised
     assert feeds["difficulty"].min() >= 0 and feeds["difficulty"].max() <= 1 and feeds["difficulty"].std() > 0.1
     assert [r.name for r in unlike_real(model)] == ["difficulty", "scale"] and not plausible(model)
+    # the user states the condition's range: known, no longer a guess (the Mul's scale still is nobody's)
+    given = parse_role_options("difficulty=0..255")
+    role = with_given(roles, given)["difficulty"]
+    assert (role.kind, role.value_range, role.range_guessed) == (CONDITION, "0..255", False)
+    assert [r.name for r in unlike_real(model, given)] == ["scale"]
+    assert random_inputs(model, dims={"batch": 64}, seed=3, given=given)["difficulty"].max() > 100
+    with pytest.raises(UsageError, match=r"a condition's range is 0\.\.1 or 0\.\.255"):
+        with_given(roles, parse_role_options("difficulty=normalized"))
 
     ddpm = _identity_model(
         save_proto,
@@ -359,6 +368,7 @@ def test_int8_names_the_input_whose_made_up_values_are_not_real(save_proto, cli,
     assert result.returncode == 1 and not out.exists(), err
     assert "made-up values of 'difficulty' (a per-sample condition fed 0..1, a guess" in err, err
     assert "'scale' (random values)" in err
+    assert "--input-role difficulty=0..1 states its range, if it is that" in err
 
 
 def _identity_model(save_proto, inputs: list[onnx.ValueInfoProto], name: str):

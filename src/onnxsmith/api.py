@@ -44,6 +44,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxsmith.analysis.input_roles import (
+    CONDITION,
+    InputRole,
     describe_inputs,
     guessed_ranges,
     parse_role_options,
@@ -852,13 +854,19 @@ def _prepared(
             real_inputs=not made_up,
             plausible_inputs=made_up and plausible(loaded, given),
             guessed_ranges=tuple(n for n in guessed_ranges(loaded, given) if n not in covered) if made_up else (),
-            unlike_real=tuple(f"'{r.name}' ({r.taken_as()})" for r in unlike_real(loaded, given)) if made_up else (),
+            unlike_real=tuple(_unlike_real_line(r) for r in unlike_real(loaded, given)) if made_up else (),
             range_feeds=range_feeds,
             inputs=verify.inputs_taken_as(loaded) + tuple(_covered_line(n, r) for n, r in covered.items()),
         )
         del loaded
         output = None if out is None else Path(out)
         yield read, verification, Staging(output, external_data, source.name, source.origin)
+
+
+def _unlike_real_line(role: InputRole) -> str:
+    """An input whose made-up values are not real data's, for int8's words on what stays fp32 and how to help."""
+    hint = f"; --input-role {role.name}=0..1 states its range, if it is that" if role.kind == CONDITION else ""
+    return f"'{role.name}' ({role.taken_as()}{hint})"
 
 
 def _covered_line(name: str, ranges: tuple[str, ...]) -> str:

@@ -116,7 +116,9 @@ class InputRole:
             "HiFi-GAN's features)",
             TIMESTEP: "diffusion sigma, 0.03..14.6" if "sigma" in self.name.lower() else "diffusion timestep, 0..999",
             LATENT: "diffusion's noisy sample: a picture in -1..1 with the noise its timestep's level puts on it",
-            CONDITION: "a per-sample condition fed 0..1, a guess: the graph does not say its range",
+            CONDITION: "a per-sample condition fed 0..1, a guess: the graph does not say its range"
+            if self.range_guessed
+            else f"a per-sample condition, {self.value_range}",
             SCALAR: f"scalar {self.value:g}" if self.value is not None else "scalar",
             GENERIC: "random values",
         }[self.kind]
@@ -245,10 +247,17 @@ def with_given(roles: dict[str, InputRole], given: dict[str, dict[str, str]] | N
                 f"--input-role {name}: the model has no input '{name}' (its inputs: {', '.join(roles) or 'none'})"
             )
         role = roles[name]
-        kind = fields.get("kind") or (IMAGE if "layout" in fields or "value_range" in fields else role.kind)
+        # a range alone states a condition's range (terrain_unet's `difficulty=0..1`); with a layout, an image's
+        ranged = "layout" in fields or ("value_range" in fields and role.kind != CONDITION)
+        kind = fields.get("kind") or (IMAGE if ranged else role.kind)
         kind = MEL if "mel_scale" in fields and not fields.get("kind") else kind
         changes: dict = {"kind": kind, "why": "given with --input-role"}
-        if kind == IMAGE:
+        if kind == CONDITION:
+            if fields.get("value_range") not in (None, "0..1", "0..255"):
+                raise UsageError(f"--input-role {name}={fields['value_range']}: a condition's range is 0..1 or 0..255")
+            changes["value_range"] = fields.get("value_range") or role.value_range
+            changes["range_guessed"] = changes["value_range"] is None
+        elif kind == IMAGE:
             changes["layout"] = fields.get("layout") or role.layout or "NCHW"
             if changes["layout"] != role.layout:
                 changes["channels"] = None  # the other axis: what it holds is the input's shape's to say
@@ -276,7 +285,7 @@ def unlike_real(model: ir.Model, given: dict[str, dict[str, str]] | None = None)
     roles = with_given(input_roles(model), given)
     floats = [roles[v.name] for v in _inputs(model) if v.dtype is not None and v.dtype.is_floating_point()]
     like_real = (IMAGE, WAVEFORM, LATENT, STATE, KV_CACHE, MASK, TIMESTEP)
-    return [r for r in floats if r.kind not in like_real and not (r.kind == MEL and not r.range_guessed)]
+    return [r for r in floats if r.kind not in like_real and not (r.kind in (MEL, CONDITION) and not r.range_guessed)]
 
 
 def plausible(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -> bool:

@@ -82,7 +82,7 @@ def role_value(
     if kind == LATENT:  # the clean picture: noised_latents adds the noise of its timestep's level
         return image(shape, "NCHW", "0..1", np.float32, rng) * 2 - 1
     if kind == CONDITION:
-        return rng.uniform(0, 1, size=shape).astype(dtype)
+        return rng.uniform(0, 255 if role.value_range == "0..255" else 1, size=shape).astype(dtype)
     if kind == IMAGE:
         return image(shape, role.layout or "NCHW", role.value_range or "normalized", dtype, rng, pages=bool(role.pages))
     if kind == WAVEFORM:

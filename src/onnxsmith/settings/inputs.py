@@ -42,8 +42,8 @@ class InputOptions:
     input_role: list[str] | None = option(
         None,
         "correct what an input was taken to be (docs/inputs.md): image, waveform, mel or generic; an image's layout "
-        "NCHW|NHWC and values 0..255|0..1|normalized, e.g. x=NHWC,0..255; a mel spectrogram's log scale "
-        "ln|log10|ln-power",
+        "NCHW|NHWC and values 0..255|0..1|normalized, e.g. x=NHWC,0..255; a condition's range 0..1|0..255; a mel "
+        "spectrogram's log scale ln|log10|ln-power",
         repeat=True,
         metavar="NAME=WORD,...",
     )
