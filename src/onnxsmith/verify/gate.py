@@ -315,9 +315,7 @@ def _judge_waveform(diff: OutputDiff, ref: np.ndarray, test: np.ndarray, bounds:
     direction and magnitude bounds stay. An ``--atol`` (an absolute bound on samples) keeps the samples judged."""
     a = ref.astype(np.float64).reshape(-1, ref.shape[-1])
     b = test.astype(np.float64).reshape(-1, ref.shape[-1])
-    spectrum_a, spectrum_b = _frame_spectra(a), _frame_spectra(b)
-    magnitude = np.linalg.norm(spectrum_a, axis=-1)  # [signals, frames]
-    error = np.linalg.norm(spectrum_b - spectrum_a, axis=-1)
+    magnitude, error = _frame_spectra(a, b)  # [signals, frames]
     typical = max(math.sqrt(float(np.mean(magnitude**2))), bounds.smallest_magnitude)
     relative = error / (magnitude + typical)
     flat = int(np.argmax(relative))
@@ -360,12 +358,26 @@ def _judge_waveform(diff: OutputDiff, ref: np.ndarray, test: np.ndarray, bounds:
     )
 
 
-def _frame_spectra(signals: np.ndarray) -> np.ndarray:
-    """[signals, frames, bins]: the magnitude spectrum of each Hann-windowed frame of each signal."""
+#: Frames whose spectra are taken at once (32 MB of them): a minute of 48 kHz audio holds 11,000.
+_FRAMES_AT_ONCE = 4096
+
+
+def _frame_spectra(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([signals, frames] each Hann-windowed frame's magnitude spectrum's norm in ``a``, the norm of ``b``'s
+    spectrum minus ``a``'s there), a few thousand frames at a time."""
     hop = WAVEFORM_FRAME // 4
-    count = 1 + (signals.shape[-1] - WAVEFORM_FRAME) // hop
-    index = np.arange(WAVEFORM_FRAME)[None, :] + hop * np.arange(count)[:, None]
-    return np.abs(np.fft.rfft(signals[:, index] * np.hanning(WAVEFORM_FRAME), axis=-1))
+    count = 1 + (a.shape[-1] - WAVEFORM_FRAME) // hop
+    window = np.hanning(WAVEFORM_FRAME)
+    magnitude, error = np.empty((len(a), count)), np.empty((len(a), count))
+    for start in range(0, count, _FRAMES_AT_ONCE):
+        frames = np.arange(start, min(count, start + _FRAMES_AT_ONCE))
+        index = np.arange(WAVEFORM_FRAME)[None, :] + hop * frames[:, None]
+        for row, (x, y) in enumerate(zip(a, b)):
+            spectrum_a = np.abs(np.fft.rfft(x[index] * window, axis=-1))
+            spectrum_b = np.abs(np.fft.rfft(y[index] * window, axis=-1))
+            magnitude[row, frames] = np.linalg.norm(spectrum_a, axis=-1)
+            error[row, frames] = np.linalg.norm(spectrum_b - spectrum_a, axis=-1)
+    return magnitude, error
 
 
 def _judge_probabilities(
