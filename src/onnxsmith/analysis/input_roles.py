@@ -282,8 +282,15 @@ def unlike_real(model: ir.Model, given: dict[str, dict[str, str]] | None = None)
     """The float inputs whose made-up values do not look like the real thing (see :func:`plausible`): nobody
     identified them, or the range they are made in is a guess that no rule measures (a condition's, a mel
     spectrogram's scale without a vocoder's round trip). An image's guessed range is :func:`guessed_ranges`'."""
+    return _unlike_real(_float_roles(model, given))
+
+
+def _float_roles(model: ir.Model, given: dict[str, dict[str, str]] | None) -> list[InputRole]:
     roles = with_given(input_roles(model), given)
-    floats = [roles[v.name] for v in _inputs(model) if v.dtype is not None and v.dtype.is_floating_point()]
+    return [roles[v.name] for v in _inputs(model) if v.dtype is not None and v.dtype.is_floating_point()]
+
+
+def _unlike_real(floats: list[InputRole]) -> list[InputRole]:
     like_real = (IMAGE, WAVEFORM, LATENT, STATE, KV_CACHE, MASK, TIMESTEP)
     return [r for r in floats if r.kind not in like_real and not (r.kind in (MEL, CONDITION) and not r.range_guessed)]
 
@@ -294,14 +301,10 @@ def plausible(model: ir.Model, given: dict[str, dict[str, str]] | None = None) -
     Then their ranges are a calibration's to fix scales from; random normal values for an input nobody identified
     are not, nor a condition's in a guessed range (:func:`unlike_real`). ``given``: the user's corrections
     (:func:`parse_role_options`)."""
-    roles = [
-        r
-        for r, v in zip(with_given(input_roles(model), given).values(), _inputs(model))
-        if v.dtype is not None and v.dtype.is_floating_point()
-    ]
+    roles = _float_roles(model, given)  # the roles once: input_roles walks the graph
     # a mel spectrogram looks like the real thing once its log scale is known (a vocoder's round trip)
     signals = [r for r in roles if r.kind in (IMAGE, WAVEFORM, LATENT) or (r.kind == MEL and not r.range_guessed)]
-    return bool(signals) and not unlike_real(model, given)
+    return bool(signals) and not _unlike_real(roles)
 
 
 def past_dims(model: ir.Model) -> frozenset[str]:

@@ -190,16 +190,16 @@ def _measured(probe: SensitivityProbe, int8: set[str], context, budget: float) -
     matched; lectura's HiFi-GAN's Convs, 0.022 and more alone by their samples, are judged by SNR and spectrum.
     Integer labels are counted so (the share that flip, of the share the gate allows), the floats beside them
     measured as before: taken for numbers, a flip between two class ids measured their distance."""
-    decided = probe.structured(context.structured_judge)
-    if context.judge is None and decided == "labels":  # the floats by their relative error, the labels counted
+    structured = probe.structured(context.structured_judge)
+    if context.judge is None and structured == "labels":  # the floats by their relative error, the labels counted
         error, severity = probe.judged(int8, context.structured_judge, labels_only=True)
         return max(error, budget * severity / JUDGED_SHARE)
-    judge = context.judge or (context.structured_judge if decided else None)
+    judge = context.judge or (context.structured_judge if structured else None)
     if judge is None:
         return probe.error(int8)
     error, severity = probe.judged(int8, judge)
     share = severity / JUDGED_SHARE
-    if decided == "floats":
+    if structured == "floats":
         return budget * share
     return error if share <= 1 else max(error, budget * share)
 

@@ -100,15 +100,17 @@ def noised_latents(
     noise (DDPM, Stable Diffusion's schedule). The model then sees what it denoises at that level, not a picture
     at every level."""
     step = next((r for r in roles.values() if r.kind == TIMESTEP and r.name in feeds), None)
+    if step is None:
+        return feeds
     noised = dict(feeds)
     for role in roles.values():
-        if role.kind != LATENT or role.name not in feeds or step is None:
+        if role.kind != LATENT or role.name not in feeds:
             continue
         clean = feeds[role.name].astype(np.float64)
         level = np.asarray(feeds[step.name], dtype=np.float64).reshape(-1)
         level = level.reshape(-1, 1, 1, 1) if level.size == clean.shape[0] else np.full((1, 1, 1, 1), level.mean())
         noise = rng.standard_normal(clean.shape)
-        if "sigma" in step.name.lower() and np.dtype(feeds[step.name].dtype).kind == "f":
+        if _sigma(step, feeds[step.name].dtype):
             latent = clean + level * noise
         else:
             kept = SIGNAL_KEPT[np.clip(np.rint(level).astype(int), 0, DIFFUSION_STEPS - 1)]
@@ -125,13 +127,16 @@ def past_length(roles: dict[str, InputRole], shapes: dict[str, tuple[int, ...]])
     return 0
 
 
+def _sigma(role: InputRole, dtype) -> bool:
+    """Whether a timestep input is k-diffusion's noise level (a float named sigma), not a step 0..999."""
+    return np.dtype(dtype).kind == "f" and "sigma" in role.name.lower()
+
+
 def _timestep(role: InputRole, dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if np.dtype(dtype).kind in "iu":
-        return rng.integers(0, DIFFUSION_STEPS, size=shape).astype(dtype)
-    if "sigma" in role.name.lower():
+    if _sigma(role, dtype):
         low, high = np.log(SIGMA_RANGE[0]), np.log(SIGMA_RANGE[1])
         return np.exp(rng.uniform(low, high, size=shape)).astype(dtype)
-    return rng.integers(0, DIFFUSION_STEPS, size=shape).astype(dtype)  # diffusers feeds whole steps as floats
+    return rng.integers(0, DIFFUSION_STEPS, size=shape).astype(dtype)  # diffusers feeds whole steps as floats too
 
 
 def image(

@@ -68,7 +68,7 @@ Options = Int8Options
 @register
 class Int8(Transform, settings=INT8):
     judged_on_unseen = True  # its Convs' activation scales are the calibration inputs' ranges
-    measured_as = "int8"  # its search measures a detector's ranked rows with the gate (int8_engine/search.py)
+    measured_as = "int8"  # its search measures ranked rows, audio and labels with the gate (int8_engine/search.py)
 
     def repairs(self, options: Options) -> bool:
         return not options.two_pass_activations  # two passes leave ~100x less activation rounding error
